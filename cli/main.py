@@ -1,0 +1,248 @@
+"""``stoker`` command line: a thin shell over the library.
+
+Subcommands import what they need when they run, so ``stoker produce`` and
+``stoker lmdb`` work on data hosts without TensorFlow installed.
+Exit codes: 0 ok, 1 runtime failure, 2 bad usage or unusable input (the
+message says what to fix), 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+from typing import Callable, Sequence
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    pass
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def stop_event_on_signals() -> threading.Event:
+    """An Event set by SIGTERM or SIGINT, so a long-running command can shut down cleanly."""
+    stop = threading.Event()
+
+    def handler(signum: int, _frame: object) -> None:
+        logging.getLogger("stoker").info("received %s, shutting down", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+    return stop
+
+
+# ---- stoker lmdb ---------------------------------------------------------------------------
+
+def cmd_lmdb_build(args: argparse.Namespace) -> int:
+    from stoker.producer.lmdb_build import build_lmdb
+
+    report = build_lmdb(args.src, args.out, overwrite=args.overwrite, threads=args.threads, progress=not args.quiet)
+    meta = report.meta
+    print(f"wrote {meta.count} records in {len(meta.classes)} classes to {args.out}; skipped {len(report.skipped)} files")
+    for path, reason in report.skipped:
+        print(f"  skipped {path}: {reason}")
+    return EXIT_OK
+
+
+def cmd_lmdb_synth(args: argparse.Namespace) -> int:
+    from stoker.producer.synthetic import build_synthetic
+
+    meta = build_synthetic(args.out, args.count, seed=args.seed, num_classes=args.classes,
+                           overwrite=args.overwrite, progress=not args.quiet)
+    print(f"wrote {meta.count} synthetic JPEGs in {len(meta.classes)} classes to {args.out}")
+    return EXIT_OK
+
+
+def cmd_lmdb_info(args: argparse.Namespace) -> int:
+    import cv2
+    import numpy as np
+
+    from stoker.producer.dataset_format import LmdbDataset, RecordError
+
+    with LmdbDataset(args.path) as ds:
+        meta = ds.meta
+        print(f"path:     {args.path}")
+        print(f"format:   stoker-lmdb version {meta.version}")
+        print(f"records:  {meta.count}")
+        print(f"classes:  {len(meta.classes)} ({', '.join(meta.classes[:8])}{', ...' if len(meta.classes) > 8 else ''})")
+        print(f"size:     {ds.size_bytes() / 1e6:.1f} MB on disk")
+        step = max(1, meta.count // max(1, args.samples))
+        for index in range(0, meta.count, step)[: args.samples]:
+            try:
+                label, data = ds.read(index)
+            except RecordError as exc:
+                print(f"  {index:08d}: CORRUPT ({exc})")
+                continue
+            image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+            shape = "undecodable" if image is None else f"{image.shape[1]}x{image.shape[0]}"
+            kind = "jpeg" if data[:2] == b"\xff\xd8" else "png" if data[:4] == b"\x89PNG" else "?"
+            print(f"  {index:08d}: label {label} ({meta.classes[label]}), {kind} {len(data) / 1e3:.1f} KB, {shape}")
+    return EXIT_OK
+
+
+# ---- stoker produce ------------------------------------------------------------------------
+
+def cmd_produce(args: argparse.Namespace) -> int:
+    from stoker.producer.daemon import ProducerConfig, ProducerDaemon
+    from stoker.producer.sharding import ShardSpec
+
+    config = ProducerConfig(
+        lmdb_path=args.lmdb, bind=args.bind, workers=args.workers, batch_size=args.batch_size,
+        image_size=args.image_size, mode=args.mode, shard=ShardSpec.parse(args.shard), seed=args.seed,
+        sndhwm=args.sndhwm, log_interval=args.log_interval, producer_id=args.id,
+    )
+    stop = stop_event_on_signals()
+    ProducerDaemon(config).run(stop)
+    return EXIT_OK
+
+
+# ---- trainer side (needs TensorFlow) -------------------------------------------------------
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from stoker.consumer.training import TrainConfig, train
+
+    config = TrainConfig(
+        addresses=[a.strip() for a in args.connect.split(",") if a.strip()], model=args.model, steps=args.steps,
+        batch_size=args.batch_size, image_size=args.image_size, num_classes=args.classes,
+        queue_capacity=args.queue_capacity, recv_timeout=args.recv_timeout, logdir=args.logdir,
+        log_every=args.log_every,
+    )
+    report = train(config)
+    print(report.summary())
+    return EXIT_OK
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from stoker.cli.demo import DemoConfig, run_demo
+
+    return run_demo(DemoConfig(cache_dir=args.cache_dir, steps=args.steps, records=args.records,
+                               image_size=args.image_size, batch_size=args.batch_size, workers=args.workers))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="stoker",
+        description="Stoker keeps accelerators fed: producer daemons on CPU hosts decode and augment images from an "
+        "LMDB and push uint8 batches over ZeroMQ to a TensorFlow trainer (ZMQInput -> FIFOQueue -> StagingArea).",
+        formatter_class=_Formatter,
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    lmdb = sub.add_parser("lmdb", help="build and inspect Stoker LMDB datasets", formatter_class=_Formatter,
+                          description="Build and inspect datasets in the Stoker LMDB format (docs/format.md).")
+    lsub = lmdb.add_subparsers(dest="lmdb_command", required=True, metavar="ACTION")
+    b = lsub.add_parser("build", formatter_class=_Formatter, help="build an LMDB from an image folder or list file",
+                        description="Build an LMDB from SRC: a folder with one sub-folder per class (ImageNet train "
+                        "layout) or a list file of `path label` lines. Encoded bytes are stored as they are; corrupt "
+                        "or unreadable files are reported by path, skipped and counted. The result appears at OUT "
+                        "only when complete.")
+    b.add_argument("src", help="image folder (SRC/<class>/<files>) or list file")
+    b.add_argument("out", help="output LMDB directory")
+    b.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    b.add_argument("--threads", type=_positive_int, default=None, help="threads that verify images (default: CPU count)")
+    b.add_argument("--quiet", action="store_true", help="no progress bar")
+    b.set_defaults(func=cmd_lmdb_build)
+    s = lsub.add_parser("synth", formatter_class=_Formatter, help="make a deterministic synthetic JPEG dataset",
+                        description="Write COUNT photo-like synthetic JPEGs (300-500 px, ~95 KB) for demos, tests "
+                        "and benchmarks. Same --seed, same bytes.")
+    s.add_argument("out", help="output LMDB directory")
+    s.add_argument("--count", type=_positive_int, default=1000, help="number of images")
+    s.add_argument("--seed", type=int, default=0, help="generator seed")
+    s.add_argument("--classes", type=_positive_int, default=10, help="number of classes")
+    s.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.set_defaults(func=cmd_lmdb_synth)
+    i = lsub.add_parser("info", formatter_class=_Formatter, help="describe an LMDB",
+                        description="Print record count, classes, format version, size and a few sample records.")
+    i.add_argument("path", help="LMDB directory")
+    i.add_argument("--samples", type=int, default=5, help="sample records to show")
+    i.set_defaults(func=cmd_lmdb_info)
+
+    p = sub.add_parser("produce", formatter_class=_Formatter, help="run a producer daemon",
+                       description="Serve decoded, augmented uint8 batches from an LMDB on a ZMQ PUSH socket until "
+                       "SIGTERM/SIGINT. Batches: images uint8 [B,H,W,3] RGB, labels int32 [B], plus index int64 [B] "
+                       "and epoch int32 [B] (which record, which epoch).")
+    p.add_argument("--lmdb", required=True, help="Stoker LMDB directory")
+    p.add_argument("--bind", default="tcp://*:5555", help="ZMQ address to bind; trainers connect to it")
+    p.add_argument("--workers", type=_positive_int, default=os.cpu_count() or 1, help="decode/augment processes")
+    p.add_argument("--batch-size", type=_positive_int, default=64, help="images per batch")
+    p.add_argument("--image-size", type=_positive_int, default=224, help="output height and width in pixels")
+    p.add_argument("--mode", choices=("train", "eval"), default="train",
+                   help="train: random-resized-crop + flip; eval: resize + centre crop, deterministic")
+    p.add_argument("--shard", default="0/1", help="serve shard I of N (records with index %% N == I)")
+    p.add_argument("--seed", type=int, default=None, help="seed for epoch order and augmentation (default: random, logged)")
+    p.add_argument("--sndhwm", type=_positive_int, default=2,
+                   help="batches buffered per hop before backpressure; memory ~ (workers + 2) x sndhwm x batch bytes")
+    p.add_argument("--log-interval", type=float, default=10.0, help="seconds between rate log lines")
+    p.add_argument("--id", default=None, help="producer id in headers (default: HOST:PORT#SHARD)")
+    p.set_defaults(func=cmd_produce)
+
+    t = sub.add_parser("train", formatter_class=_Formatter, help="train a Keras model fed by producers",
+                       description="Train a Keras model on batches from producer daemons through ZMQInput, with a "
+                       "progress bar showing images/s and queue occupancy and TensorBoard summaries in --logdir.")
+    t.add_argument("--connect", required=True, help="comma-separated producer addresses, e.g. tcp://hostA:5555,tcp://hostB:5555")
+    t.add_argument("--model", choices=("small-cnn", "resnet50"), default="small-cnn", help="model to train")
+    t.add_argument("--steps", type=_positive_int, default=1000, help="training steps")
+    t.add_argument("--batch-size", type=_positive_int, default=64, help="batch size the producers send")
+    t.add_argument("--image-size", type=_positive_int, default=224, help="image size the producers send")
+    t.add_argument("--classes", type=_positive_int, default=1000, help="number of classes (labels must be below it)")
+    t.add_argument("--queue-capacity", type=_positive_int, default=50, help="FIFOQueue capacity in batches")
+    t.add_argument("--recv-timeout", type=float, default=60.0, help="seconds without any batch before training fails")
+    t.add_argument("--logdir", default=None, help="TensorBoard log directory (none: no summaries)")
+    t.add_argument("--log-every", type=_positive_int, default=50, help="steps between occupancy log lines/summaries")
+    t.set_defaults(func=cmd_train)
+
+    d = sub.add_parser("demo", formatter_class=_Formatter, help="run the whole pipeline on this machine",
+                       description="Build a small synthetic LMDB (cached), start two producer daemons on loopback "
+                       "with disjoint shards, train a small CNN through ZMQInput and report images/s, queue "
+                       "occupancy, the bottleneck, and a clean shutdown.")
+    d.add_argument("--cache-dir", default=os.path.join(os.path.expanduser("~"), ".cache", "stoker"),
+                   help="where the demo LMDB is kept between runs")
+    d.add_argument("--steps", type=_positive_int, default=300, help="training steps")
+    d.add_argument("--records", type=_positive_int, default=1024, help="synthetic images in the demo LMDB")
+    d.add_argument("--image-size", type=_positive_int, default=64, help="image size")
+    d.add_argument("--batch-size", type=_positive_int, default=32, help="batch size")
+    d.add_argument("--workers", type=_positive_int, default=1, help="worker processes per producer")
+    d.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _setup_logging(args.verbose)
+    from stoker.producer.daemon import BindError
+    from stoker.producer.dataset_format import DatasetError
+    from stoker.producer.lmdb_build import SourceError
+
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except (DatasetError, SourceError, BindError, ValueError, FileNotFoundError) as exc:
+        print(f"stoker {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"stoker {args.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

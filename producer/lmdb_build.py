@@ -1,0 +1,132 @@
+"""Build a Stoker LMDB from an image folder (one sub-folder per class) or a list file.
+
+Every file is checked before it is stored: it must be JPEG or PNG, decode with
+OpenCV, and (for JPEG) carry its end-of-image marker. Files that fail are
+reported by path, skipped and counted; the build still publishes the good ones.
+Decoding for the check runs on a thread pool (cv2.imdecode releases the GIL).
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import cv2
+import numpy as np
+from tqdm import tqdm
+
+from .dataset_format import DatasetMeta
+from .dataset_writer import DatasetWriter
+
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".jpe"}
+
+
+class SourceError(ValueError):
+    """The build source (folder or list file) cannot be used; the message says why."""
+
+
+@dataclass
+class BuildReport:
+    """What a build did: records written, files skipped with the reason for each."""
+
+    meta: DatasetMeta | None = None
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+
+def check_encoded_image(data: bytes) -> str | None:
+    """Return None if ``data`` is a complete, decodable JPEG/PNG, else the reason it is not."""
+    if data[:3] == b"\xff\xd8\xff":
+        if data.rfind(b"\xff\xd9") < 0:
+            return "truncated JPEG (no end-of-image marker)"
+    elif data[:8] != b"\x89PNG\r\n\x1a\n":
+        return "not a JPEG or PNG file"
+    image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    if image is None or image.size == 0:
+        return "OpenCV cannot decode it"
+    return None
+
+
+def scan_folder(src: Path) -> tuple[list[tuple[Path, int]], list[str]]:
+    """Items and class names of an ImageNet-train-style folder (sorted, deterministic)."""
+    classes = sorted(d.name for d in src.iterdir() if d.is_dir())
+    if not classes:
+        raise SourceError(f"{src} has no class sub-folders; expected SRC/<class>/<image files>")
+    items = []
+    for label, name in enumerate(classes):
+        for path in sorted((src / name).rglob("*")):
+            if path.is_file() and path.suffix.lower() in IMAGE_SUFFIXES:
+                items.append((path, label))
+    return items, classes
+
+
+def scan_list_file(src: Path) -> tuple[list[tuple[Path, int]], list[str]]:
+    """Items of a list file with ``path label`` lines (paths relative to the file's folder)."""
+    items = []
+    for lineno, line in enumerate(src.read_text().splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        path_str, _, label_str = line.rpartition(" ")
+        try:
+            label = int(label_str)
+        except ValueError:
+            raise SourceError(f"{src}:{lineno}: expected `path label` with an integer label, got {line!r}") from None
+        if not path_str or label < 0:
+            raise SourceError(f"{src}:{lineno}: expected `path label` with label >= 0, got {line!r}")
+        path = Path(path_str)
+        items.append((path if path.is_absolute() else src.parent / path, label))
+    if not items:
+        raise SourceError(f"{src} lists no images")
+    num_classes = max(label for _, label in items) + 1
+    return items, [str(c) for c in range(num_classes)]
+
+
+def _load_and_check(path: Path) -> tuple[bytes | None, str | None]:
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        return None, f"unreadable ({exc.strerror or exc})"
+    reason = check_encoded_image(data)
+    return (None, reason) if reason else (data, None)
+
+
+def _checked(items: Sequence[tuple[Path, int]], threads: int) -> Iterator[tuple[Path, int, bytes | None, str | None]]:
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        # map() keeps source order, so record indices are deterministic.
+        for (path, label), (data, reason) in zip(items, pool.map(_load_and_check, (p for p, _ in items))):
+            yield path, label, data, reason
+
+
+def build_lmdb(
+    src: str | os.PathLike,
+    out: str | os.PathLike,
+    overwrite: bool = False,
+    threads: int | None = None,
+    progress: bool = True,
+) -> BuildReport:
+    """Build ``out`` from folder or list file ``src``; see the module doc for checks."""
+    src = Path(src)
+    if src.is_dir():
+        items, classes = scan_folder(src)
+    elif src.is_file():
+        items, classes = scan_list_file(src)
+    else:
+        raise SourceError(f"{src} does not exist; pass an image folder or a `path label` list file")
+    if not items:
+        raise SourceError(f"{src} holds no .jpg/.jpeg/.png files")
+    report = BuildReport()
+    with DatasetWriter(out, overwrite=overwrite) as writer:
+        bar = tqdm(total=len(items), desc="build", unit="img", disable=not progress)
+        for path, label, data, reason in _checked(items, threads or os.cpu_count() or 1):
+            if data is None:
+                report.skipped.append((str(path), reason or "unknown"))
+                bar.write(f"skipped {path}: {reason}")
+            else:
+                writer.add(label, data)
+            bar.update(1)
+        bar.close()
+        report.meta = writer.finish(classes)
+    return report

@@ -1,0 +1,29 @@
+"""Stoker wire protocol v1 (see docs/protocol.md). Imported by producer and consumer, never the reverse."""
+
+from .batch_codec import (
+    ALLOWED_DTYPES,
+    DEFAULT_MAX_MESSAGE_BYTES,
+    PROTOCOL_VERSION,
+    ArraySpec,
+    Batch,
+    BatchHeader,
+    DecodeLimits,
+    decode_batch,
+    decode_header,
+    encode_batch,
+)
+from .errors import ProtocolError
+
+__all__ = [
+    "ALLOWED_DTYPES",
+    "DEFAULT_MAX_MESSAGE_BYTES",
+    "PROTOCOL_VERSION",
+    "ArraySpec",
+    "Batch",
+    "BatchHeader",
+    "DecodeLimits",
+    "ProtocolError",
+    "decode_batch",
+    "decode_header",
+    "encode_batch",
+]

@@ -1,0 +1,237 @@
+"""Wire protocol v1: one batch of named numpy arrays as one ZMQ multipart message.
+
+Frame 0 is a msgpack map (the header); frames 1..n hold the raw little-endian,
+C-order bytes of each array, in the order the header lists them. The full
+specification, for peers in other languages, is docs/protocol.md.
+
+Encoding hands array buffers to ZMQ without copying (send with ``copy=False``);
+decoding validates the header completely *before* touching array bytes and then
+builds arrays with ``np.frombuffer`` on the received frames, so no array byte is
+copied and no allocation is ever sized by a number read from the wire.
+Nothing here uses pickle.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import msgpack
+import numpy as np
+
+from .errors import ProtocolError
+
+PROTOCOL_VERSION = 1
+
+#: dtypes a peer may send; everything travels little-endian.
+ALLOWED_DTYPES: frozenset[str] = frozenset(
+    {
+        "bool",
+        "uint8",
+        "int8",
+        "uint16",
+        "int16",
+        "uint32",
+        "int32",
+        "uint64",
+        "int64",
+        "float16",
+        "float32",
+        "float64",
+    }
+)
+
+_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+_PRODUCER_RE = re.compile(r"^[\x21-\x7e]{1,128}$")
+MAX_HEADER_BYTES = 64 * 1024
+MAX_ARRAYS = 64
+MAX_RANK = 8
+DEFAULT_MAX_MESSAGE_BYTES = 512 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class DecodeLimits:
+    """Bounds a receiver enforces on every message.
+
+    max_message_bytes: total size of all frames (default 512 MiB); also set it as
+        ``zmq.MAXMSGSIZE`` on the socket so oversized frames never reach Python.
+    max_arrays: most arrays one batch may carry (default 64).
+    """
+
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    max_arrays: int = MAX_ARRAYS
+
+
+@dataclass(frozen=True)
+class ArraySpec:
+    """Name, dtype and shape of one array as the header declares it."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        # Python ints: no overflow however large the claimed shape is.
+        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
+
+
+@dataclass(frozen=True)
+class BatchHeader:
+    """The decoded, validated frame 0 of a batch message."""
+
+    version: int
+    producer: str
+    seq: int
+    arrays: tuple[ArraySpec, ...]
+    worker: int = 0
+    sent_at: float = 0.0
+
+
+@dataclass
+class Batch:
+    """A decoded batch: its header and arrays that view the received frames."""
+
+    header: BatchHeader
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.arrays[name]
+
+
+def encode_batch(
+    arrays: Mapping[str, np.ndarray],
+    *,
+    producer: str,
+    seq: int,
+    worker: int = 0,
+) -> list[Any]:
+    """Return the frames of one batch message: ``[header, array0, array1, ...]``.
+
+    Array frames are the arrays themselves (buffer protocol), not copies: pass the
+    list to ``socket.send_multipart(frames, copy=False)`` and do not modify the
+    arrays until ZMQ is done with them. Non-contiguous or big-endian arrays are
+    converted (that one case copies). Raises ProtocolError for a dtype outside
+    ALLOWED_DTYPES or an invalid name, so a sender never emits what a receiver
+    would refuse.
+    """
+    if not _PRODUCER_RE.match(producer):
+        raise ProtocolError(f"producer id {producer!r} must be 1-128 printable ASCII characters without spaces")
+    if seq < 0:
+        raise ProtocolError(f"seq must be >= 0, got {seq}")
+    specs = []
+    frames: list[Any] = [b""]
+    for name, array in arrays.items():
+        if not _NAME_RE.match(name):
+            raise ProtocolError(f"array name {name!r} must match {_NAME_RE.pattern}")
+        array = np.asarray(array)
+        dtype_name = array.dtype.name
+        if dtype_name not in ALLOWED_DTYPES:
+            raise ProtocolError(f"array {name!r} has dtype {dtype_name}, not one of {sorted(ALLOWED_DTYPES)}")
+        if array.dtype.byteorder == ">" or not array.flags.c_contiguous:
+            array = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
+        specs.append({"name": name, "dtype": dtype_name, "shape": list(array.shape)})
+        frames.append(array)
+    header = {
+        "v": PROTOCOL_VERSION,
+        "producer": producer,
+        "seq": int(seq),
+        "worker": int(worker),
+        "sent_at": time.time(),
+        "arrays": specs,
+    }
+    frames[0] = msgpack.packb(header, use_bin_type=True)
+    return frames
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ProtocolError(message)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def decode_header(frame: Any, limits: DecodeLimits = DecodeLimits()) -> BatchHeader:
+    """Parse and validate frame 0. Raises ProtocolError naming the bad field."""
+    raw = memoryview(frame)
+    _require(raw.nbytes <= MAX_HEADER_BYTES, f"header frame is {raw.nbytes} bytes, more than the {MAX_HEADER_BYTES} allowed")
+    try:
+        header = msgpack.unpackb(
+            raw,
+            raw=False,
+            strict_map_key=True,
+            use_list=True,
+            max_str_len=4096,
+            max_bin_len=4096,
+            max_array_len=4 * limits.max_arrays + 16,
+            max_map_len=64,
+            max_ext_len=64,
+        )
+    except Exception as exc:  # msgpack raises several types for bad input
+        raise ProtocolError(f"header is not valid msgpack: {exc}") from None
+    _require(isinstance(header, dict), f"header must be a msgpack map, got {type(header).__name__}")
+    version = header.get("v")
+    _require(_is_int(version), "header field 'v' (protocol version) is missing or not an integer")
+    _require(
+        version == PROTOCOL_VERSION,
+        f"protocol version {version} is not supported: this receiver speaks version {PROTOCOL_VERSION}; "
+        "run the same Stoker release on producers and trainer",
+    )
+    producer = header.get("producer")
+    _require(isinstance(producer, str) and bool(_PRODUCER_RE.match(producer)), f"header field 'producer' is invalid: {producer!r}")
+    seq = header.get("seq")
+    _require(_is_int(seq) and seq >= 0, f"header field 'seq' must be an integer >= 0, got {seq!r}")
+    worker = header.get("worker", 0)
+    _require(_is_int(worker) and 0 <= worker < 2**31, f"header field 'worker' must be a small integer >= 0, got {worker!r}")
+    sent_at = header.get("sent_at", 0.0)
+    _require(isinstance(sent_at, (int, float)) and not isinstance(sent_at, bool), f"header field 'sent_at' must be a number, got {sent_at!r}")
+    specs_raw = header.get("arrays")
+    _require(isinstance(specs_raw, list), "header field 'arrays' is missing or not a list")
+    _require(len(specs_raw) <= limits.max_arrays, f"header lists {len(specs_raw)} arrays, more than the {limits.max_arrays} allowed")
+    specs: list[ArraySpec] = []
+    seen: set[str] = set()
+    for i, spec in enumerate(specs_raw):
+        _require(isinstance(spec, dict), f"arrays[{i}] must be a map")
+        name, dtype, shape = spec.get("name"), spec.get("dtype"), spec.get("shape")
+        _require(isinstance(name, str) and bool(_NAME_RE.match(name)), f"arrays[{i}].name is invalid: {name!r}")
+        _require(name not in seen, f"array name {name!r} appears twice")
+        seen.add(name)
+        _require(isinstance(dtype, str) and dtype in ALLOWED_DTYPES, f"array {name!r} has dtype {dtype!r}, not one of {sorted(ALLOWED_DTYPES)}")
+        _require(isinstance(shape, list) and len(shape) <= MAX_RANK, f"array {name!r} shape must be a list of at most {MAX_RANK} dims, got {shape!r}")
+        _require(all(_is_int(d) and d >= 0 for d in shape), f"array {name!r} shape must hold integers >= 0, got {shape!r}")
+        specs.append(ArraySpec(name=name, dtype=dtype, shape=tuple(shape)))
+    return BatchHeader(version=version, producer=producer, seq=seq, arrays=tuple(specs), worker=worker, sent_at=float(sent_at))
+
+
+def decode_batch(frames: Sequence[Any], limits: DecodeLimits = DecodeLimits()) -> Batch:
+    """Validate a multipart message and return its arrays without copying them.
+
+    ``frames`` are what ``recv_multipart`` returned: bytes or ``zmq.Frame``
+    (``copy=False``). The returned arrays are read-only views of those frames and
+    keep them alive. Raises ProtocolError on any violation: frame count, total
+    size, header fields, dtype outside the allowlist, negative dims, or
+    ``prod(shape) * itemsize != len(frame)``.
+    """
+    _require(len(frames) >= 1, "message has no frames")
+    views = [memoryview(f) for f in frames]
+    total = sum(v.nbytes for v in views)
+    _require(total <= limits.max_message_bytes, f"message is {total} bytes, more than the {limits.max_message_bytes} allowed")
+    header = decode_header(views[0], limits)
+    _require(
+        len(views) == 1 + len(header.arrays),
+        f"header lists {len(header.arrays)} arrays but the message has {len(views) - 1} data frames",
+    )
+    arrays: dict[str, np.ndarray] = {}
+    for spec, view in zip(header.arrays, views[1:]):
+        _require(
+            spec.nbytes == view.nbytes,
+            f"array {spec.name!r} declares shape {list(spec.shape)} {spec.dtype} = {spec.nbytes} bytes but its frame has {view.nbytes}",
+        )
+        dtype = np.dtype(spec.dtype).newbyteorder("<")
+        arrays[spec.name] = np.frombuffer(view, dtype=dtype).reshape(spec.shape)
+    return Batch(header=header, arrays=arrays)
