@@ -1,0 +1,138 @@
+"""The LMDB format and the build/synth/info tools, on real files."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import cv2
+import lmdb
+import msgpack
+import numpy as np
+import pytest
+
+from stoker.producer.dataset_format import META_KEY, DatasetError, LmdbDataset, RecordError
+from stoker.producer.dataset_writer import DatasetWriter
+from stoker.producer.lmdb_build import build_lmdb
+from stoker.producer.synthetic import build_synthetic, synthetic_jpeg
+
+
+def _jpeg(seed: int) -> bytes:
+    image = np.random.default_rng(seed).integers(0, 255, (40, 50, 3), dtype=np.uint8)
+    return cv2.imencode(".jpg", image)[1].tobytes()
+
+
+def _stoker(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "stoker.cli.main", *args], capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture
+def image_folder(tmp_path: Path) -> Path:
+    src = tmp_path / "train"
+    for cls in ("cat", "dog"):
+        (src / cls).mkdir(parents=True)
+        for i in range(3):
+            (src / cls / f"{i}.jpg").write_bytes(_jpeg(hash((cls, i)) % 1000))
+    png = cv2.imencode(".png", np.zeros((10, 10, 3), np.uint8))[1].tobytes()
+    (src / "dog" / "ok.png").write_bytes(png)
+    (src / "cat" / "truncated.jpg").write_bytes(_jpeg(99)[:300])
+    (src / "cat" / "garbage.jpg").write_bytes(b"this is not an image")
+    (src / "dog" / "notes.txt").write_text("ignored: not an image suffix")
+    return src
+
+
+def test_folder_build_keeps_encoded_bytes_and_skips_corrupt_files_by_path(image_folder, tmp_path):
+    out = tmp_path / "out"
+    report = build_lmdb(image_folder, out, progress=False)
+    assert sorted(Path(p).name for p, _ in report.skipped) == ["garbage.jpg", "truncated.jpg"]
+    with LmdbDataset(out) as ds:
+        assert ds.meta.count == 7 and ds.meta.classes == ("cat", "dog")
+        labels = [ds.read(i)[0] for i in range(len(ds))]
+        assert labels == [0, 0, 0, 1, 1, 1, 1]
+        # Records are the source files byte for byte (sorted order within a class).
+        assert ds.read(0)[1] == (image_folder / "cat" / "0.jpg").read_bytes()
+
+
+def test_cli_build_reports_skipped_files_and_counts(image_folder, tmp_path):
+    result = _stoker("lmdb", "build", str(image_folder), str(tmp_path / "out"), "--quiet")
+    assert result.returncode == 0, result.stderr
+    assert "wrote 7 records in 2 classes" in result.stdout and "skipped 2 files" in result.stdout
+    assert "garbage.jpg: not a JPEG or PNG file" in result.stdout
+    assert "truncated.jpg: truncated JPEG" in result.stdout
+
+
+def test_list_file_build(tmp_path):
+    (tmp_path / "imgs").mkdir()
+    lines = []
+    for i in range(4):
+        (tmp_path / "imgs" / f"{i}.jpg").write_bytes(_jpeg(i))
+        lines.append(f"imgs/{i}.jpg {i % 3}")
+    lines.append("imgs/missing.jpg 1")
+    (tmp_path / "list.txt").write_text("\n".join(lines) + "\n")
+    report = build_lmdb(tmp_path / "list.txt", tmp_path / "out", progress=False)
+    assert report.meta.count == 4 and len(report.meta.classes) == 3
+    assert report.skipped[0][0].endswith("missing.jpg") and "unreadable" in report.skipped[0][1]
+
+
+def test_failed_build_leaves_no_dataset_that_looks_complete(tmp_path):
+    out = tmp_path / "out"
+    with pytest.raises(RuntimeError):
+        with DatasetWriter(out) as writer:
+            writer.add(0, _jpeg(1))
+            raise RuntimeError("simulated crash mid-build")
+    assert not out.exists() and not (tmp_path / "out.partial").exists()
+    # A partial directory from a hard crash has no metadata and is refused clearly.
+    partial = tmp_path / "crashed"
+    env = lmdb.open(str(partial), map_size=1 << 20)
+    with env.begin(write=True) as txn:
+        txn.put(b"00000000", b"x")
+    env.close()
+    with pytest.raises(DatasetError, match="build did not finish"):
+        LmdbDataset(partial)
+
+
+def test_other_format_version_is_refused_with_a_clear_message(tmp_path):
+    build_synthetic(tmp_path / "ds", 2, progress=False)
+    env = lmdb.open(str(tmp_path / "ds"), map_size=1 << 30)
+    with env.begin(write=True) as txn:
+        txn.put(META_KEY, msgpack.packb({"format": "stoker-lmdb", "version": 2, "count": 2, "classes": ["a"]}))
+    env.close()
+    with pytest.raises(DatasetError, match="format version 2, this Stoker reads version 1"):
+        LmdbDataset(tmp_path / "ds")
+
+
+def test_missing_lmdb_path_says_how_to_make_one(tmp_path):
+    with pytest.raises(DatasetError, match="stoker lmdb synth"):
+        LmdbDataset(tmp_path / "nope")
+    result = _stoker("lmdb", "info", str(tmp_path / "nope"))
+    assert result.returncode == 2 and "no LMDB at" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_corrupt_record_raises_record_error_naming_the_key(tmp_path):
+    build_synthetic(tmp_path / "ds", 3, progress=False)
+    env = lmdb.open(str(tmp_path / "ds"), map_size=1 << 30)
+    with env.begin(write=True) as txn:
+        txn.put(b"00000001", b"\xc1\xc1")
+    env.close()
+    with LmdbDataset(tmp_path / "ds") as ds:
+        with pytest.raises(RecordError, match="record 00000001"):
+            ds.read(1)
+
+
+def test_synthetic_dataset_is_deterministic_and_photo_sized():
+    sizes = []
+    for i in range(8):
+        first, label = synthetic_jpeg(3, i, 10)
+        assert synthetic_jpeg(3, i, 10) == (first, label)
+        image = cv2.imdecode(np.frombuffer(first, np.uint8), cv2.IMREAD_COLOR)
+        assert 300 <= image.shape[0] <= 500 and 300 <= image.shape[1] <= 500
+        sizes.append(len(first))
+    assert 50_000 < np.mean(sizes) < 150_000  # ImageNet averages ~110 KB per JPEG
+
+
+def test_info_prints_count_classes_version_and_samples(synth_lmdb):
+    result = _stoker("lmdb", "info", str(synth_lmdb), "--samples", "3")
+    assert result.returncode == 0, result.stderr
+    assert "records:  96" in result.stdout and "version 1" in result.stdout
+    assert result.stdout.count("jpeg") == 3

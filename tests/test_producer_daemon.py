@@ -1,0 +1,230 @@
+"""The producer daemon as users run it: a real subprocess, real sockets, real LMDB."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import cv2
+import lmdb
+import numpy as np
+import pytest
+import zmq
+
+from stoker.producer.dataset_format import LmdbDataset
+from stoker.producer.process import ProducerProcess
+from stoker.protocol import decode_batch
+
+SYNTH_COUNT = 96  # tests/conftest.py builds synth_lmdb with this many records
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _expected_eval(data: bytes, size: int) -> np.ndarray:
+    """Eval transform written out independently of stoker.producer.augment."""
+    bgr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    h, w = bgr.shape[:2]
+    short = round(size / 0.875)
+    new_w, new_h = (max(size, round(w * short / h)), short) if h <= w else (short, max(size, round(h * short / w)))
+    resized = cv2.resize(bgr, (new_w, new_h), interpolation=cv2.INTER_LINEAR)
+    top, left = (new_h - size) // 2, (new_w - size) // 2
+    return np.ascontiguousarray(resized[top:top + size, left:left + size, ::-1])
+
+
+def _receive_epochs(endpoints: list[str], epochs: int, timeout: float = 60.0) -> list:
+    """Receive batches until every (producer, worker) stream has moved past ``epochs`` epochs."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PULL)
+    for e in endpoints:
+        sock.connect(e)
+    batches, highest = [], {}
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            assert time.monotonic() < deadline, f"timed out; saw epochs {highest}"
+            if not sock.poll(1000):
+                continue
+            batch = decode_batch(sock.recv_multipart(copy=False))
+            batches.append(batch)
+            stream = (batch.header.producer, batch.header.worker)
+            highest[stream] = max(highest.get(stream, -1), int(batch["epoch"].min()))
+            if len(highest) == expected_streams(endpoints) and min(highest.values()) >= epochs:
+                return batches
+    finally:
+        sock.close(0)
+        ctx.term()
+
+
+def expected_streams(endpoints: list[str]) -> int:
+    return len(endpoints) * 2  # every test here runs 2 workers per producer
+
+
+def _samples(batches, epoch: int) -> Counter:
+    seen = Counter()
+    for b in batches:
+        for index, e in zip(b["index"], b["epoch"]):
+            if e == epoch:
+                seen[int(index)] += 1
+    return seen
+
+
+def test_eval_mode_delivers_each_record_once_per_epoch_with_exact_images(synth_lmdb):
+    size = 48
+    args = ["--workers", "2", "--batch-size", "8", "--image-size", str(size), "--mode", "eval", "--seed", "3"]
+    with ProducerProcess(synth_lmdb, extra_args=args) as producer:
+        batches = _receive_epochs([producer.endpoint], epochs=2)
+    for epoch in (0, 1):
+        seen = _samples(batches, epoch)
+        assert set(seen) == set(range(SYNTH_COUNT)) and set(seen.values()) == {1}, f"epoch {epoch}"
+    with LmdbDataset(synth_lmdb) as ds:
+        for batch in batches[:4]:
+            assert batch["images"].shape == (8, size, size, 3) and batch["images"].dtype == np.uint8
+            assert batch["labels"].dtype == np.int32
+            for image, label, index in zip(batch["images"], batch["labels"], batch["index"]):
+                true_label, data = ds.read(int(index))
+                assert label == true_label
+                np.testing.assert_array_equal(image, _expected_eval(data, size))
+
+
+def test_two_shards_together_cover_every_record_exactly_once(synth_lmdb):
+    args = ["--workers", "2", "--batch-size", "8", "--image-size", "32", "--mode", "eval", "--seed", "1"]
+    with ProducerProcess(synth_lmdb, extra_args=[*args, "--shard", "0/2"]) as p0, \
+            ProducerProcess(synth_lmdb, extra_args=[*args, "--shard", "1/2"]) as p1:
+        batches = _receive_epochs([p0.endpoint, p1.endpoint], epochs=1)
+    seen = _samples(batches, 0)
+    assert set(seen) == set(range(SYNTH_COUNT)) and set(seen.values()) == {1}
+    by_producer = {}
+    for b in batches:
+        by_producer.setdefault(b.header.producer, set()).update(int(i) for i in b["index"])
+    shards = sorted(by_producer.values(), key=min)
+    assert shards[0] == set(range(0, SYNTH_COUNT, 2)) and shards[1] == set(range(1, SYNTH_COUNT, 2))
+
+
+def test_train_mode_is_reproducible_with_a_seed_and_varies_between_epochs(synth_lmdb):
+    args = ["--workers", "1", "--batch-size", "16", "--image-size", "32", "--seed", "5"]
+    runs = []
+    for _ in range(2):
+        with ProducerProcess(synth_lmdb, extra_args=args) as producer:
+            ctx = zmq.Context()
+            sock = ctx.socket(zmq.PULL)
+            sock.connect(producer.endpoint)
+            got = []
+            for _ in range(2):
+                assert sock.poll(30000)
+                got.append(decode_batch(sock.recv_multipart()))
+            sock.close(0)
+            ctx.term()
+        runs.append(got)
+    np.testing.assert_array_equal(runs[0][0]["images"], runs[1][0]["images"])
+    np.testing.assert_array_equal(runs[0][1]["index"], runs[1][1]["index"])
+    assert not np.array_equal(runs[0][0]["index"], runs[0][1]["index"])
+
+
+def test_corrupt_records_are_skipped_counted_and_logged_by_key(synth_lmdb, tmp_path):
+    ds = tmp_path / "corrupt"
+    shutil.copytree(synth_lmdb, ds)
+    bad = {5: b"\xc1\xc1 not msgpack", 17: None, 40: "bad-image"}
+    import msgpack
+
+    env = lmdb.open(str(ds), map_size=1 << 30)
+    with env.begin(write=True) as txn:
+        for index, value in bad.items():
+            key = b"%08d" % index
+            if value is None:
+                txn.delete(key)
+            elif value == "bad-image":
+                txn.put(key, msgpack.packb({"label": 1, "image": b"\xff\xd8\xffnot really a jpeg"}))
+            else:
+                txn.put(key, value)
+    env.close()
+    args = ["--workers", "2", "--batch-size", "8", "--image-size", "32", "--mode", "eval", "--seed", "2"]
+    with ProducerProcess(ds, extra_args=args) as producer:
+        batches = _receive_epochs([producer.endpoint], epochs=1)
+        assert producer.proc.poll() is None, "daemon died of bad data"
+        assert producer.stop() == 0
+    seen = _samples(batches, 0)
+    assert set(seen) == set(range(SYNTH_COUNT)) - set(bad)
+    log = producer.log_text()
+    for index in bad:
+        assert f"skipping record {index:08d}" in log
+    batches_sent, images_sent, skipped = producer.counters()
+    assert skipped >= len(bad)
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_stops_daemon_and_every_worker_within_two_seconds(synth_lmdb, sig):
+    import tempfile
+
+    socket_dirs_before = set(Path(tempfile.gettempdir()).glob("stoker-producer-*/"))
+    producer = ProducerProcess(synth_lmdb, extra_args=["--workers", "2", "--batch-size", "4", "--image-size", "32"])
+    deadline = time.monotonic() + 20
+    while len(producer.child_pids()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    workers = producer.child_pids()
+    assert len(workers) >= 2
+    time.sleep(1.0)  # let workers block on backpressure: nobody is receiving
+    t0 = time.monotonic()
+    producer.proc.send_signal(sig)
+    producer.proc.wait(5)
+    assert time.monotonic() - t0 < 2.0
+    assert producer.proc.returncode == 0
+    time.sleep(0.1)
+    assert not [pid for pid in workers if _process_exists(pid)], "worker processes left behind"
+    assert set(Path(tempfile.gettempdir()).glob("stoker-producer-*/")) == socket_dirs_before, "ipc socket left behind"
+    producer.stop()
+
+
+def test_workers_die_with_a_killed_daemon(synth_lmdb):
+    producer = ProducerProcess(synth_lmdb, extra_args=["--workers", "2", "--batch-size", "4", "--image-size", "32"])
+    deadline = time.monotonic() + 20
+    while len(producer.child_pids()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    workers = producer.child_pids()
+    producer.kill()
+    deadline = time.monotonic() + 3
+    while any(_process_exists(p) for p in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [p for p in workers if _process_exists(p)]
+
+
+def test_backpressure_bounds_what_a_slow_trainer_makes_the_producer_hold(synth_lmdb):
+    args = ["--workers", "2", "--batch-size", "4", "--image-size", "32", "--sndhwm", "2", "--log-interval", "0.5"]
+    with ProducerProcess(synth_lmdb, extra_args=args) as producer:
+        time.sleep(3)  # nobody receives
+        assert producer.stop() == 0
+    batches_sent, _, _ = producer.counters()
+    # Per hop: worker SNDHWM + proxy RCVHWM/SNDHWM, a few batches each; never the whole stream.
+    assert batches_sent <= 16, f"{batches_sent} batches left the workers with no receiver"
+
+
+def test_unusable_inputs_exit_2_with_a_message_not_a_traceback(synth_lmdb, tmp_path):
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "stoker.cli.main", "produce", *args],
+                              capture_output=True, text=True, timeout=60)
+
+    missing = run("--lmdb", str(tmp_path / "missing"))
+    assert missing.returncode == 2 and "no LMDB at" in missing.stderr and "Traceback" not in missing.stderr
+    bad_shard = run("--lmdb", str(synth_lmdb), "--shard", "3/2")
+    assert bad_shard.returncode == 2 and "shard 3/2 is invalid" in bad_shard.stderr
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        in_use = run("--lmdb", str(synth_lmdb), "--bind", f"tcp://127.0.0.1:{port}")
+    assert in_use.returncode == 2 and f"cannot bind tcp://127.0.0.1:{port}" in in_use.stderr
+    assert "Traceback" not in in_use.stderr

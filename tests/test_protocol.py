@@ -1,0 +1,117 @@
+"""Wire protocol v1: round trips and malformed input, property-based."""
+
+from __future__ import annotations
+
+import msgpack
+import numpy as np
+import pytest
+import zmq
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from stoker.protocol import ALLOWED_DTYPES, PROTOCOL_VERSION, DecodeLimits, ProtocolError, decode_batch, encode_batch
+
+dtypes = st.sampled_from(sorted(ALLOWED_DTYPES)).map(np.dtype)
+arrays = dtypes.flatmap(lambda dt: hnp.arrays(dt, hnp.array_shapes(min_dims=0, max_dims=4, min_side=0, max_side=5)))
+names = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,20}", fullmatch=True)
+
+
+def _header(**overrides):
+    header = {"v": PROTOCOL_VERSION, "producer": "p:1", "seq": 0, "worker": 0, "sent_at": 0.0,
+              "arrays": [{"name": "x", "dtype": "uint8", "shape": [2, 3]}]}
+    header.update(overrides)
+    return msgpack.packb(header, use_bin_type=True)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(names, arrays, max_size=5), st.integers(0, 2**62))
+def test_round_trip_preserves_every_array_exactly(batch, seq):
+    frames = encode_batch(batch, producer="host:5555#0/1", seq=seq)
+    decoded = decode_batch([bytes(memoryview(f)) for f in frames])
+    assert decoded.header.seq == seq
+    assert list(decoded.arrays) == list(batch)
+    for name, array in batch.items():
+        got = decoded[name]
+        assert got.dtype == array.dtype.newbyteorder("<") and got.shape == array.shape
+        np.testing.assert_array_equal(got, array)
+
+
+def test_round_trip_over_real_zmq_socket_is_zero_copy():
+    ctx = zmq.Context()
+    push, pull = ctx.socket(zmq.PUSH), ctx.socket(zmq.PULL)
+    try:
+        port = pull.bind_to_random_port("tcp://127.0.0.1")
+        push.connect(f"tcp://127.0.0.1:{port}")
+        images = np.random.default_rng(0).integers(0, 255, (8, 32, 32, 3), dtype=np.uint8)
+        push.send_multipart(encode_batch({"images": images}, producer="p", seq=1), copy=False)
+        assert pull.poll(5000)
+        frames = pull.recv_multipart(copy=False)
+        batch = decode_batch(frames)
+        np.testing.assert_array_equal(batch["images"], images)
+        # The array views the received frame's memory: no copy was made.
+        assert np.shares_memory(batch["images"], np.frombuffer(frames[1].buffer, np.uint8))
+    finally:
+        push.close(0)
+        pull.close(0)
+        ctx.term()
+
+
+def test_big_endian_and_non_contiguous_arrays_are_sent_little_endian():
+    a = np.arange(12, dtype=">i4").reshape(3, 4)[:, ::2]
+    decoded = decode_batch(encode_batch({"a": a}, producer="p", seq=0))
+    np.testing.assert_array_equal(decoded["a"], a)
+
+
+def test_encoding_refuses_object_arrays_so_nothing_could_need_pickle():
+    with pytest.raises(ProtocolError, match="dtype object"):
+        encode_batch({"a": np.array([{}], dtype=object)}, producer="p", seq=0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.binary(max_size=200), min_size=0, max_size=4))
+def test_random_frames_raise_protocol_error_and_nothing_else(frames):
+    try:
+        decode_batch(frames)
+    except ProtocolError:
+        pass
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.text(max_size=8), st.one_of(st.integers(-(2**63), 2**64 - 1), st.text(max_size=8), st.none(),
+                                                       st.lists(st.integers(0, 9), max_size=3)), max_size=6))
+def test_random_msgpack_headers_raise_protocol_error(header):
+    with pytest.raises(ProtocolError):
+        decode_batch([msgpack.packb(header), b"\x00" * 6])
+
+
+@pytest.mark.parametrize(
+    "header, frames, message",
+    [
+        (_header(v=2), [b"\x00" * 6], "protocol version 2 is not supported"),
+        (_header(v="1"), [b"\x00" * 6], "protocol version"),
+        (_header(arrays=[{"name": "x", "dtype": "object", "shape": [2, 3]}]), [b"\x00" * 6], "dtype 'object'"),
+        (_header(arrays=[{"name": "x", "dtype": ">f8", "shape": [2, 3]}]), [b"\x00" * 6], "dtype '>f8'"),
+        (_header(arrays=[{"name": "x", "dtype": "uint8", "shape": [-2, -3]}]), [b"\x00" * 6], "integers >= 0"),
+        (_header(arrays=[{"name": "x", "dtype": "uint8", "shape": [2, 4]}]), [b"\x00" * 6], "frame has 6"),
+        (_header(arrays=[{"name": "x", "dtype": "uint8", "shape": [2**40, 2**40]}]), [b"\x00" * 6], "frame has 6"),
+        (_header(arrays=[{"name": "x", "dtype": "uint8", "shape": [1] * 9}]), [b"\x00"], "at most 8 dims"),
+        (_header(), [], "has 0 data frames"),
+        (_header(), [b"\x00" * 6, b"extra"], "has 2 data frames"),
+        (_header(seq=-1), [b"\x00" * 6], "'seq'"),
+        (_header(producer="a b"), [b"\x00" * 6], "'producer'"),
+        (_header(arrays=[{"name": "x", "dtype": "uint8", "shape": [2, 3]}] * 2), [b"\x00" * 6] * 2, "appears twice"),
+        (msgpack.packb([1, 2, 3]), [], "must be a msgpack map"),
+        (b"\xc1garbage", [], "not valid msgpack"),
+        (b"\x00" * (64 * 1024 + 1), [], "header frame is"),
+    ],
+)
+def test_malformed_messages_name_what_is_wrong(header, frames, message):
+    with pytest.raises(ProtocolError, match=message):
+        decode_batch([header, *frames])
+
+
+def test_message_size_limit_is_enforced_before_decoding():
+    frames = encode_batch({"x": np.zeros(1000, np.uint8)}, producer="p", seq=0)
+    with pytest.raises(ProtocolError, match="more than the 500 allowed"):
+        decode_batch(frames, DecodeLimits(max_message_bytes=500))
