@@ -115,7 +115,13 @@ def cmd_produce(args: argparse.Namespace) -> int:
 
 # ---- trainer side (needs TensorFlow) -------------------------------------------------------
 
+def _quiet_tensorflow() -> None:
+    # TensorFlow's C++ logging is set only by this variable; users can still override it.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
 def cmd_train(args: argparse.Namespace) -> int:
+    _quiet_tensorflow()
     from stoker.consumer.training import TrainConfig, train
 
     config = TrainConfig(
@@ -130,6 +136,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    _quiet_tensorflow()
     from stoker.cli.demo import DemoConfig, run_demo
 
     return run_demo(DemoConfig(cache_dir=args.cache_dir, steps=args.steps, records=args.records,
@@ -240,6 +247,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"stoker {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
+        # Ctrl-C and SIGTERM (stoker train maps it) end here after everything was closed.
         print(f"stoker {args.command}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
 

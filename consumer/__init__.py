@@ -1,0 +1,6 @@
+"""Trainer side of Stoker: ZMQInput feeds TensorFlow from producer daemons (requires tensorflow)."""
+
+from .errors import BatchMismatchError, InputClosedError, InputError, InputTimeoutError
+from .zmq_input import InputStats, ZMQInput
+
+__all__ = ["BatchMismatchError", "InputClosedError", "InputError", "InputStats", "InputTimeoutError", "ZMQInput"]

@@ -35,7 +35,7 @@ class ProducerProcess:
         self.args = [sys.executable, "-m", "stoker.cli.main", "produce", "--lmdb", str(lmdb_path),
                      "--bind", bind, *extra_args]
         self.log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="stoker-producer-", suffix=".log")[1])
-        self._log = open(self.log_path, "ab")
+        self._log = open(self.log_path, "wb")  # truncate: an old "serving" line must not be mistaken for ours
         self.proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         self.endpoint = self._wait_for_endpoint(start_timeout)
 

@@ -1,0 +1,26 @@
+"""Models ``stoker train`` can train. Each takes uint8 RGB images and rescales them itself."""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+MODELS = ("small-cnn", "resnet50")
+
+
+def build_model(name: str, image_size: int, num_classes: int) -> tf.keras.Model:
+    """``small-cnn``: 3 strided convs, fast on CPU. ``resnet50``: keras.applications, weights=None."""
+    keras = tf.keras
+    inputs = keras.Input((image_size, image_size, 3), dtype="uint8")
+    x = keras.layers.Rescaling(1 / 127.5, offset=-1.0)(inputs)
+    if name == "small-cnn":
+        for filters in (32, 64, 128):
+            x = keras.layers.Conv2D(filters, 3, strides=2, padding="same", activation="relu")(x)
+        x = keras.layers.GlobalAveragePooling2D()(x)
+        outputs = keras.layers.Dense(num_classes)(x)
+    elif name == "resnet50":
+        backbone = keras.applications.ResNet50(weights=None, include_top=False, input_shape=(image_size, image_size, 3),
+                                               pooling="avg")
+        outputs = keras.layers.Dense(num_classes)(backbone(x))
+    else:
+        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
+    return keras.Model(inputs, outputs, name=name.replace("-", "_"))

@@ -1,0 +1,144 @@
+"""The trainer behind ``stoker train`` and ``stoker demo``: a Keras model, a tf.function step, ZMQInput.
+
+The step takes its batch from ``ZMQInput.get()`` (StagingArea), so receive,
+decode, copy-to-TF and copy-to-device all overlap the computation. A progress
+bar shows images/s and queue occupancy; TensorBoard scalars go to ``logdir``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import tensorflow as tf
+from tqdm import tqdm
+
+from .interrupts import close_on_signal
+from .models import build_model
+from .zmq_input import InputStats, ZMQInput
+
+log = logging.getLogger("stoker.consumer")
+
+# A queue that stays well filled means the step never waited for data; a queue near empty
+# means every step waited. Between the two, both sides run at about the same speed.
+INPUT_BOUND_BELOW = 0.2
+TRAINING_BOUND_ABOVE = 0.6
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Settings of one training run (the flags of ``stoker train``)."""
+
+    addresses: Sequence[str]
+    model: str = "small-cnn"
+    steps: int = 1000
+    batch_size: int = 64
+    image_size: int = 224
+    num_classes: int = 1000
+    queue_capacity: int = 50
+    recv_timeout: float = 60.0
+    logdir: Optional[str] = None
+    log_every: int = 50
+    learning_rate: float = 1e-3
+    warmup_steps: int = 10
+    progress: bool = True
+
+
+@dataclass
+class TrainReport:
+    """What a run measured, after the warm-up steps (tracing, pre-fill) are excluded."""
+
+    steps: int
+    seconds: float
+    images_per_s: float
+    mean_queue_occupancy: float
+    final_loss: float
+    final_accuracy: float
+    input_stats: InputStats = field(default_factory=InputStats)
+
+    def bottleneck(self) -> str:
+        """One sentence: which side limited training, judged by queue occupancy."""
+        occ = self.mean_queue_occupancy
+        if occ < INPUT_BOUND_BELOW:
+            return (f"input-bound: the queue was nearly empty (mean occupancy {occ:.2f}), so the step waited for "
+                    "data; add producers or --workers, or use a cheaper augmentation")
+        if occ > TRAINING_BOUND_ABOVE:
+            return (f"training-bound: producers kept the queue filled (mean occupancy {occ:.2f}); the input is "
+                    "not the limit, the model step is")
+        return (f"balanced: mean queue occupancy {occ:.2f}; input and training run at about the same speed, "
+                "so more producers would help only a little")
+
+    def summary(self) -> str:
+        s = self.input_stats
+        return "\n".join([
+            f"trained {self.steps} steps in {self.seconds:.1f} s: {self.images_per_s:.0f} images/s",
+            f"mean queue occupancy: {self.mean_queue_occupancy:.2f}",
+            f"final loss {self.final_loss:.3f}, accuracy {self.final_accuracy:.2f}",
+            f"batches received: {s.batches} ({', '.join(f'{p}: {n}' for p, n in sorted(s.per_producer.items()))}); "
+            f"rejected: {s.protocol_errors + s.mismatched_batches}",
+            f"bottleneck: {self.bottleneck()}",
+        ])
+
+
+def train(config: TrainConfig) -> TrainReport:
+    """Train ``config.model`` for ``config.steps`` steps on batches from ``config.addresses``.
+
+    Raises InputTimeoutError if producers are silent for ``recv_timeout``;
+    KeyboardInterrupt on Ctrl-C/SIGTERM, after closing the input promptly.
+    """
+    keras = tf.keras
+    model = build_model(config.model, config.image_size, config.num_classes)
+    optimizer = keras.optimizers.Adam(config.learning_rate)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    writer = tf.summary.create_file_writer(config.logdir) if config.logdir else tf.summary.create_noop_writer()
+    warmup = min(config.warmup_steps, max(0, config.steps - 1))
+    with ZMQInput(config.addresses, batch_size=config.batch_size,
+                  image_shape=(config.image_size, config.image_size, 3), queue_capacity=config.queue_capacity,
+                  recv_timeout=config.recv_timeout) as inp, close_on_signal(inp.close):
+
+        @tf.function
+        def step() -> tuple[tf.Tensor, tf.Tensor]:
+            images, labels = inp.get()
+            with tf.GradientTape() as tape:
+                logits = model(images, training=True)
+                loss = loss_fn(labels, logits)
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            accuracy = tf.reduce_mean(tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels), tf.float32))
+            return loss, accuracy
+
+        bar = tqdm(total=config.steps, unit="step", disable=not config.progress, dynamic_ncols=True)
+        t_start, stats_start = time.perf_counter(), inp.stats
+        t_window, loss, accuracy = time.perf_counter(), None, None
+        with writer.as_default():
+            for i in range(1, config.steps + 1):
+                loss, accuracy = step()
+                if i == warmup:
+                    float(loss)  # wait for the step to finish before the clock starts
+                    t_start, stats_start = time.perf_counter(), inp.stats
+                if i % config.log_every == 0 or i == config.steps:
+                    now = time.perf_counter()
+                    rate = min(config.log_every, i) * config.batch_size / (now - t_window)
+                    t_window = now
+                    occupancy = inp.queue_occupancy()
+                    bar.set_postfix(img_s=f"{rate:.0f}", queue=f"{occupancy:.2f}", loss=f"{float(loss):.3f}")
+                    if not config.progress:
+                        log.info("step=%d images_per_s=%.1f queue_occupancy=%.2f loss=%.3f", i, rate, occupancy, float(loss))
+                    inp.write_summaries(i)
+                    tf.summary.scalar("train/loss", loss, step=i)
+                    tf.summary.scalar("train/accuracy", accuracy, step=i)
+                    tf.summary.scalar("stoker/images_per_s", rate, step=i)
+                bar.update(1)
+            final_loss, final_accuracy = float(loss), float(accuracy)
+        bar.close()
+        writer.flush()
+        seconds = time.perf_counter() - t_start
+        stats_end = inp.stats
+        measured = config.steps - warmup
+        samples = stats_end.occupancy_samples - stats_start.occupancy_samples
+        mean_occ = ((stats_end.occupancy_sum - stats_start.occupancy_sum) / samples) if samples else stats_end.mean_queue_occupancy
+        return TrainReport(steps=config.steps, seconds=seconds, images_per_s=measured * config.batch_size / seconds,
+                           mean_queue_occupancy=mean_occ, final_loss=final_loss, final_accuracy=final_accuracy,
+                           input_stats=stats_end)

@@ -1,0 +1,439 @@
+"""ZMQInput: batches from producer daemons into TensorFlow with every copy hidden.
+
+    producers --PUSH/PULL--> receive thread --enqueue--> FIFOQueue --dequeue--> StagingArea --> step
+
+One PULL socket connects to every producer address (producers bind; ZMQ
+reconnects by itself, so producers may start before or after the trainer and
+may come and go). A background thread receives each multipart message,
+decodes it with ``stoker.protocol`` (zero-copy views of the frames), checks it
+against the declared batch shape and enqueues it into a ``tf.queue.FIFOQueue``:
+the "copy to TF" happens there, off the training thread. ``get()`` takes the
+batch staged at the previous step from a StagingArea on the training device
+while staging the next one: the "copy to GPU" overlaps the step.
+
+Bad messages raise ProtocolError inside the thread; they are counted, logged
+(rate-limited) and dropped, and receiving carries on. If no batch arrives for
+``recv_timeout`` seconds the queue is closed: the training step fails with
+InputTimeoutError naming the producer addresses instead of waiting forever.
+``close()`` (or leaving the ``with`` block) cancels pending queue operations,
+stops the threads and closes the socket within about a second.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+import zmq
+
+from stoker.protocol import DEFAULT_MAX_MESSAGE_BYTES, DecodeLimits, ProtocolError, decode_batch
+
+from .errors import BatchMismatchError, InputClosedError, InputError, InputTimeoutError
+from .staging import StagingArea
+
+log = logging.getLogger("stoker.consumer")
+
+_POLL_MS = 100
+_SAMPLE_EVERY_S = 0.05
+
+
+@dataclass
+class InputStats:
+    """Counters of one ZMQInput. ``snapshot()`` returns a consistent copy."""
+
+    batches: int = 0
+    bytes: int = 0
+    protocol_errors: int = 0
+    mismatched_batches: int = 0
+    last_error: str = ""
+    per_producer: dict[str, int] = field(default_factory=dict)
+    occupancy_sum: float = 0.0
+    occupancy_samples: int = 0
+
+    @property
+    def mean_queue_occupancy(self) -> float:
+        """Time-sampled mean fraction of queue capacity in use (near 0: input-bound)."""
+        return self.occupancy_sum / self.occupancy_samples if self.occupancy_samples else 0.0
+
+
+class _EagerQueue:
+    """FIFOQueue operations in TF2 eager mode."""
+
+    def __init__(self, queue: tf.queue.FIFOQueue) -> None:
+        self.queue = queue
+
+    def enqueue(self, images: np.ndarray, labels: np.ndarray) -> None:
+        self.queue.enqueue([images, labels])
+
+    def size(self) -> int:
+        return int(self.queue.size())
+
+    def close(self, cancel: bool) -> None:
+        self.queue.close(cancel_pending_enqueues=cancel)
+
+
+class _GraphQueue:
+    """FIFOQueue operations in a tf.compat.v1 graph, run with the user's Session."""
+
+    def __init__(self, queue: tf.queue.FIFOQueue, batch_shape: list[int]) -> None:
+        v1 = tf.compat.v1
+        self.queue = queue
+        self.session: Any = None
+        self.images_ph = v1.placeholder(tf.uint8, batch_shape, name="stoker_images")
+        self.labels_ph = v1.placeholder(tf.int32, batch_shape[:1], name="stoker_labels")
+        self.enqueue_op = queue.enqueue([self.images_ph, self.labels_ph])
+        self.size_op = queue.size()
+        self.close_op = queue.close(cancel_pending_enqueues=False)
+        self.cancel_op = queue.close(cancel_pending_enqueues=True)
+
+    def enqueue(self, images: np.ndarray, labels: np.ndarray) -> None:
+        self.session.run(self.enqueue_op, feed_dict={self.images_ph: images, self.labels_ph: labels})
+
+    def size(self) -> int:
+        return int(self.session.run(self.size_op))
+
+    def close(self, cancel: bool) -> None:
+        self.session.run(self.cancel_op if cancel else self.close_op)
+
+
+class ZMQInput:
+    """Feed a TensorFlow training step from Stoker producers.
+
+    Args:
+        addresses: producer addresses, e.g. ``["tcp://hostA:5555", "tcp://hostB:5555"]``
+            (a comma-separated string works too).
+        batch_size: images per batch the producers send (default 64).
+        image_shape: ``(height, width, 3)`` of each image (default ``(224, 224, 3)``).
+        queue_capacity: FIFOQueue capacity in batches (default 50). Memory held is about
+            ``(queue_capacity + nr_stage + rcvhwm) * batch bytes``.
+        device: where the StagingArea lives (default: ``/GPU:0`` when TensorFlow sees a GPU,
+            else ``/CPU:0``).
+        recv_timeout: seconds without any batch before the step fails with
+            InputTimeoutError (default 60).
+        nr_stage: batches kept staged on the device (default 1, as tensorpack).
+        rcvhwm: ZMQ receive high-water mark in batches (default 4).
+        max_message_bytes: largest message accepted, enforced by the socket
+            (``ZMQ_MAXMSGSIZE``) and by the decoder (default 512 MiB).
+        curve_keys: optional ``(client_public, client_secret, server_public)`` Z85 keys
+            for CurveZMQ encryption and authentication.
+
+    Three ways in (runnable versions in README.md)::
+
+        with ZMQInput(["tcp://127.0.0.1:5555"], batch_size=64) as inp:
+            @tf.function
+            def step():                        # 1. custom TF2 loop
+                images, labels = inp.get()     #    staged on the training device
+                ...
+            model.fit(inp.as_dataset(), steps_per_epoch=100)   # 2. Keras
+        # 3. tf.compat.v1 graph: build inside a Graph, then inp.start(session); see README.
+
+    Errors: InputTimeoutError when producers are silent past ``recv_timeout``,
+    InputClosedError after ``close()``. Inside a ``tf.function`` TensorFlow reports
+    them as ``tf.errors.OutOfRangeError``; leaving the ``with`` block (or calling
+    ``raise_if_failed()``) turns that into the clear error.
+    """
+
+    def __init__(
+        self,
+        addresses: Sequence[str] | str,
+        batch_size: int = 64,
+        image_shape: Sequence[int] = (224, 224, 3),
+        queue_capacity: int = 50,
+        device: Optional[str] = None,
+        recv_timeout: float = 60.0,
+        nr_stage: int = 1,
+        rcvhwm: int = 4,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        curve_keys: Optional[tuple[bytes, bytes, bytes]] = None,
+        name: str = "stoker_input",
+    ) -> None:
+        if isinstance(addresses, str):
+            addresses = [a.strip() for a in addresses.split(",") if a.strip()]
+        if not addresses:
+            raise ValueError("ZMQInput needs at least one producer address, e.g. tcp://datahost:5555")
+        if batch_size < 1 or queue_capacity < 1 or nr_stage < 1 or recv_timeout <= 0:
+            raise ValueError("batch_size, queue_capacity and nr_stage must be >= 1 and recv_timeout > 0")
+        self.addresses = list(addresses)
+        self.batch_size = batch_size
+        self.image_shape = tuple(int(d) for d in image_shape)
+        self.batch_shape = [batch_size, *self.image_shape]
+        self.queue_capacity = queue_capacity
+        self.recv_timeout = recv_timeout
+        self.nr_stage = nr_stage
+        self.limits = DecodeLimits(max_message_bytes=max_message_bytes)
+        self.eager = tf.executing_eagerly()
+        if device is None:
+            device = "/GPU:0" if tf.config.list_logical_devices("GPU") else "/CPU:0"
+        self.device = device
+        self._stats = InputStats()
+        self._stats_lock = threading.Lock()
+        self._error: Optional[InputError] = None
+        self._stop = threading.Event()
+        self._closed = False
+        self._prefilled = False
+        self._threads: list[threading.Thread] = []
+
+        queue = tf.queue.FIFOQueue(queue_capacity, [tf.uint8, tf.int32], shapes=[self.batch_shape, [batch_size]],
+                                   name=name)
+        self._queue: _EagerQueue | _GraphQueue = _EagerQueue(queue) if self.eager else _GraphQueue(queue, self.batch_shape)
+        self._staging = StagingArea([tf.uint8, tf.int32], device, capacity=nr_stage + 1, name=f"{name}_staging")
+
+        self._ctx = zmq.Context()
+        self._sock = self._ctx.socket(zmq.PULL)
+        for option, value in (
+            (zmq.RCVHWM, rcvhwm),
+            (zmq.MAXMSGSIZE, max_message_bytes),
+            (zmq.LINGER, 0),
+            (zmq.RECONNECT_IVL, 100),
+            (zmq.RECONNECT_IVL_MAX, 1000),
+            # Heartbeats find a dead peer (network cut, killed host) and force a reconnect.
+            (zmq.HEARTBEAT_IVL, 1000),
+            (zmq.HEARTBEAT_TIMEOUT, 5000),
+        ):
+            self._sock.setsockopt(option, value)
+        if curve_keys is not None:
+            client_public, client_secret, server_public = curve_keys
+            self._sock.curve_publickey = client_public
+            self._sock.curve_secretkey = client_secret
+            self._sock.curve_serverkey = server_public
+        try:
+            for address in self.addresses:
+                self._sock.connect(address)
+        except zmq.ZMQError as exc:
+            self._sock.close(0)
+            self._ctx.term()
+            raise ValueError(f"cannot connect to producer address {address!r}: {exc.strerror}; "
+                             "expected e.g. tcp://host:5555") from None
+        self._last_batch_at = time.monotonic()
+        if self.eager:
+            self.start()
+
+    # ---- lifecycle --------------------------------------------------------------------------
+
+    def start(self, session: Any = None) -> None:
+        """Start receiving. Eager mode starts in the constructor; graph mode needs the Session here."""
+        if self._threads:
+            return
+        if not self.eager:
+            if session is None:
+                raise ValueError("in tf.compat.v1 graph mode call inp.start(session) once the Session exists")
+            self._queue.session = session  # type: ignore[union-attr]
+        self._last_batch_at = time.monotonic()
+        for target, name in ((self._receive_loop, "stoker-receive"), (self._sample_loop, "stoker-occupancy")):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def close(self) -> None:
+        """Stop the threads, cancel pending queue operations, close the socket. Idempotent, bounded (~1 s)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        if self._error is None:
+            self._error = InputClosedError(f"ZMQInput for {', '.join(self.addresses)} was closed")
+        try:
+            self._queue.close(cancel=True)
+        except Exception:  # the v1 Session may already be closed
+            pass
+        for thread in self._threads:
+            thread.join(2.0)
+        self._sock.close(linger=0)
+        self._ctx.term()
+
+    def __enter__(self) -> "ZMQInput":
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        failure = self._error if not isinstance(self._error, InputClosedError) else None
+        self.close()
+        # Inside tf.function the failure surfaces as OutOfRangeError (or autograph's StagingError
+        # when it happens while tracing); re-raise it as the error that says what went wrong.
+        if isinstance(exc, Exception) and failure is not None and exc is not failure:
+            raise failure from exc
+
+    # ---- the three ways in ------------------------------------------------------------------
+
+    @tf.autograph.experimental.do_not_convert
+    def get(self) -> tuple[tf.Tensor, tf.Tensor]:
+        """``(images uint8 [B,H,W,3], labels int32 [B])`` staged on ``device``.
+
+        Call it inside your ``tf.function`` step (recommended: unstage, dequeue and
+        stage run in the step's graph, the copy overlapping the computation) or
+        eagerly. The first call pre-fills the StagingArea (waits for data).
+        """
+        self.raise_if_failed()
+        with tf.init_scope():
+            self._prefill()
+        if tf.executing_eagerly():
+            try:
+                return self._swap()
+            except (tf.errors.OutOfRangeError, tf.errors.CancelledError, tf.errors.InvalidArgumentError) as exc:
+                raise (self._error or InputError(str(exc))) from exc
+        return self._swap()
+
+    def _swap(self) -> tuple[tf.Tensor, tf.Tensor]:
+        images, labels = self._staging.get()
+        self._staging.put(self._queue.queue.dequeue())
+        images.set_shape(self.batch_shape)
+        labels.set_shape([self.batch_size])
+        return images, labels
+
+    def _prefill(self) -> None:
+        if self._prefilled or not self.eager:
+            return
+        try:
+            for _ in range(self.nr_stage):
+                self._staging.put(self._queue.queue.dequeue())
+        except (tf.errors.OutOfRangeError, tf.errors.CancelledError) as exc:
+            raise (self._error or InputError(str(exc))) from exc
+        self._prefilled = True
+
+    def dequeue(self) -> tuple[tf.Tensor, tf.Tensor]:
+        """Plain dequeue tensors (no staging): for tf.compat.v1 graphs and tensorpack-style code."""
+        images, labels = self._queue.queue.dequeue()
+        return images, labels
+
+    def as_dataset(self) -> tf.data.Dataset:
+        """An infinite ``tf.data.Dataset`` of ``(images, labels)`` for ``model.fit``.
+
+        Keras ends an epoch quietly when a dataset runs dry, so pair it with
+        ``keras_callback()``, which raises the input's error instead.
+        """
+        queue = self._queue.queue
+        batch_shape, batch_size = self.batch_shape, self.batch_size
+
+        def take(_: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+            images, labels = queue.dequeue()
+            images.set_shape(batch_shape)
+            labels.set_shape([batch_size])
+            return images, labels
+
+        return tf.data.Dataset.from_tensors(0).repeat().map(take, num_parallel_calls=1)
+
+    def keras_callback(self, log_every: int = 50, logdir: Optional[str] = None) -> "tf.keras.callbacks.Callback":
+        """A Keras callback: occupancy log line/TensorBoard scalar every ``log_every`` batches; raises input errors."""
+        from .keras_callback import ZMQInputCallback
+
+        return ZMQInputCallback(self, log_every=log_every, logdir=logdir)
+
+    # ---- what a user watches ----------------------------------------------------------------
+
+    def queue_size(self) -> int:
+        """Batches in the FIFOQueue right now."""
+        return self._queue.size()
+
+    def queue_occupancy(self) -> float:
+        """Fraction of the FIFOQueue in use right now; near 0 means training waits for input."""
+        return self.queue_size() / self.queue_capacity
+
+    @property
+    def stats(self) -> InputStats:
+        with self._stats_lock:
+            return replace(self._stats, per_producer=dict(self._stats.per_producer))
+
+    def write_summaries(self, step: int) -> None:
+        """Write queue occupancy and counters as TensorBoard scalars to the default summary writer."""
+        stats = self.stats
+        tf.summary.scalar("stoker/queue_occupancy", self.queue_occupancy(), step=step)
+        tf.summary.scalar("stoker/mean_queue_occupancy", stats.mean_queue_occupancy, step=step)
+        tf.summary.scalar("stoker/batches_received", stats.batches, step=step)
+        tf.summary.scalar("stoker/protocol_errors", stats.protocol_errors + stats.mismatched_batches, step=step)
+
+    def raise_if_failed(self) -> None:
+        """Raise the input's error (timeout, closed) if it has one."""
+        if self._error is not None:
+            raise self._error
+
+    @property
+    def error(self) -> Optional[InputError]:
+        return self._error
+
+    # ---- background threads -----------------------------------------------------------------
+
+    def _check(self, batch: Any) -> tuple[np.ndarray, np.ndarray]:
+        images, labels = batch.arrays.get("images"), batch.arrays.get("labels")
+        if images is None or labels is None:
+            raise BatchMismatchError(f"batch from {batch.header.producer} lacks 'images' or 'labels' "
+                                     f"(has {sorted(batch.arrays)})")
+        if images.dtype != np.uint8 or list(images.shape) != self.batch_shape:
+            raise BatchMismatchError(
+                f"batch from {batch.header.producer} has images {images.dtype} {list(images.shape)}, this trainer "
+                f"declared uint8 {self.batch_shape}; start producers with --batch-size {self.batch_size} "
+                f"--image-size {self.image_shape[0]}")
+        if labels.dtype != np.int32 or list(labels.shape) != [self.batch_size]:
+            raise BatchMismatchError(f"batch from {batch.header.producer} has labels {labels.dtype} "
+                                     f"{list(labels.shape)}, expected int32 [{self.batch_size}]")
+        return images, labels
+
+    def _reject(self, exc: ProtocolError) -> None:
+        with self._stats_lock:
+            if isinstance(exc, BatchMismatchError):
+                self._stats.mismatched_batches += 1
+            else:
+                self._stats.protocol_errors += 1
+            count = self._stats.protocol_errors + self._stats.mismatched_batches
+            self._stats.last_error = str(exc)
+        if count <= 10 or count % 1000 == 0:
+            log.warning("rejected message #%d: %s", count, exc)
+
+    def _receive_loop(self) -> None:
+        sock = self._sock
+        try:
+            while not self._stop.is_set():
+                if not sock.poll(_POLL_MS):
+                    silent = time.monotonic() - self._last_batch_at
+                    if silent > self.recv_timeout:
+                        self._fail(InputTimeoutError(
+                            f"no batch from any producer at {', '.join(self.addresses)} for {silent:.0f} s "
+                            f"(recv_timeout={self.recv_timeout:g}); check the producers run (`stoker produce`) "
+                            "and that this host can reach those addresses"))
+                        return
+                    continue
+                try:
+                    frames = sock.recv_multipart(copy=False)
+                except zmq.ZMQError as exc:  # e.g. a frame over MAXMSGSIZE drops the connection
+                    self._reject(ProtocolError(f"receive failed: {exc}"))
+                    continue
+                try:
+                    batch = decode_batch(frames, self.limits)
+                    images, labels = self._check(batch)
+                except ProtocolError as exc:
+                    self._reject(exc)
+                    continue
+                self._last_batch_at = time.monotonic()
+                self._queue.enqueue(images, labels)
+                with self._stats_lock:
+                    self._stats.batches += 1
+                    self._stats.bytes += sum(f.nbytes for f in (images, labels))
+                    producer = batch.header.producer
+                    self._stats.per_producer[producer] = self._stats.per_producer.get(producer, 0) + 1
+        except (tf.errors.CancelledError, tf.errors.OutOfRangeError, tf.errors.AbortedError):
+            pass  # the queue was closed: close() or a timeout
+        except Exception as exc:  # never die silently: surface it to the training step
+            log.exception("receive thread failed")
+            self._fail(InputError(f"receive thread failed: {exc!r}"))
+
+    def _fail(self, error: InputError) -> None:
+        if self._error is None:
+            self._error = error
+            log.error("%s", error)
+        try:
+            self._queue.close(cancel=False)  # let the step drain what is queued, then fail
+        except Exception:
+            pass
+
+    def _sample_loop(self) -> None:
+        while not self._stop.wait(_SAMPLE_EVERY_S):
+            try:
+                size = self._queue.size()
+            except Exception:
+                return
+            with self._stats_lock:
+                self._stats.occupancy_sum += size / self.queue_capacity
+                self._stats.occupancy_samples += 1
