@@ -130,7 +130,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         queue_capacity=args.queue_capacity, recv_timeout=args.recv_timeout, logdir=args.logdir,
         log_every=args.log_every,
     )
-    report = train(config)
+    from stoker.consumer import InputError
+
+    try:
+        report = train(config)
+    except InputError as exc:
+        print(f"stoker train: error: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
     print(report.summary())
     return EXIT_OK
 

@@ -3,8 +3,9 @@
 Python runs signal handlers only between bytecodes, so a step waiting in a
 queue dequeue would ignore Ctrl-C until data came. ``close_on_signal`` points
 ``signal.set_wakeup_fd`` at a pipe that a watcher thread reads: on SIGINT or
-SIGTERM it closes the input, which cancels the blocked op, and the main thread
-then raises KeyboardInterrupt as usual.
+SIGTERM it closes the input, which cancels the blocked op. The Python-level
+handler only records the signal (raising inside TensorFlow's C++ boundary
+would garble the exception); leaving the block raises KeyboardInterrupt.
 """
 
 from __future__ import annotations
@@ -16,39 +17,45 @@ import threading
 from typing import Callable, Iterator
 
 _SENTINEL = 0  # no signal has number 0
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 @contextlib.contextmanager
-def close_on_signal(close: Callable[[], None]) -> Iterator[None]:
-    """Within the block, SIGINT/SIGTERM call ``close()`` from a thread, then raise KeyboardInterrupt.
+def close_on_signal(close: Callable[[], None]) -> Iterator[threading.Event]:
+    """Within the block, SIGINT/SIGTERM call ``close()`` at once; the block then ends in KeyboardInterrupt.
 
-    Must be entered from the main thread (signal handlers live there).
+    Must be entered from the main thread. Yields the Event that records the signal.
     """
+    interrupted = threading.Event()
     read_fd, write_fd = os.pipe()
     os.set_blocking(write_fd, False)
     previous_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
-    previous_term = signal.signal(signal.SIGTERM, _raise_interrupt)
+    previous = {sig: signal.signal(sig, lambda *_: interrupted.set()) for sig in _SIGNALS}
 
     def watch() -> None:
         while True:
             data = os.read(read_fd, 1)
             if not data or data[0] == _SENTINEL:
                 return
-            if data[0] in (signal.SIGINT, signal.SIGTERM):
+            if data[0] in _SIGNALS:
+                interrupted.set()
                 close()
 
     watcher = threading.Thread(target=watch, name="stoker-signal-watch", daemon=True)
     watcher.start()
     try:
-        yield
+        yield interrupted
+    except Exception:
+        if interrupted.is_set():
+            raise KeyboardInterrupt("interrupted by signal") from None
+        raise
     finally:
         signal.set_wakeup_fd(previous_fd)
-        signal.signal(signal.SIGTERM, previous_term)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         os.write(write_fd, bytes([_SENTINEL]))
         watcher.join(1.0)
         os.close(read_fd)
         os.close(write_fd)
-
-
-def _raise_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt(f"received {signal.Signals(signum).name}")
+    if interrupted.is_set():
+        raise KeyboardInterrupt("interrupted by signal")

@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""Producer throughput against the decoder limit, measured in one run.
+
+1. decoder limit: a bare single-process loop of the same decode + random-resized-crop
+   + flip (OpenCV, one thread): images/s per core;
+2. `stoker produce` with 1 and 2 workers -> this process (another process) over
+   tcp://127.0.0.1, protocol decode included: images/s delivered, and the ratio to
+   workers x decoder limit.
+
+Prints a table and writes JSON (default benchmarks/results/producer_throughput.json).
+Run:  python benchmarks/producer_throughput.py [--records 512] [--batches 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import cv2
+import numpy as np
+import zmq
+
+from stoker.producer.augment import decode_bgr, train_transform
+from stoker.producer.dataset_format import LmdbDataset
+from stoker.producer.process import ProducerProcess
+from stoker.producer.synthetic import build_synthetic
+from stoker.protocol import decode_batch
+
+
+def decoder_limit(lmdb_path: Path, size: int, seconds: float) -> float:
+    """Images/s of decode + augment in one thread of this process (no batching, no sending)."""
+    cv2.setNumThreads(1)
+    rng = np.random.default_rng(0)
+    out = np.empty((size, size, 3), np.uint8)
+    with LmdbDataset(lmdb_path) as ds:
+        records = [ds.read(i)[1] for i in range(len(ds))]
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        train_transform(decode_bgr(records[n % len(records)]), size, rng, out)
+        n += 1
+    return n / (time.perf_counter() - t0)
+
+
+def delivered(lmdb_path: Path, workers: int, batch: int, size: int, warmup: int, batches: int) -> float:
+    """Images/s that reach this process from a `stoker produce` daemon with ``workers`` workers."""
+    args = ["--workers", str(workers), "--batch-size", str(batch), "--image-size", str(size), "--seed", "0"]
+    with ProducerProcess(lmdb_path, extra_args=args) as producer:
+        ctx = zmq.Context()
+        sock = ctx.socket(zmq.PULL)
+        sock.setsockopt(zmq.RCVHWM, 4)
+        sock.connect(producer.endpoint)
+        try:
+            for i in range(warmup + batches):
+                if not sock.poll(60_000):
+                    raise RuntimeError("producer sent nothing for 60 s:\n" + producer.log_text()[-2000:])
+                decoded = decode_batch(sock.recv_multipart(copy=False))
+                assert decoded["images"].shape == (batch, size, size, 3)
+                if i == warmup - 1:
+                    t0 = time.perf_counter()
+            return batches * batch / (time.perf_counter() - t0)
+        finally:
+            sock.close(0)
+            ctx.term()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--records", type=int, default=512, help="synthetic JPEGs (~95 KB, 300-500 px)")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--warmup", type=int, default=10, help="batches received before timing")
+    parser.add_argument("--batches", type=int, default=60, help="batches timed")
+    parser.add_argument("--decoder-seconds", type=float, default=10.0)
+    parser.add_argument("--lmdb", default=None, help="use this LMDB instead of a fresh synthetic one")
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "producer_throughput.json"))
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        lmdb_path = Path(args.lmdb) if args.lmdb else Path(tmp) / "bench"
+        if not args.lmdb:
+            build_synthetic(lmdb_path, args.records, seed=0, progress=False)
+        limit = decoder_limit(lmdb_path, args.image_size, args.decoder_seconds)
+        rows = []
+        for workers in (1, 2):
+            rate = delivered(lmdb_path, workers, args.batch_size, args.image_size, args.warmup, args.batches)
+            rows.append({"workers": workers, "images_per_s": rate, "ceiling": workers * limit,
+                         "fraction_of_ceiling": rate / (workers * limit)})
+
+    print(f"decoder limit (1 thread, decode + random-resized-crop {args.image_size} + flip): {limit:.0f} images/s")
+    print(f"{'workers':>7} | {'delivered img/s':>15} | {'workers x limit':>15} | {'fraction':>8}")
+    print("-" * 56)
+    for r in rows:
+        print(f"{r['workers']:>7} | {r['images_per_s']:>15.0f} | {r['ceiling']:>15.0f} | {r['fraction_of_ceiling']:>8.2f}")
+    result = {"benchmark": "producer_throughput", "decoder_limit_images_per_s": limit, "rows": rows,
+              "batch_size": args.batch_size, "image_size": args.image_size, "cpus": os.cpu_count(),
+              "machine": platform.machine(), "python": platform.python_version(), "opencv": cv2.__version__}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,226 @@
+"""ZMQInput with real producer daemons, real sockets and real TensorFlow."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import defaultdict
+
+import cv2
+import numpy as np
+import pytest
+import tensorflow as tf
+import zmq
+
+from stoker.consumer import InputClosedError, InputTimeoutError, ZMQInput
+from stoker.producer.dataset_format import LmdbDataset
+from stoker.producer.process import ProducerProcess
+from stoker.protocol import encode_batch
+
+pytestmark = pytest.mark.timeout(180)
+
+SIZE, BATCH = 32, 8
+WEIGHTS = np.random.default_rng(1234).integers(1, 2**20, size=(SIZE, SIZE, 3), dtype=np.int64)
+
+
+def _eval_image(data: bytes) -> np.ndarray:
+    bgr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    h, w = bgr.shape[:2]
+    short = round(SIZE / 0.875)
+    new_w, new_h = (max(SIZE, round(w * short / h)), short) if h <= w else (short, max(SIZE, round(h * short / w)))
+    resized = cv2.resize(bgr, (new_w, new_h), interpolation=cv2.INTER_LINEAR)
+    top, left = (new_h - SIZE) // 2, (new_w - SIZE) // 2
+    return resized[top:top + SIZE, left:left + SIZE, ::-1]
+
+
+@pytest.fixture(scope="module")
+def record_by_checksum(synth_lmdb):
+    """checksum of the expected eval image -> (record index, label), for every record."""
+    table = {}
+    with LmdbDataset(synth_lmdb) as ds:
+        for index in range(len(ds)):
+            label, data = ds.read(index)
+            table[int((_eval_image(data).astype(np.int64) * WEIGHTS).sum())] = (index, label)
+    assert len(table) == len(ds), "checksums must identify records"
+    return table
+
+
+def _producer(lmdb, *extra, bind="tcp://127.0.0.1:*"):
+    args = ["--workers", "1", "--batch-size", str(BATCH), "--image-size", str(SIZE), "--log-interval", "1", *extra]
+    return ProducerProcess(lmdb, bind=bind, extra_args=args)
+
+
+def _stoker_threads():
+    return [t for t in threading.enumerate() if t.name.startswith("stoker-")]
+
+
+def test_tf_function_loop_gets_every_record_once_per_epoch_from_two_producers(synth_lmdb, record_by_checksum):
+    weights = tf.constant(WEIGHTS)
+    with _producer(synth_lmdb, "--mode", "eval", "--shard", "0/2", "--seed", "1") as p0, \
+            _producer(synth_lmdb, "--mode", "eval", "--shard", "1/2", "--seed", "2") as p1, \
+            ZMQInput([p0.endpoint, p1.endpoint], batch_size=BATCH, image_shape=(SIZE, SIZE, 3), recv_timeout=30) as inp:
+
+        @tf.function
+        def step():
+            images, labels = inp.get()
+            checksums = tf.reduce_sum(tf.cast(images, tf.int64) * weights[None], axis=[1, 2, 3])
+            return checksums, labels
+
+        results = [step() for _ in range(200)]
+        assert inp.stats.protocol_errors == 0 and len(inp.stats.per_producer) == 2
+    per_shard = defaultdict(list)
+    for checksums, labels in results:
+        for checksum, label in zip(checksums.numpy(), labels.numpy()):
+            index, true_label = record_by_checksum[int(checksum)]  # KeyError: an image no record produces
+            assert label == true_label
+            per_shard[index % 2].append(index)
+    for shard, stream in per_shard.items():
+        shard_records = set(range(shard, 96, 2))
+        full_epochs = len(stream) // len(shard_records)
+        assert full_epochs >= 1
+        for e in range(full_epochs):
+            epoch = stream[e * len(shard_records):(e + 1) * len(shard_records)]
+            assert sorted(epoch) == sorted(shard_records), f"shard {shard} epoch {e}"
+
+
+def test_keras_fit_trains_on_as_dataset(synth_lmdb):
+    with _producer(synth_lmdb, "--seed", "3") as producer, \
+            ZMQInput([producer.endpoint], batch_size=BATCH, image_shape=(SIZE, SIZE, 3), recv_timeout=30) as inp:
+        model = tf.keras.Sequential([tf.keras.Input((SIZE, SIZE, 3), dtype="uint8"), tf.keras.layers.Rescaling(1 / 255),
+                                     tf.keras.layers.Flatten(), tf.keras.layers.Dense(4)])
+        model.compile("adam", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        history = model.fit(inp.as_dataset(), steps_per_epoch=5, epochs=2, verbose=0,
+                            callbacks=[inp.keras_callback(log_every=2)])
+        assert len(history.history["loss"]) == 2 and np.isfinite(history.history["loss"]).all()
+        assert inp.stats.batches >= 10
+
+
+def test_tf_compat_v1_session_reads_dequeue_tensors(synth_lmdb, record_by_checksum):
+    with _producer(synth_lmdb, "--mode", "eval", "--seed", "4") as producer:
+        with tf.Graph().as_default():
+            inp = ZMQInput([producer.endpoint], batch_size=BATCH, image_shape=(SIZE, SIZE, 3), recv_timeout=30)
+            images, labels = inp.dequeue()
+            checksums = tf.reduce_sum(tf.cast(images, tf.int64) * tf.constant(WEIGHTS)[None], axis=[1, 2, 3])
+            with tf.compat.v1.Session() as sess:
+                inp.start(sess)
+                for _ in range(5):
+                    got_checksums, got_labels = sess.run([checksums, labels])
+                    for checksum, label in zip(got_checksums, got_labels):
+                        assert record_by_checksum[int(checksum)][1] == label
+                inp.close()
+    assert not _stoker_threads()
+
+
+def test_killed_producer_leaves_training_running_and_rejoins_when_restarted(synth_lmdb):
+    p0 = _producer(synth_lmdb, "--shard", "0/2")
+    p1 = _producer(synth_lmdb, "--shard", "1/2")
+    try:
+        with ZMQInput([p0.endpoint, p1.endpoint], batch_size=BATCH, image_shape=(SIZE, SIZE, 3), recv_timeout=20,
+                      queue_capacity=4) as inp:
+            @tf.function
+            def step():
+                return inp.get()[1]
+
+            def run_until(predicate, limit=400):
+                for _ in range(limit):
+                    step()
+                    if predicate(inp.stats.per_producer):
+                        return True
+                return False
+
+            ids = {}
+            assert run_until(lambda per: len(per) == 2)
+            ids = dict.fromkeys(inp.stats.per_producer)
+            p0_id = next(i for i in ids if i.endswith("#0/2"))
+            p0.kill()
+            killed_at = inp.stats.per_producer[p0_id]
+            for _ in range(60):  # training keeps going on the other producer
+                step()
+            after_kill = inp.stats.per_producer
+            assert after_kill[p0_id] <= killed_at + 6  # only what was already in flight
+            p0 = _producer(synth_lmdb, "--shard", "0/2", bind=p0.endpoint)  # same address
+            assert run_until(lambda per: per[p0_id] > after_kill[p0_id] + 3), "restarted producer did not rejoin"
+    finally:
+        p0.stop()
+        p1.stop()
+
+
+def test_no_producer_gives_a_clear_timeout_error_not_a_hang():
+    t0 = time.monotonic()
+    with pytest.raises(InputTimeoutError, match=r"no batch from any producer at tcp://127.0.0.1:1 .*recv_timeout=1"):
+        with ZMQInput(["tcp://127.0.0.1:1"], batch_size=BATCH, image_shape=(SIZE, SIZE, 3), recv_timeout=1) as inp:
+            @tf.function
+            def step():
+                return inp.get()[1]
+
+            step()
+    assert time.monotonic() - t0 < 10
+    assert not _stoker_threads()
+
+
+def test_eager_get_after_producers_vanish_raises_timeout(synth_lmdb):
+    with _producer(synth_lmdb) as producer:
+        inp = ZMQInput([producer.endpoint], batch_size=BATCH, image_shape=(SIZE, SIZE, 3), recv_timeout=1.5,
+                       queue_capacity=2)
+        inp.get()
+    with pytest.raises(InputTimeoutError, match="recv_timeout=1.5"):
+        for _ in range(50):
+            inp.get()
+    inp.close()
+
+
+def test_close_returns_within_two_seconds_with_threads_gone_even_when_full(synth_lmdb):
+    with _producer(synth_lmdb) as producer:
+        inp = ZMQInput([producer.endpoint], batch_size=BATCH, image_shape=(SIZE, SIZE, 3), queue_capacity=2)
+        deadline = time.monotonic() + 30
+        while inp.queue_size() < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)  # the receive thread is now blocked in a full-queue enqueue
+        t0 = time.monotonic()
+        inp.close()
+        assert time.monotonic() - t0 < 2.0
+        assert not _stoker_threads()
+        with pytest.raises(InputClosedError):
+            inp.get()
+
+
+def test_batches_of_the_wrong_shape_are_rejected_and_counted_not_fed(synth_lmdb):
+    ctx = zmq.Context()
+    push = ctx.socket(zmq.PUSH)
+    port = push.bind_to_random_port("tcp://127.0.0.1")
+    try:
+        with ZMQInput([f"tcp://127.0.0.1:{port}"], batch_size=BATCH, image_shape=(SIZE, SIZE, 3), recv_timeout=30) as inp:
+            wrong = {"images": np.zeros((BATCH, 16, 16, 3), np.uint8), "labels": np.zeros(BATCH, np.int32)}
+            good = {"images": np.full((BATCH, SIZE, SIZE, 3), 7, np.uint8), "labels": np.arange(BATCH, dtype=np.int32)}
+            # get() returns the batch staged before while staging the next, so it needs two good ones.
+            for frames in (encode_batch(wrong, producer="p", seq=0), [b"junk"], encode_batch(good, producer="p", seq=1),
+                           encode_batch(good, producer="p", seq=2)):
+                push.send_multipart(frames)
+            images, labels = inp.get()
+            assert int(tf.reduce_max(images)) == 7 and labels.numpy().tolist() == list(range(BATCH))
+            stats = inp.stats
+            assert stats.mismatched_batches == 1 and stats.protocol_errors == 1
+            assert "not valid msgpack" in stats.last_error
+    finally:
+        push.close(0)
+        ctx.term()
+
+
+def test_ctrl_c_stops_stoker_train_promptly_while_it_waits_for_data():
+    proc = subprocess.Popen([sys.executable, "-m", "stoker.cli.main", "train", "--connect", "tcp://127.0.0.1:1",
+                             "--recv-timeout", "120", "--image-size", "32", "--batch-size", "4", "--steps", "5"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        time.sleep(12)  # TensorFlow import, model build, then blocked waiting for the first batch
+        assert proc.poll() is None
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        proc.wait(10)
+        assert time.monotonic() - t0 < 2.0
+        assert proc.returncode == 130, proc.stdout.read().decode()[-2000:]
+    finally:
+        proc.kill()
+        proc.wait()
