@@ -97,13 +97,34 @@ def cmd_lmdb_info(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# ---- stoker keys ---------------------------------------------------------------------------
+
+def cmd_keys_generate(args: argparse.Namespace) -> int:
+    from stoker.protocol.curve import generate_keypair
+
+    public, secret = generate_keypair(args.dir, args.name)
+    print(f"public key: {public}  (share it)\nsecret key: {secret}  (keep it on this host, mode 600)")
+    return EXIT_OK
+
+
+def _pair(args: argparse.Namespace, first: str, second: str) -> bool:
+    a, b = getattr(args, first), getattr(args, second)
+    if (a is None) != (b is None):
+        flag = lambda name: "--" + name.replace("_", "-")
+        raise ValueError(f"{flag(first)} and {flag(second)} go together: give both to enable CurveZMQ, or neither")
+    return a is not None
+
+
 # ---- stoker produce ------------------------------------------------------------------------
 
 def cmd_produce(args: argparse.Namespace) -> int:
     from stoker.producer.daemon import ProducerConfig, ProducerDaemon
     from stoker.producer.sharding import ShardSpec
+    from stoker.protocol.curve import load_server_keys
 
-    config = ProducerConfig(
+    curve = (load_server_keys(args.curve_secret_key, args.curve_authorized_keys)
+             if _pair(args, "curve_secret_key", "curve_authorized_keys") else None)
+    config = ProducerConfig(curve=curve,
         lmdb_path=args.lmdb, bind=args.bind, workers=args.workers, batch_size=args.batch_size,
         image_size=args.image_size, mode=args.mode, shard=ShardSpec.parse(args.shard), seed=args.seed,
         sndhwm=args.sndhwm, log_interval=args.log_interval, producer_id=args.id,
@@ -123,8 +144,11 @@ def _quiet_tensorflow() -> None:
 def cmd_train(args: argparse.Namespace) -> int:
     _quiet_tensorflow()
     from stoker.consumer.training import TrainConfig, train
+    from stoker.protocol.curve import load_client_keys
 
-    config = TrainConfig(
+    curve = (load_client_keys(args.curve_secret_key, args.curve_server_key)
+             if _pair(args, "curve_secret_key", "curve_server_key") else None)
+    config = TrainConfig(curve=curve,
         addresses=[a.strip() for a in args.connect.split(",") if a.strip()], model=args.model, steps=args.steps,
         batch_size=args.batch_size, image_size=args.image_size, num_classes=args.classes,
         queue_capacity=args.queue_capacity, recv_timeout=args.recv_timeout, logdir=args.logdir,
@@ -206,6 +230,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="batches buffered per hop before backpressure; memory ~ (workers + 2) x sndhwm x batch bytes")
     p.add_argument("--log-interval", type=float, default=10.0, help="seconds between rate log lines")
     p.add_argument("--id", default=None, help="producer id in headers (default: HOST:PORT#SHARD)")
+    p.add_argument("--curve-secret-key", default=None, metavar="FILE",
+                   help="this producer's NAME.key_secret: enables CurveZMQ encryption (with --curve-authorized-keys)")
+    p.add_argument("--curve-authorized-keys", default=None, metavar="DIR",
+                   help="folder of trainer public keys (*.key) allowed to connect")
     p.set_defaults(func=cmd_produce)
 
     t = sub.add_parser("train", formatter_class=_Formatter, help="train a Keras model fed by producers",
@@ -221,7 +249,22 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--recv-timeout", type=float, default=60.0, help="seconds without any batch before training fails")
     t.add_argument("--logdir", default=None, help="TensorBoard log directory (none: no summaries)")
     t.add_argument("--log-every", type=_positive_int, default=50, help="steps between occupancy log lines/summaries")
+    t.add_argument("--curve-secret-key", default=None, metavar="FILE",
+                   help="this trainer's NAME.key_secret: enables CurveZMQ (with --curve-server-key)")
+    t.add_argument("--curve-server-key", default=None, metavar="FILE", help="the producers' public NAME.key")
     t.set_defaults(func=cmd_train)
+
+    k = sub.add_parser("keys", formatter_class=_Formatter, help="make CurveZMQ key pairs",
+                       description="CurveZMQ keys encrypt batches and let producers accept only known trainers. "
+                       "Producers: --curve-secret-key server.key_secret --curve-authorized-keys DIR_OF_CLIENT_KEYS. "
+                       "Trainers: --curve-secret-key client.key_secret --curve-server-key server.key.")
+    ksub = k.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
+    kg = ksub.add_parser("generate", formatter_class=_Formatter, help="write NAME.key and NAME.key_secret",
+                         description="Write a key pair: DIR/NAME.key (public, share it) and DIR/NAME.key_secret "
+                         "(secret, mode 600).")
+    kg.add_argument("dir", help="folder to write the key files into")
+    kg.add_argument("--name", default="stoker", help="file name stem")
+    kg.set_defaults(func=cmd_keys_generate)
 
     d = sub.add_parser("demo", formatter_class=_Formatter, help="run the whole pipeline on this machine",
                        description="Build a small synthetic LMDB (cached), start two producer daemons on loopback "

@@ -15,6 +15,8 @@ from typing import Optional, Sequence
 import tensorflow as tf
 from tqdm import tqdm
 
+from stoker.protocol.curve import CurveClientKeys
+
 from .interrupts import close_on_signal
 from .models import build_model
 from .zmq_input import InputStats, ZMQInput
@@ -44,6 +46,7 @@ class TrainConfig:
     learning_rate: float = 1e-3
     warmup_steps: int = 10
     progress: bool = True
+    curve: Optional[CurveClientKeys] = None
 
 
 @dataclass
@@ -96,7 +99,7 @@ def train(config: TrainConfig) -> TrainReport:
     warmup = min(config.warmup_steps, max(0, config.steps - 1))
     with ZMQInput(config.addresses, batch_size=config.batch_size,
                   image_shape=(config.image_size, config.image_size, 3), queue_capacity=config.queue_capacity,
-                  recv_timeout=config.recv_timeout) as inp, close_on_signal(inp.close):
+                  recv_timeout=config.recv_timeout, curve=config.curve) as inp, close_on_signal(inp.close):
 
         @tf.function
         def step() -> tuple[tf.Tensor, tf.Tensor]:

@@ -30,8 +30,10 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from stoker.protocol import DEFAULT_MAX_MESSAGE_BYTES, DecodeLimits, ProtocolError, decode_batch
+from stoker.protocol.curve import CurveClientKeys
 
 from .errors import BatchMismatchError, InputClosedError, InputError, InputTimeoutError
 from .staging import StagingArea
@@ -40,6 +42,11 @@ log = logging.getLogger("stoker.consumer")
 
 _POLL_MS = 100
 _SAMPLE_EVERY_S = 0.05
+# libzmq reconnects after a lost connection, but not after a protocol error (a message over
+# MAXMSGSIZE, a failed handshake): it drops that endpoint for good. We re-connect such an
+# endpoint ourselves once it has been disconnected this long with no retry under way.
+_REVIVE_AFTER_S = 1.0
+_MONITOR_EVENTS = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_CONNECT_DELAYED
 
 
 @dataclass
@@ -50,6 +57,7 @@ class InputStats:
     bytes: int = 0
     protocol_errors: int = 0
     mismatched_batches: int = 0
+    reconnects: int = 0
     last_error: str = ""
     per_producer: dict[str, int] = field(default_factory=dict)
     occupancy_sum: float = 0.0
@@ -119,8 +127,8 @@ class ZMQInput:
         rcvhwm: ZMQ receive high-water mark in batches (default 4).
         max_message_bytes: largest message accepted, enforced by the socket
             (``ZMQ_MAXMSGSIZE``) and by the decoder (default 512 MiB).
-        curve_keys: optional ``(client_public, client_secret, server_public)`` Z85 keys
-            for CurveZMQ encryption and authentication.
+        curve: optional CurveZMQ client keys (``stoker.protocol.curve.load_client_keys``):
+            traffic is encrypted and only producers holding the matching server key talk to us.
 
     Three ways in (runnable versions in README.md)::
 
@@ -149,7 +157,7 @@ class ZMQInput:
         nr_stage: int = 1,
         rcvhwm: int = 4,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-        curve_keys: Optional[tuple[bytes, bytes, bytes]] = None,
+        curve: Optional[CurveClientKeys] = None,
         name: str = "stoker_input",
     ) -> None:
         if isinstance(addresses, str):
@@ -196,11 +204,10 @@ class ZMQInput:
             (zmq.HEARTBEAT_TIMEOUT, 5000),
         ):
             self._sock.setsockopt(option, value)
-        if curve_keys is not None:
-            client_public, client_secret, server_public = curve_keys
-            self._sock.curve_publickey = client_public
-            self._sock.curve_secretkey = client_secret
-            self._sock.curve_serverkey = server_public
+        if curve is not None:
+            self._sock.curve_publickey = curve.public
+            self._sock.curve_secretkey = curve.secret
+            self._sock.curve_serverkey = curve.server_public
         try:
             for address in self.addresses:
                 self._sock.connect(address)
@@ -209,6 +216,7 @@ class ZMQInput:
             self._ctx.term()
             raise ValueError(f"cannot connect to producer address {address!r}: {exc.strerror}; "
                              "expected e.g. tcp://host:5555") from None
+        self._monitor = self._sock.get_monitor_socket(_MONITOR_EVENTS)
         self._last_batch_at = time.monotonic()
         if self.eager:
             self.start()
@@ -243,6 +251,8 @@ class ZMQInput:
             pass
         for thread in self._threads:
             thread.join(2.0)
+        self._sock.disable_monitor()
+        self._monitor.close(linger=0)
         self._sock.close(linger=0)
         self._ctx.term()
 
@@ -382,10 +392,35 @@ class ZMQInput:
         if count <= 10 or count % 1000 == 0:
             log.warning("rejected message #%d: %s", count, exc)
 
+    def _watch_connections(self, disconnected_at: dict[str, float]) -> None:
+        """Track monitor events; re-connect endpoints that libzmq gave up on (see _REVIVE_AFTER_S)."""
+        while self._monitor.poll(0):
+            event = recv_monitor_message(self._monitor)
+            endpoint = event["endpoint"].decode(errors="replace")
+            if event["event"] == zmq.EVENT_DISCONNECTED:
+                disconnected_at[endpoint] = time.monotonic()
+            else:
+                disconnected_at.pop(endpoint, None)
+        now = time.monotonic()
+        for endpoint, since in list(disconnected_at.items()):
+            if now - since > _REVIVE_AFTER_S and endpoint in self.addresses:
+                del disconnected_at[endpoint]
+                try:
+                    self._sock.disconnect(endpoint)
+                except zmq.ZMQError:
+                    pass  # already forgotten by libzmq
+                self._sock.connect(endpoint)
+                with self._stats_lock:
+                    self._stats.reconnects += 1
+                log.warning("re-connected to %s: libzmq dropped it after a protocol error (a message over "
+                            "max_message_bytes or a failed handshake)", endpoint)
+
     def _receive_loop(self) -> None:
         sock = self._sock
+        disconnected_at: dict[str, float] = {}
         try:
             while not self._stop.is_set():
+                self._watch_connections(disconnected_at)
                 if not sock.poll(_POLL_MS):
                     silent = time.monotonic() - self._last_batch_at
                     if silent > self.recv_timeout:

@@ -25,6 +25,9 @@ from dataclasses import dataclass
 from typing import Optional
 
 import zmq
+from zmq.auth.thread import ThreadAuthenticator
+
+from stoker.protocol.curve import CurveServerKeys
 
 from .dataset_format import LmdbDataset
 from .sharding import ShardSpec
@@ -53,6 +56,7 @@ class ProducerConfig:
     sndhwm: int = 2
     log_interval: float = 10.0
     producer_id: Optional[str] = None
+    curve: Optional[CurveServerKeys] = None
 
 
 class ProducerDaemon:
@@ -76,10 +80,21 @@ class ProducerDaemon:
         self._out = self._ctx.socket(zmq.PUSH)
         self._out.setsockopt(zmq.SNDHWM, config.sndhwm)
         self._out.setsockopt(zmq.LINGER, 0)
+        self._auth: Optional[ThreadAuthenticator] = None
+        if config.curve is not None:
+            # Only trainers whose public key is in the authorised folder get through the handshake.
+            self._auth = ThreadAuthenticator(self._ctx)
+            self._auth.start()
+            self._auth.configure_curve(domain="*", location=str(config.curve.authorized_clients_dir))
+            self._out.curve_server = True
+            self._out.curve_publickey = config.curve.public
+            self._out.curve_secretkey = config.curve.secret
         try:
             self._out.bind(config.bind)
         except zmq.ZMQError as exc:
             self._out.close(linger=0)
+            if self._auth is not None:
+                self._auth.stop()
             self._ctx.term()
             raise BindError(
                 f"cannot bind {config.bind}: {exc.strerror}; pick a free port or another interface "
@@ -150,6 +165,8 @@ class ProducerDaemon:
             proxy.join(1.0)
             for s in (pull, control, control_client, self._out):
                 s.close(linger=0)
+            if self._auth is not None:
+                self._auth.stop()
             self._ctx.term()
             shutil.rmtree(ipc_dir, ignore_errors=True)
             log.info("stopped: %d batches, %d images sent, %d records skipped",

@@ -12,7 +12,6 @@ import time
 from collections import Counter
 from pathlib import Path
 
-import cv2
 import lmdb
 import numpy as np
 import pytest
@@ -22,20 +21,9 @@ from stoker.producer.dataset_format import LmdbDataset
 from stoker.producer.process import ProducerProcess
 from stoker.protocol import decode_batch
 
-SYNTH_COUNT = 96  # tests/conftest.py builds synth_lmdb with this many records
+from conftest import SYNTH_COUNT, expected_eval_image
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def _expected_eval(data: bytes, size: int) -> np.ndarray:
-    """Eval transform written out independently of stoker.producer.augment."""
-    bgr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
-    h, w = bgr.shape[:2]
-    short = round(size / 0.875)
-    new_w, new_h = (max(size, round(w * short / h)), short) if h <= w else (short, max(size, round(h * short / w)))
-    resized = cv2.resize(bgr, (new_w, new_h), interpolation=cv2.INTER_LINEAR)
-    top, left = (new_h - size) // 2, (new_w - size) // 2
-    return np.ascontiguousarray(resized[top:top + size, left:left + size, ::-1])
 
 
 def _receive_epochs(endpoints: list[str], epochs: int, timeout: float = 60.0) -> list:
@@ -90,7 +78,7 @@ def test_eval_mode_delivers_each_record_once_per_epoch_with_exact_images(synth_l
             for image, label, index in zip(batch["images"], batch["labels"], batch["index"]):
                 true_label, data = ds.read(int(index))
                 assert label == true_label
-                np.testing.assert_array_equal(image, _expected_eval(data, size))
+                np.testing.assert_array_equal(image, expected_eval_image(data, size))
 
 
 def test_two_shards_together_cover_every_record_exactly_once(synth_lmdb):

@@ -9,7 +9,6 @@ import threading
 import time
 from collections import defaultdict
 
-import cv2
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -22,30 +21,9 @@ from stoker.protocol import encode_batch
 
 pytestmark = pytest.mark.timeout(180)
 
-SIZE, BATCH = 32, 8
-WEIGHTS = np.random.default_rng(1234).integers(1, 2**20, size=(SIZE, SIZE, 3), dtype=np.int64)
+from conftest import CHECKSUM_WEIGHTS as WEIGHTS, EVAL_SIZE as SIZE, image_checksums
 
-
-def _eval_image(data: bytes) -> np.ndarray:
-    bgr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
-    h, w = bgr.shape[:2]
-    short = round(SIZE / 0.875)
-    new_w, new_h = (max(SIZE, round(w * short / h)), short) if h <= w else (short, max(SIZE, round(h * short / w)))
-    resized = cv2.resize(bgr, (new_w, new_h), interpolation=cv2.INTER_LINEAR)
-    top, left = (new_h - SIZE) // 2, (new_w - SIZE) // 2
-    return resized[top:top + SIZE, left:left + SIZE, ::-1]
-
-
-@pytest.fixture(scope="module")
-def record_by_checksum(synth_lmdb):
-    """checksum of the expected eval image -> (record index, label), for every record."""
-    table = {}
-    with LmdbDataset(synth_lmdb) as ds:
-        for index in range(len(ds)):
-            label, data = ds.read(index)
-            table[int((_eval_image(data).astype(np.int64) * WEIGHTS).sum())] = (index, label)
-    assert len(table) == len(ds), "checksums must identify records"
-    return table
+BATCH = 8
 
 
 def _producer(lmdb, *extra, bind="tcp://127.0.0.1:*"):
