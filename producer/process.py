@@ -31,8 +31,9 @@ class ProducerProcess:
 
     def __init__(self, lmdb_path: str | os.PathLike, bind: str = "tcp://127.0.0.1:*",
                  extra_args: Sequence[str] = (), start_timeout: float = 60.0,
-                 log_path: str | os.PathLike | None = None) -> None:
-        self.args = [sys.executable, "-m", "stoker.cli.main", "produce", "--lmdb", str(lmdb_path),
+                 log_path: str | os.PathLike | None = None, command_prefix: Sequence[str] = ()) -> None:
+        """``command_prefix`` runs the daemon through another command, e.g. ``ip netns exec NS``."""
+        self.args = [*command_prefix, sys.executable, "-m", "stoker.cli.main", "produce", "--lmdb", str(lmdb_path),
                      "--bind", bind, *extra_args]
         self.log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="stoker-producer-", suffix=".log")[1])
         self._log = open(self.log_path, "wb")  # truncate: an old "serving" line must not be mistaken for ours
@@ -52,7 +53,7 @@ class ProducerProcess:
                 break
             time.sleep(0.05)
         self.stop()
-        raise ProducerStartError(f"producer {' '.join(self.args[3:])} did not start (exit {self.proc.returncode}):\n"
+        raise ProducerStartError(f"producer {' '.join(self.args)} did not start (exit {self.proc.returncode}):\n"
                                  + self.log_text()[-3000:])
 
     @property
