@@ -30,9 +30,10 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _setup_logging(verbose: bool) -> None:
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+def _setup_logging(verbose: bool, fmt: str) -> None:
+    from stoker.producer.logs import configure_logging
+
+    configure_logging(logging.DEBUG if verbose else logging.INFO, fmt)
 
 
 def stop_event_on_signals() -> threading.Event:
@@ -64,8 +65,17 @@ def cmd_lmdb_build(args: argparse.Namespace) -> int:
 def cmd_lmdb_synth(args: argparse.Namespace) -> int:
     from stoker.producer.synthetic import build_synthetic
 
+    if args.exist_ok:
+        from stoker.producer.dataset_format import DatasetError, LmdbDataset
+
+        try:
+            with LmdbDataset(args.out) as ds:
+                print(f"{args.out} already holds a Stoker dataset of {len(ds)} records; leaving it")
+                return EXIT_OK
+        except DatasetError:
+            pass
     meta = build_synthetic(args.out, args.count, seed=args.seed, num_classes=args.classes,
-                           overwrite=args.overwrite, progress=not args.quiet)
+                           overwrite=args.overwrite or args.exist_ok, progress=not args.quiet)
     print(f"wrote {meta.count} synthetic JPEGs in {len(meta.classes)} classes to {args.out}")
     return EXIT_OK
 
@@ -128,6 +138,7 @@ def cmd_produce(args: argparse.Namespace) -> int:
         lmdb_path=args.lmdb, bind=args.bind, workers=args.workers, batch_size=args.batch_size,
         image_size=args.image_size, mode=args.mode, shard=ShardSpec.parse(args.shard), seed=args.seed,
         sndhwm=args.sndhwm, log_interval=args.log_interval, producer_id=args.id,
+        metrics_port=args.metrics_port, log_format=args.log_format,
     )
     stop = stop_event_on_signals()
     ProducerDaemon(config).run(stop)
@@ -152,7 +163,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         addresses=[a.strip() for a in args.connect.split(",") if a.strip()], model=args.model, steps=args.steps,
         batch_size=args.batch_size, image_size=args.image_size, num_classes=args.classes,
         queue_capacity=args.queue_capacity, recv_timeout=args.recv_timeout, logdir=args.logdir,
-        log_every=args.log_every,
+        log_every=args.log_every, metrics_port=args.metrics_port, progress=not args.no_progress,
     )
     from stoker.consumer import InputError
 
@@ -173,6 +184,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
                                image_size=args.image_size, batch_size=args.batch_size, workers=args.workers))
 
 
+def cmd_status(args: argparse.Namespace) -> int:
+    from stoker.cli.status import ScrapeError, print_status
+
+    try:
+        print_status([u.strip() for u in args.metrics.split(",") if u.strip()], args.interval)
+    except ScrapeError as exc:
+        print(f"stoker status: error: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="stoker",
@@ -181,12 +203,20 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=_Formatter,
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--log-format", choices=("text", "json"), default="text",
+                        help="log lines as text or as one JSON object per line")
+    # The same flags after the subcommand (`stoker produce ... --log-format json`); SUPPRESS keeps
+    # the global value unless the flag is given there.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="debug logging")
+    common.add_argument("--log-format", choices=("text", "json"), default=argparse.SUPPRESS,
+                        help="log lines as text or as one JSON object per line (default: text)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    lmdb = sub.add_parser("lmdb", help="build and inspect Stoker LMDB datasets", formatter_class=_Formatter,
+    lmdb = sub.add_parser("lmdb", parents=[common], help="build and inspect Stoker LMDB datasets", formatter_class=_Formatter,
                           description="Build and inspect datasets in the Stoker LMDB format (docs/format.md).")
     lsub = lmdb.add_subparsers(dest="lmdb_command", required=True, metavar="ACTION")
-    b = lsub.add_parser("build", formatter_class=_Formatter, help="build an LMDB from an image folder or list file",
+    b = lsub.add_parser("build", parents=[common], formatter_class=_Formatter, help="build an LMDB from an image folder or list file",
                         description="Build an LMDB from SRC: a folder with one sub-folder per class (ImageNet train "
                         "layout) or a list file of `path label` lines. Encoded bytes are stored as they are; corrupt "
                         "or unreadable files are reported by path, skipped and counted. The result appears at OUT "
@@ -197,7 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--threads", type=_positive_int, default=None, help="threads that verify images (default: CPU count)")
     b.add_argument("--quiet", action="store_true", help="no progress bar")
     b.set_defaults(func=cmd_lmdb_build)
-    s = lsub.add_parser("synth", formatter_class=_Formatter, help="make a deterministic synthetic JPEG dataset",
+    s = lsub.add_parser("synth", parents=[common], formatter_class=_Formatter, help="make a deterministic synthetic JPEG dataset",
                         description="Write COUNT photo-like synthetic JPEGs (300-500 px, ~95 KB) for demos, tests "
                         "and benchmarks. Same --seed, same bytes.")
     s.add_argument("out", help="output LMDB directory")
@@ -205,15 +235,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0, help="generator seed")
     s.add_argument("--classes", type=_positive_int, default=10, help="number of classes")
     s.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    s.add_argument("--exist-ok", action="store_true", help="do nothing if OUT already holds a Stoker dataset")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=cmd_lmdb_synth)
-    i = lsub.add_parser("info", formatter_class=_Formatter, help="describe an LMDB",
+    i = lsub.add_parser("info", parents=[common], formatter_class=_Formatter, help="describe an LMDB",
                         description="Print record count, classes, format version, size and a few sample records.")
     i.add_argument("path", help="LMDB directory")
     i.add_argument("--samples", type=int, default=5, help="sample records to show")
     i.set_defaults(func=cmd_lmdb_info)
 
-    p = sub.add_parser("produce", formatter_class=_Formatter, help="run a producer daemon",
+    p = sub.add_parser("produce", parents=[common], formatter_class=_Formatter, help="run a producer daemon",
                        description="Serve decoded, augmented uint8 batches from an LMDB on a ZMQ PUSH socket until "
                        "SIGTERM/SIGINT. Batches: images uint8 [B,H,W,3] RGB, labels int32 [B], plus index int64 [B] "
                        "and epoch int32 [B] (which record, which epoch).")
@@ -230,13 +261,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="batches buffered per hop before backpressure; memory ~ (workers + 2) x sndhwm x batch bytes")
     p.add_argument("--log-interval", type=float, default=10.0, help="seconds between rate log lines")
     p.add_argument("--id", default=None, help="producer id in headers (default: HOST:PORT#SHARD)")
+    p.add_argument("--metrics-port", type=int, default=None,
+                   help="serve Prometheus metrics on this port (none: off)")
     p.add_argument("--curve-secret-key", default=None, metavar="FILE",
                    help="this producer's NAME.key_secret: enables CurveZMQ encryption (with --curve-authorized-keys)")
     p.add_argument("--curve-authorized-keys", default=None, metavar="DIR",
                    help="folder of trainer public keys (*.key) allowed to connect")
     p.set_defaults(func=cmd_produce)
 
-    t = sub.add_parser("train", formatter_class=_Formatter, help="train a Keras model fed by producers",
+    t = sub.add_parser("train", parents=[common], formatter_class=_Formatter, help="train a Keras model fed by producers",
                        description="Train a Keras model on batches from producer daemons through ZMQInput, with a "
                        "progress bar showing images/s and queue occupancy and TensorBoard summaries in --logdir.")
     t.add_argument("--connect", required=True, help="comma-separated producer addresses, e.g. tcp://hostA:5555,tcp://hostB:5555")
@@ -249,24 +282,36 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--recv-timeout", type=float, default=60.0, help="seconds without any batch before training fails")
     t.add_argument("--logdir", default=None, help="TensorBoard log directory (none: no summaries)")
     t.add_argument("--log-every", type=_positive_int, default=50, help="steps between occupancy log lines/summaries")
+    t.add_argument("--metrics-port", type=int, default=None,
+                   help="serve Prometheus metrics on this port (none: off)")
+    t.add_argument("--no-progress", action="store_true", help="log lines instead of a progress bar")
     t.add_argument("--curve-secret-key", default=None, metavar="FILE",
                    help="this trainer's NAME.key_secret: enables CurveZMQ (with --curve-server-key)")
     t.add_argument("--curve-server-key", default=None, metavar="FILE", help="the producers' public NAME.key")
     t.set_defaults(func=cmd_train)
 
-    k = sub.add_parser("keys", formatter_class=_Formatter, help="make CurveZMQ key pairs",
+    k = sub.add_parser("keys", parents=[common], formatter_class=_Formatter, help="make CurveZMQ key pairs",
                        description="CurveZMQ keys encrypt batches and let producers accept only known trainers. "
                        "Producers: --curve-secret-key server.key_secret --curve-authorized-keys DIR_OF_CLIENT_KEYS. "
                        "Trainers: --curve-secret-key client.key_secret --curve-server-key server.key.")
     ksub = k.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
-    kg = ksub.add_parser("generate", formatter_class=_Formatter, help="write NAME.key and NAME.key_secret",
+    kg = ksub.add_parser("generate", parents=[common], formatter_class=_Formatter, help="write NAME.key and NAME.key_secret",
                          description="Write a key pair: DIR/NAME.key (public, share it) and DIR/NAME.key_secret "
                          "(secret, mode 600).")
     kg.add_argument("dir", help="folder to write the key files into")
     kg.add_argument("--name", default="stoker", help="file name stem")
     kg.set_defaults(func=cmd_keys_generate)
 
-    d = sub.add_parser("demo", formatter_class=_Formatter, help="run the whole pipeline on this machine",
+    st = sub.add_parser("status", parents=[common], formatter_class=_Formatter, help="live rates and queue occupancy",
+                        description="Scrape the Prometheus endpoints of producers and trainers (their "
+                        "--metrics-port) twice and show each one's live rate, the trainer's queue occupancy, and "
+                        "which side is the bottleneck.")
+    st.add_argument("--metrics", required=True,
+                    help="comma-separated metrics URLs, e.g. hostA:9100,hostB:9100,trainer:9200")
+    st.add_argument("--interval", type=float, default=2.0, help="seconds between the two scrapes")
+    st.set_defaults(func=cmd_status)
+
+    d = sub.add_parser("demo", parents=[common], formatter_class=_Formatter, help="run the whole pipeline on this machine",
                        description="Build a small synthetic LMDB (cached), start two producer daemons on loopback "
                        "with disjoint shards, train a small CNN through ZMQInput and report images/s, queue "
                        "occupancy, the bottleneck, and a clean shutdown.")
@@ -284,7 +329,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    _setup_logging(args.verbose)
+    _setup_logging(args.verbose, args.log_format)
     from stoker.producer.daemon import BindError
     from stoker.producer.dataset_format import DatasetError
     from stoker.producer.lmdb_build import SourceError
@@ -295,6 +340,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (DatasetError, SourceError, BindError, ValueError, FileNotFoundError) as exc:
         print(f"stoker {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except BrokenPipeError:
+        # `stoker lmdb info ... | head`: the reader left; that is not an error.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
     except KeyboardInterrupt:
         # Ctrl-C and SIGTERM (stoker train maps it) end here after everything was closed.
         print(f"stoker {args.command}: interrupted", file=sys.stderr)

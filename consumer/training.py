@@ -47,6 +47,7 @@ class TrainConfig:
     warmup_steps: int = 10
     progress: bool = True
     curve: Optional[CurveClientKeys] = None
+    metrics_port: Optional[int] = None
 
 
 @dataclass
@@ -100,6 +101,8 @@ def train(config: TrainConfig) -> TrainReport:
     with ZMQInput(config.addresses, batch_size=config.batch_size,
                   image_shape=(config.image_size, config.image_size, 3), queue_capacity=config.queue_capacity,
                   recv_timeout=config.recv_timeout, curve=config.curve) as inp, close_on_signal(inp.close):
+        if config.metrics_port is not None:
+            log.info("metrics on http://0.0.0.0:%d/metrics", inp.serve_metrics(config.metrics_port))
 
         @tf.function
         def step() -> tuple[tf.Tensor, tf.Tensor]:

@@ -58,6 +58,7 @@ class InputStats:
     protocol_errors: int = 0
     mismatched_batches: int = 0
     reconnects: int = 0
+    connected_producers: int = 0
     last_error: str = ""
     per_producer: dict[str, int] = field(default_factory=dict)
     occupancy_sum: float = 0.0
@@ -217,6 +218,8 @@ class ZMQInput:
             raise ValueError(f"cannot connect to producer address {address!r}: {exc.strerror}; "
                              "expected e.g. tcp://host:5555") from None
         self._monitor = self._sock.get_monitor_socket(_MONITOR_EVENTS)
+        self._connected: set[str] = set()
+        self._metrics: Any = None
         self._last_batch_at = time.monotonic()
         if self.eager:
             self.start()
@@ -251,6 +254,8 @@ class ZMQInput:
             pass
         for thread in self._threads:
             thread.join(2.0)
+        if self._metrics is not None:
+            self._metrics.close()
         self._sock.disable_monitor()
         self._monitor.close(linger=0)
         self._sock.close(linger=0)
@@ -355,6 +360,15 @@ class ZMQInput:
         tf.summary.scalar("stoker/batches_received", stats.batches, step=step)
         tf.summary.scalar("stoker/protocol_errors", stats.protocol_errors + stats.mismatched_batches, step=step)
 
+    def serve_metrics(self, port: int, addr: str = "0.0.0.0") -> int:
+        """Serve Prometheus metrics on ``http://addr:port/metrics`` until close(); returns the port (0: any free)."""
+        from stoker.protocol.metrics_server import MetricsServer
+
+        from .metrics import ZMQInputCollector
+
+        self._metrics = MetricsServer(port, ZMQInputCollector(self), addr)
+        return self._metrics.port
+
     def raise_if_failed(self) -> None:
         """Raise the input's error (timeout, closed) if it has one."""
         if self._error is not None:
@@ -394,13 +408,21 @@ class ZMQInput:
 
     def _watch_connections(self, disconnected_at: dict[str, float]) -> None:
         """Track monitor events; re-connect endpoints that libzmq gave up on (see _REVIVE_AFTER_S)."""
+        changed = False
         while self._monitor.poll(0):
             event = recv_monitor_message(self._monitor)
             endpoint = event["endpoint"].decode(errors="replace")
             if event["event"] == zmq.EVENT_DISCONNECTED:
                 disconnected_at[endpoint] = time.monotonic()
+                self._connected.discard(endpoint)
             else:
                 disconnected_at.pop(endpoint, None)
+                if event["event"] == zmq.EVENT_CONNECTED:
+                    self._connected.add(endpoint)
+            changed = True
+        if changed:
+            with self._stats_lock:
+                self._stats.connected_producers = len(self._connected)
         now = time.monotonic()
         for endpoint, since in list(disconnected_at.items()):
             if now - since > _REVIVE_AFTER_S and endpoint in self.addresses:

@@ -28,8 +28,10 @@ import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
 from stoker.protocol.curve import CurveServerKeys
+from stoker.protocol.metrics_server import MetricsServer
 
 from .dataset_format import LmdbDataset
+from .metrics import ProducerCollector
 from .sharding import ShardSpec
 from .stage_stats import StageStats, rate_report
 from .worker import WorkerConfig, run_worker
@@ -57,6 +59,8 @@ class ProducerConfig:
     log_interval: float = 10.0
     producer_id: Optional[str] = None
     curve: Optional[CurveServerKeys] = None
+    metrics_port: Optional[int] = None
+    log_format: str = "text"
 
 
 class ProducerDaemon:
@@ -126,6 +130,7 @@ class ProducerDaemon:
             lmdb_path=str(cfg.lmdb_path), endpoint=internal, producer_id=self.producer_id, shard=cfg.shard,
             batch_size=cfg.batch_size, image_size=cfg.image_size, mode=cfg.mode, seed=self.seed,
             workers=cfg.workers, sndhwm=cfg.sndhwm, log_level=logging.getLogger().getEffectiveLevel(),
+            log_format=cfg.log_format,
         )
 
         def start(w: int) -> mp.process.BaseProcess:
@@ -135,6 +140,13 @@ class ProducerDaemon:
             return p
 
         procs = [start(w) for w in range(cfg.workers)]
+        metrics = None
+        if cfg.metrics_port is not None:
+            batch_bytes = cfg.batch_size * (cfg.image_size * cfg.image_size * 3 + 4 + 8 + 4)
+            collector = ProducerCollector(self.stats, batch_bytes, self.producer_id,
+                                          lambda: sum(p.is_alive() for p in procs))
+            metrics = MetricsServer(cfg.metrics_port, collector)
+            log.info("metrics on http://0.0.0.0:%d/metrics", metrics.port)
         log.info(
             "serving %s on %s: %d records in shard %s of %d, %s mode, batch %d x %dpx, %d workers, seed %d",
             cfg.lmdb_path, self.endpoint, len(cfg.shard.records(self.meta.count)), cfg.shard, self.meta.count,
@@ -153,6 +165,8 @@ class ProducerDaemon:
                     log.info("%s", rate_report(last, totals, now - last_t).line())
                     last, last_t = totals, now
         finally:
+            if metrics is not None:
+                metrics.close()
             worker_stop.set()
             control_client.send(b"TERMINATE")
             deadline = time.monotonic() + 1.2

@@ -28,6 +28,7 @@ from stoker.protocol import encode_batch
 
 from .augment import DecodeError, decode_bgr, eval_transform, train_transform
 from .dataset_format import LmdbDataset, RecordError, record_key
+from .logs import configure_logging
 from .sharding import ShardSpec, worker_stream
 from .stage_stats import StageStats
 
@@ -49,6 +50,7 @@ class WorkerConfig:
     workers: int
     sndhwm: int = 2
     log_level: int = logging.INFO
+    log_format: str = "text"
 
 
 def _die_with_parent() -> None:
@@ -76,7 +78,7 @@ def run_worker(worker: int, config: WorkerConfig, stats: StageStats, stop: Any, 
     _die_with_parent()
     # The daemon owns shutdown: Ctrl-C in a terminal reaches the whole process group.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(config.log_level, config.log_format)
     dataset = LmdbDataset(config.lmdb_path)
     records = config.shard.records(len(dataset))
     stream = worker_stream(records, config.seed, worker, config.workers, shuffle=True)

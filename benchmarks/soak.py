@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""Soak: producers and a trainer for a fixed number of batches; memory of every process, start vs end.
+
+Two `stoker produce` daemons (1 worker each) feed a ZMQInput in this process (the
+trainer), whose tf.function step consumes each batch. RSS is read from /proc for
+the trainer, each daemon and each worker after a warm-up ("start") and at the end.
+Targets: growth under 5 % per process; trainer RSS under
+``(queue_capacity + nr_stage + rcvhwm) x batch bytes + fixed overhead``. The fixed
+overhead we state is this process's RSS with TensorFlow and Keras loaded, before
+ZMQInput exists (measured in the same run), plus a 32 MiB allowance for the ZMQ
+context and I/O threads, our two threads and the traced step (--allowance-mib).
+
+Run:  python benchmarks/soak.py [--batches 20000]   (prints a table, writes JSON)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from stoker.consumer import ZMQInput  # noqa: E402
+from stoker.producer.process import ProducerProcess  # noqa: E402
+from stoker.producer.synthetic import build_synthetic  # noqa: E402
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def snapshot(producers: list[ProducerProcess]) -> dict[str, float]:
+    rows = {"trainer": rss_mib(os.getpid())}
+    for i, p in enumerate(producers):
+        rows[f"producer{i}"] = rss_mib(p.pid)
+        for j, child in enumerate(sorted(p.child_pids())):
+            rows[f"producer{i}.child{j}"] = rss_mib(child)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batches", type=int, default=20_000)
+    parser.add_argument("--warmup", type=int, default=1_000)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--image-size", type=int, default=64)
+    parser.add_argument("--queue-capacity", type=int, default=50)
+    parser.add_argument("--records", type=int, default=256)
+    parser.add_argument("--allowance-mib", type=float, default=32.0,
+                        help="stated fixed overhead beyond the TF baseline: ZMQ context, threads, traced step")
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "soak.json"))
+    args = parser.parse_args()
+    b, s = args.batch_size, args.image_size
+    batch_bytes = b * s * s * 3 + 4 * b
+    with tempfile.TemporaryDirectory() as tmp:
+        lmdb_path = Path(tmp) / "soak"
+        build_synthetic(lmdb_path, args.records, seed=0, progress=False)
+        flags = ["--workers", "1", "--batch-size", str(b), "--image-size", str(s), "--log-interval", "60"]
+        producers = [ProducerProcess(lmdb_path, extra_args=[*flags, "--shard", f"{i}/2"]) for i in range(2)]
+        try:
+            fixed_overhead = rss_mib(os.getpid())
+            with ZMQInput([p.endpoint for p in producers], batch_size=b, image_shape=(s, s, 3),
+                          queue_capacity=args.queue_capacity, recv_timeout=60) as inp:
+                @tf.function
+                def step() -> tf.Tensor:
+                    images, labels = inp.get()
+                    return tf.reduce_mean(tf.cast(images, tf.float32)) + tf.cast(tf.reduce_sum(labels), tf.float32)
+
+                for _ in range(args.warmup):
+                    step()
+                start, t0 = snapshot(producers), time.perf_counter()
+                for i in range(args.batches):
+                    value = step()
+                    if i % 5000 == 0:
+                        print(f"  {i}/{args.batches} batches", flush=True)
+                float(value)
+                seconds = time.perf_counter() - t0
+                end, stats = snapshot(producers), inp.stats
+                buffers_mib = (args.queue_capacity + inp.nr_stage + 4) * batch_bytes / 2**20
+                bound = fixed_overhead + args.allowance_mib + buffers_mib
+        finally:
+            codes = [p.stop() for p in producers]
+    rows = []
+    for name in start:
+        growth = (end.get(name, float("nan")) - start[name]) / start[name]
+        rows.append({"process": name, "start_mib": start[name], "end_mib": end.get(name), "growth": growth})
+    print(f"\nsoak: {args.batches} batches of {b}x{s}x{s}x3 in {seconds:.0f} s "
+          f"({args.batches / seconds:.0f} batches/s), rejected {stats.protocol_errors + stats.mismatched_batches}")
+    print(f"{'process':<20} | {'start MiB':>9} | {'end MiB':>9} | {'growth':>7}")
+    print("-" * 55)
+    for r in rows:
+        print(f"{r['process']:<20} | {r['start_mib']:>9.1f} | {r['end_mib']:>9.1f} | {100 * r['growth']:>6.2f}%")
+    extra = end["trainer"] - fixed_overhead - buffers_mib
+    print(f"trainer bound: TF baseline {fixed_overhead:.1f} MiB + allowance {args.allowance_mib:.0f} MiB + "
+          f"({args.queue_capacity} queue + {inp.nr_stage} staged + 4 rcvhwm) x {batch_bytes / 2**20:.2f} MiB = "
+          f"{bound:.1f} MiB; trainer end RSS {end['trainer']:.1f} MiB -> "
+          f"{'within' if end['trainer'] <= bound else 'OVER'} (overhead beyond baseline and buffers: {extra:.1f} MiB)")
+    result = {"benchmark": "soak", "batches": args.batches, "seconds": seconds, "rows": rows,
+              "fixed_overhead_mib": fixed_overhead, "allowance_mib": args.allowance_mib,
+              "measured_extra_overhead_mib": extra, "trainer_bound_mib": bound,
+              "trainer_within_bound": end["trainer"] <= bound, "batch_bytes": batch_bytes,
+              "max_growth": max(r["growth"] for r in rows), "producer_exit_codes": codes,
+              "rejected": stats.protocol_errors + stats.mismatched_batches}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+"""``stoker status``: live rates of producers and trainers from their Prometheus endpoints.
+
+Scrapes every ``--metrics`` URL twice, ``interval`` seconds apart, and prints one
+row per producer (images/s sent, records skipped, where its time goes) and per
+trainer (batches/s received, queue occupancy, rejected messages, connected
+producers), then one sentence on which side is the bottleneck.
+"""
+
+from __future__ import annotations
+
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Sequence
+
+from prometheus_client.parser import text_string_to_metric_families
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+class ScrapeError(RuntimeError):
+    """A metrics URL could not be read; the message names it."""
+
+
+def scrape(url: str, timeout: float = 5.0) -> Samples:
+    """All samples at ``url`` as ``{(name, sorted label items): value}``."""
+    if not url.startswith(("http://", "https://")):
+        url = f"http://{url}"
+    if not url.rstrip("/").endswith("/metrics"):
+        url = url.rstrip("/") + "/metrics"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            text = response.read().decode()
+    except (urllib.error.URLError, OSError) as exc:
+        raise ScrapeError(f"cannot read {url}: {exc}; is --metrics-port set on that producer or trainer?") from None
+    samples: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return samples
+
+
+def _sum(samples: Samples, name: str, **labels: str) -> float:
+    return sum(v for (n, ls), v in samples.items() if n == name and all((k, val) in ls for k, val in labels.items()))
+
+
+@dataclass
+class StatusRow:
+    url: str
+    kind: str  # "producer" or "trainer"
+    text: str
+    rate: float  # images/s
+    occupancy: float = 0.0
+
+
+def status_rows(urls: Sequence[str], interval: float) -> list[StatusRow]:
+    before = {u: scrape(u) for u in urls}
+    time.sleep(interval)
+    after = {u: scrape(u) for u in urls}
+    rows = []
+    for u in urls:
+        a, b = before[u], after[u]
+        if any(n.startswith("stoker_producer_") for n, _ in b):
+            images = (_sum(b, "stoker_producer_images_sent_total") - _sum(a, "stoker_producer_images_sent_total"))
+            rate = images / interval
+            stages = {s: _sum(b, "stoker_producer_stage_seconds_total", stage=s)
+                      - _sum(a, "stoker_producer_stage_seconds_total", stage=s)
+                      for s in ("read", "decode", "augment", "serialize", "send")}
+            busiest = max(stages, key=stages.get) if any(stages.values()) else "-"
+            rows.append(StatusRow(u, "producer", f"{rate:8.1f} img/s  skipped {int(_sum(b, 'stoker_producer_records_skipped_total'))}"
+                                  f"  workers {int(_sum(b, 'stoker_producer_workers_alive'))}  most time in: {busiest}", rate))
+        elif any(n.startswith("stoker_trainer_") for n, _ in b):
+            images = _sum(b, "stoker_trainer_images_received_total") - _sum(a, "stoker_trainer_images_received_total")
+            occupancy = _sum(b, "stoker_trainer_queue_occupancy")
+            rejected = _sum(b, "stoker_trainer_protocol_errors_total") + _sum(b, "stoker_trainer_mismatched_batches_total")
+            rows.append(StatusRow(u, "trainer", f"{images / interval:8.1f} img/s  queue {occupancy:.2f}  rejected "
+                                  f"{int(rejected)}  producers connected {int(_sum(b, 'stoker_trainer_connected_producers'))}",
+                                  images / interval, occupancy))
+        else:
+            rows.append(StatusRow(u, "unknown", "no stoker metrics at this URL", 0.0))
+    return rows
+
+
+def verdict(rows: Sequence[StatusRow]) -> str:
+    trainers = [r for r in rows if r.kind == "trainer"]
+    if not trainers:
+        return "no trainer among the URLs: add the trainer's --metrics-port URL to see the bottleneck"
+    occupancy = sum(r.occupancy for r in trainers) / len(trainers)
+    if occupancy < 0.2:
+        return f"input-bound (queue {occupancy:.2f}): add producers or workers"
+    if occupancy > 0.6:
+        return f"training-bound (queue {occupancy:.2f}): producers keep up"
+    return f"balanced (queue {occupancy:.2f})"
+
+
+def print_status(urls: Sequence[str], interval: float) -> None:
+    rows = status_rows(urls, interval)
+    width = max(len(r.url) for r in rows)
+    for r in rows:
+        print(f"{r.kind:<8} {r.url:<{width}}  {r.text}")
+    print(f"bottleneck: {verdict(rows)}")

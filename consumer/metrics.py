@@ -1,0 +1,44 @@
+"""Prometheus metrics of a ZMQInput (trainer side), computed at scrape time from its stats."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from .zmq_input import ZMQInput
+
+
+class ZMQInputCollector(Collector):
+    """Batches and bytes received (per producer), rejected messages, occupancy, connected producers."""
+
+    def __init__(self, inp: "ZMQInput") -> None:
+        self.inp = inp
+
+    def collect(self) -> Iterator:
+        s = self.inp.stats
+        per = CounterMetricFamily("stoker_trainer_batches_received", "Batches received", labels=["producer"])
+        for producer, n in sorted(s.per_producer.items()):
+            per.add_metric([producer], n)
+        yield per
+        yield CounterMetricFamily("stoker_trainer_images_received", "Images received",
+                                  value=s.batches * self.inp.batch_size)
+        yield CounterMetricFamily("stoker_trainer_bytes_received", "Array bytes received", value=s.bytes)
+        yield CounterMetricFamily("stoker_trainer_protocol_errors", "Malformed messages rejected",
+                                  value=s.protocol_errors)
+        yield CounterMetricFamily("stoker_trainer_mismatched_batches", "Batches of the wrong shape rejected",
+                                  value=s.mismatched_batches)
+        yield CounterMetricFamily("stoker_trainer_reconnects", "Endpoints re-connected after protocol errors",
+                                  value=s.reconnects)
+        try:
+            occupancy = self.inp.queue_occupancy()
+        except Exception:  # closed
+            occupancy = 0.0
+        yield GaugeMetricFamily("stoker_trainer_queue_occupancy", "FIFOQueue fill fraction now (near 0: input-bound)",
+                                value=occupancy)
+        yield GaugeMetricFamily("stoker_trainer_mean_queue_occupancy", "Time-sampled mean FIFOQueue fill fraction",
+                                value=s.mean_queue_occupancy)
+        yield GaugeMetricFamily("stoker_trainer_connected_producers", "Producer endpoints connected now",
+                                value=s.connected_producers)

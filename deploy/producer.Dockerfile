@@ -1,0 +1,21 @@
+# Producer image for data hosts: decoding and augmentation only, no TensorFlow.
+# Build from the repository root:  docker build -f deploy/producer.Dockerfile -t stoker-producer .
+FROM python:3.11-slim-bookworm
+
+ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /opt/stoker
+COPY pyproject.toml README.md ./
+COPY protocol/ protocol/
+COPY producer/ producer/
+COPY consumer/ consumer/
+COPY cli/ cli/
+# /data is created owned by the runtime user so a fresh named volume mounted there is writable.
+RUN pip install --no-cache-dir . \
+    && useradd --system --uid 10001 --create-home stoker \
+    && mkdir /data && chown stoker /data
+USER 10001
+EXPOSE 5555 9100
+HEALTHCHECK --interval=15s --timeout=5s --start-period=30s --retries=3 \
+    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:9100/metrics', timeout=4)"]
+ENTRYPOINT ["stoker"]
+CMD ["produce", "--help"]

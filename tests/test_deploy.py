@@ -1,0 +1,78 @@
+"""Deployment files: compose and manifests validate, Dockerfiles lint, and every command they run parses."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from stoker.cli.main import build_parser
+
+DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
+K8S = sorted((DEPLOY / "k8s").glob("*.yaml"))
+
+
+def _tool(name: str) -> str:
+    """Path of a validator; in CI (CI=true, set by the CI runner) a missing one fails instead of skipping."""
+    path = shutil.which(name) or (shutil.which(name, path=str(Path(sys.executable).parent)))
+    if path is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"{name} is not installed; .ci/run installs it")
+        pytest.skip(f"{name} not installed (.ci/run installs it)")
+    return path
+
+
+def _parses(argv: list[str]) -> None:
+    try:
+        build_parser().parse_args(argv)
+    except SystemExit as exc:
+        raise AssertionError(f"`stoker {' '.join(argv)}` is not a valid stoker command line") from exc
+
+
+def test_compose_file_is_valid():
+    out = subprocess.run([_tool("docker-compose"), "-f", str(DEPLOY / "docker-compose.yml"), "config", "-q"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+
+
+def test_dockerfiles_pass_hadolint():
+    out = subprocess.run([_tool("hadolint"), *map(str, DEPLOY.glob("*.Dockerfile"))],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_kubernetes_manifests_validate_against_the_schemas():
+    out = subprocess.run([_tool("kubernetes-validate"), "--strict", *map(str, K8S)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.count("passed") >= 4
+
+
+def test_every_compose_command_is_a_valid_stoker_command_line():
+    services = yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())["services"]
+    commands = {name: s["command"] for name, s in services.items() if "command" in s}
+    assert set(commands) == {"dataset", "producer-0", "producer-1", "trainer"}
+    for argv in commands.values():
+        _parses(argv)
+    # The trainer connects to the producers by service name on the port they bind.
+    connect = commands["trainer"][commands["trainer"].index("--connect") + 1]
+    assert connect == "tcp://producer-0:5555,tcp://producer-1:5555"
+
+
+def test_every_manifest_command_is_a_valid_stoker_command_line():
+    containers = []
+    for path in K8S:
+        for doc in yaml.safe_load_all(path.read_text()):
+            spec = doc.get("spec", {}).get("template", {}).get("spec", {})
+            containers += spec.get("containers", [])
+    assert {c["name"] for c in containers} == {"producer", "trainer"}
+    for c in containers:
+        env = {e["name"]: e.get("value", "1") for e in c.get("env", [])}
+        argv = [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], a) for a in c["args"]]
+        _parses(argv)

@@ -1,0 +1,86 @@
+"""Metrics scraped over real HTTP, `stoker status`, structured logs."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from stoker.consumer import ZMQInput
+from stoker.producer.process import ProducerProcess
+
+pytestmark = pytest.mark.timeout(120)
+ARGS = ["--workers", "1", "--batch-size", "8", "--image-size", "32", "--log-interval", "1"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _metrics(url: str) -> dict[str, float]:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        text = response.read().decode()
+    return {s.name + str(sorted(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def _value(metrics: dict[str, float], prefix: str) -> float:
+    return sum(v for k, v in metrics.items() if k.startswith(prefix))
+
+
+def test_producer_and_trainer_metrics_are_scraped_and_status_names_the_bottleneck(synth_lmdb):
+    port = _free_port()
+    with ProducerProcess(synth_lmdb, extra_args=[*ARGS, "--metrics-port", str(port)]) as producer, \
+            ZMQInput([producer.endpoint], batch_size=8, image_shape=(32, 32, 3), recv_timeout=30) as inp:
+        trainer_port = inp.serve_metrics(0)
+        for _ in range(20):
+            inp.get()
+        produced = _metrics(f"http://127.0.0.1:{port}/metrics")
+        assert _value(produced, "stoker_producer_batches_sent_total") >= 20
+        assert _value(produced, "stoker_producer_images_sent_total") >= 160
+        assert _value(produced, "stoker_producer_workers_alive") == 1
+        assert _value(produced, "stoker_producer_stage_seconds_total[('producer'") > 0
+        received = _metrics(f"http://127.0.0.1:{trainer_port}/metrics")
+        assert _value(received, "stoker_trainer_batches_received_total") >= 20
+        assert _value(received, "stoker_trainer_connected_producers") == 1
+        assert "stoker_trainer_queue_occupancy[]" in received
+        assert _value(received, "stoker_trainer_protocol_errors_total") == 0
+        # Nobody consumes now, so the queue fills: status must call it training-bound.
+        time.sleep(1)
+        out = subprocess.run([sys.executable, "-m", "stoker.cli.main", "status", "--metrics",
+                              f"127.0.0.1:{port},http://127.0.0.1:{trainer_port}/metrics", "--interval", "1"],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert "producer" in out.stdout and "trainer" in out.stdout and "img/s" in out.stdout
+        assert "bottleneck: training-bound" in out.stdout
+
+
+def test_status_names_an_unreachable_url():
+    out = subprocess.run([sys.executable, "-m", "stoker.cli.main", "status", "--metrics", f"127.0.0.1:{_free_port()}",
+                          "--interval", "0.1"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "cannot read http://127.0.0.1:" in out.stderr
+
+
+def test_json_logs_are_one_object_per_line_with_the_rates_as_fields(synth_lmdb, tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "stoker.cli.main", "--log-format", "json", "produce", "--lmdb",
+                             str(synth_lmdb), "--bind", "tcp://127.0.0.1:*", *ARGS],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        events = []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not any("images_per_s" in e for e in events):
+            events.append(json.loads(proc.stderr.readline()))
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    assert all({"ts", "level", "logger", "msg"} <= set(e) for e in events)
+    rate = next(e for e in events if "images_per_s" in e)
+    assert isinstance(rate["images_per_s"], float) and rate["logger"] == "stoker.producer"
