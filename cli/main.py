@@ -138,7 +138,8 @@ def cmd_produce(args: argparse.Namespace) -> int:
         lmdb_path=args.lmdb, bind=args.bind, workers=args.workers, batch_size=args.batch_size,
         image_size=args.image_size, mode=args.mode, shard=ShardSpec.parse(args.shard), seed=args.seed,
         sndhwm=args.sndhwm, log_interval=args.log_interval, producer_id=args.id,
-        metrics_port=args.metrics_port, log_format=args.log_format,
+        metrics_port=args.metrics_port, log_format=getattr(args, "log_format", "text"),
+        repeat_batches=args.repeat_batches,
     )
     stop = stop_event_on_signals()
     ProducerDaemon(config).run(stop)
@@ -263,6 +264,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--id", default=None, help="producer id in headers (default: HOST:PORT#SHARD)")
     p.add_argument("--metrics-port", type=int, default=None,
                    help="serve Prometheus metrics on this port (none: off)")
+    p.add_argument("--repeat-batches", type=int, default=0, metavar="K",
+                   help="benchmarking only: each worker makes K real batches, then re-sends them as fast as the "
+                   "network takes them (isolates transport and trainer from decoding); 0: off")
     p.add_argument("--curve-secret-key", default=None, metavar="FILE",
                    help="this producer's NAME.key_secret: enables CurveZMQ encryption (with --curve-authorized-keys)")
     p.add_argument("--curve-authorized-keys", default=None, metavar="DIR",
