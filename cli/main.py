@@ -185,6 +185,57 @@ def cmd_demo(args: argparse.Namespace) -> int:
                                image_size=args.image_size, batch_size=args.batch_size, workers=args.workers))
 
 
+def cmd_bench_producer(args: argparse.Namespace) -> int:
+    from stoker.producer.stage_bench import measure_stages
+
+    rates = measure_stages(args.lmdb, image_size=args.image_size, batch_size=args.batch_size, seconds=args.seconds)
+    print(rates.table())
+    return EXIT_OK
+
+
+def cmd_bench_link(args: argparse.Namespace) -> int:
+    from stoker.consumer.throughput import measure_link
+
+    rate = measure_link(_addresses(args.connect), seconds=args.seconds)
+    print(f"arriving: {rate.images_per_s:.0f} images/s, {rate.mb_per_s:.0f} MB/s over {rate.batches} batches "
+          f"({', '.join(f'{p}: {n}' for p, n in sorted(rate.per_producer.items()))})")
+    return EXIT_OK
+
+
+def cmd_bench_trainer(args: argparse.Namespace) -> int:
+    _quiet_tensorflow()
+    from stoker.consumer.throughput import measure_constant_step
+
+    rate = measure_constant_step(args.model, args.batch_size, args.image_size, args.classes, steps=args.steps)
+    print(f"{args.model} on constant input: {rate:.0f} images/s ({rate / args.batch_size:.2f} steps/s, "
+          f"batch {args.batch_size} x {args.image_size}px)")
+    return EXIT_OK
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    _quiet_tensorflow()
+    from stoker.consumer.throughput import Diagnosis, measure_constant_step, measure_link
+
+    link = measure_link(_addresses(args.connect), seconds=args.seconds)
+    print(f"input:   {link.images_per_s:.0f} images/s arriving ({link.mb_per_s:.0f} MB/s) from "
+          f"{len(link.per_producer)} producer(s)")
+    train = measure_constant_step(args.model, args.batch_size, args.image_size, args.classes, steps=args.steps)
+    print(f"trainer: {train:.0f} images/s on constant input ({args.model})")
+    pipeline = None
+    if args.lmdb:
+        from stoker.producer.stage_bench import measure_stages
+
+        rates = measure_stages(args.lmdb, image_size=args.image_size, batch_size=args.batch_size)
+        print(rates.table())
+        pipeline = rates.pipeline
+    print("verdict: " + Diagnosis(link.images_per_s, train, link.mb_per_s, len(link.per_producer), pipeline).sentence())
+    return EXIT_OK
+
+
+def _addresses(text: str) -> list[str]:
+    return [a.strip() for a in text.split(",") if a.strip()]
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from stoker.cli.status import ScrapeError, print_status
 
@@ -314,6 +365,44 @@ def build_parser() -> argparse.ArgumentParser:
                     help="comma-separated metrics URLs, e.g. hostA:9100,hostB:9100,trainer:9200")
     st.add_argument("--interval", type=float, default=2.0, help="seconds between the two scrapes")
     st.set_defaults(func=cmd_status)
+
+    be = sub.add_parser("bench", parents=[common], formatter_class=_Formatter, help="measure one stage on its own",
+                        description="Measure each stage alone, to find the bottleneck: `producer` (read, decode, "
+                        "augment, serialize on one core), `link` (what arrives here from producers), `trainer` "
+                        "(the step on constant input).")
+    besub = be.add_subparsers(dest="bench_command", required=True, metavar="STAGE")
+    bp = besub.add_parser("producer", parents=[common], formatter_class=_Formatter, help="producer stages, one core")
+    bp.add_argument("--lmdb", required=True, help="Stoker LMDB directory")
+    bp.add_argument("--image-size", type=_positive_int, default=224, help="output image size")
+    bp.add_argument("--batch-size", type=_positive_int, default=64, help="batch size (serialize stage)")
+    bp.add_argument("--seconds", type=float, default=2.0, help="seconds per stage")
+    bp.set_defaults(func=cmd_bench_producer)
+    bl = besub.add_parser("link", parents=[common], formatter_class=_Formatter, help="what arrives from producers",
+                          description="Receive and validate batches from producers (no TensorFlow) and report "
+                          "images/s and MB/s. Note: this takes batches a running trainer would otherwise get.")
+    bl.add_argument("--connect", required=True, help="comma-separated producer addresses")
+    bl.add_argument("--seconds", type=float, default=5.0, help="measuring time after a 3-batch warm-up")
+    bl.set_defaults(func=cmd_bench_link)
+    bt = besub.add_parser("trainer", parents=[common], formatter_class=_Formatter, help="the step on constant input")
+    bt.add_argument("--model", choices=("small-cnn", "resnet50"), default="resnet50", help="model")
+    bt.add_argument("--batch-size", type=_positive_int, default=64, help="batch size")
+    bt.add_argument("--image-size", type=_positive_int, default=224, help="image size")
+    bt.add_argument("--classes", type=_positive_int, default=1000, help="number of classes")
+    bt.add_argument("--steps", type=_positive_int, default=20, help="timed steps after 3 warm-up steps")
+    bt.set_defaults(func=cmd_bench_trainer)
+
+    dr = sub.add_parser("doctor", parents=[common], formatter_class=_Formatter, help="which side limits training",
+                        description="Measure what arrives from the producers and what the training step can take "
+                        "on constant input, then say in one sentence which side limits training and what to do.")
+    dr.add_argument("--connect", required=True, help="comma-separated producer addresses")
+    dr.add_argument("--model", choices=("small-cnn", "resnet50"), default="resnet50", help="model")
+    dr.add_argument("--batch-size", type=_positive_int, default=64, help="batch size the producers send")
+    dr.add_argument("--image-size", type=_positive_int, default=224, help="image size the producers send")
+    dr.add_argument("--classes", type=_positive_int, default=1000, help="number of classes")
+    dr.add_argument("--steps", type=_positive_int, default=10, help="timed trainer steps")
+    dr.add_argument("--seconds", type=float, default=5.0, help="seconds of link measurement")
+    dr.add_argument("--lmdb", default=None, help="also time the producer stages on this LMDB (local copy)")
+    dr.set_defaults(func=cmd_doctor)
 
     d = sub.add_parser("demo", parents=[common], formatter_class=_Formatter, help="run the whole pipeline on this machine",
                        description="Build a small synthetic LMDB (cached), start two producer daemons on loopback "

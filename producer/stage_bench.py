@@ -1,0 +1,72 @@
+"""Each producer stage on its own, in one process and thread (like tensorpack's TestDataSpeed).
+
+``measure_stages`` reads real records from an LMDB and times read, decode,
+augment (random-resized-crop + flip) and serialize separately, so the slowest
+stage is visible; "pipeline" is all four back to back on one core: the ceiling
+of one worker.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import cv2
+import numpy as np
+
+from stoker.protocol import encode_batch
+
+from .augment import decode_bgr, train_transform
+from .dataset_format import LmdbDataset
+
+
+@dataclass(frozen=True)
+class StageRates:
+    """Images/s of each stage alone on one core."""
+
+    read: float
+    decode: float
+    augment: float
+    serialize: float
+    pipeline: float
+
+    def table(self) -> str:
+        rows = [(name, getattr(self, name)) for name in ("read", "decode", "augment", "serialize", "pipeline")]
+        slowest = min(rows[:4], key=lambda r: r[1])[0]
+        lines = [f"{'stage':<10} | {'images/s (1 core)':>17}", "-" * 30]
+        lines += [f"{n:<10} | {v:>17.0f}{'  <- slowest' if n == slowest else ''}" for n, v in rows]
+        return "\n".join(lines)
+
+
+def _rate(fn, items: int, seconds: float) -> float:
+    n, t0 = 0, time.perf_counter()
+    while True:
+        fn(n % items)
+        n += 1
+        elapsed = time.perf_counter() - t0
+        if elapsed >= seconds:
+            return n / elapsed
+
+
+def measure_stages(lmdb_path: str, image_size: int = 224, batch_size: int = 64, seconds: float = 2.0,
+                   records: int = 128) -> StageRates:
+    """Time each stage for about ``seconds`` on up to ``records`` records of ``lmdb_path``."""
+    cv2.setNumThreads(1)
+    rng = np.random.default_rng(0)
+    with LmdbDataset(lmdb_path) as ds:
+        count = min(records, len(ds))
+        raw = [ds.read(i)[1] for i in range(count)]
+        read = _rate(lambda i: ds.read(i), count, seconds)
+    decoded = [decode_bgr(d) for d in raw]
+    out = np.empty((image_size, image_size, 3), np.uint8)
+    decode = _rate(lambda i: decode_bgr(raw[i]), count, seconds)
+    augment = _rate(lambda i: train_transform(decoded[i], image_size, rng, out), count, seconds)
+    batch = {"images": np.zeros((batch_size, image_size, image_size, 3), np.uint8),
+             "labels": np.zeros(batch_size, np.int32)}
+    serialize = batch_size * _rate(lambda i: encode_batch(batch, producer="bench", seq=i), 1, seconds)
+
+    def whole(i: int) -> None:
+        train_transform(decode_bgr(raw[i]), image_size, rng, out)
+
+    pipeline = 1.0 / (1.0 / read + 1.0 / _rate(whole, count, seconds) + 1.0 / serialize)
+    return StageRates(read=read, decode=decode, augment=augment, serialize=serialize, pipeline=pipeline)
