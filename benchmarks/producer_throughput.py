@@ -25,7 +25,7 @@ import cv2
 import numpy as np
 import zmq
 
-from stoker.producer.augment import decode_bgr, train_transform
+from stoker.producer.augment import decode_rgb, train_transform
 from stoker.producer.dataset_format import LmdbDataset
 from stoker.producer.process import ProducerProcess
 from stoker.producer.synthetic import build_synthetic
@@ -41,7 +41,7 @@ def decoder_limit(lmdb_path: Path, size: int, seconds: float) -> float:
         records = [ds.read(i)[1] for i in range(len(ds))]
     n, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
-        train_transform(decode_bgr(records[n % len(records)]), size, rng, out)
+        train_transform(decode_rgb(records[n % len(records)]), size, rng, out)
         n += 1
     return n / (time.perf_counter() - t0)
 

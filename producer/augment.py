@@ -1,13 +1,20 @@
 """Decode and augment one encoded image into a fixed-size RGB uint8 array.
 
+decode: JPEGs go through simplejpeg (libjpeg-turbo, RGB straight out, pixels
+    identical to OpenCV's decoder); whatever it refuses (PNG, CMYK JPEGs) goes
+    through OpenCV. ``fast_dct=True`` trades exactness for speed (libjpeg-turbo's
+    fast integer IDCT and chroma upsampling, like tf.image's INTEGER_FAST).
+    benchmarks/decoders.py measured the choices: OpenCV, simplejpeg, PyTurboJPEG
+    and reduced-DCT-scale decoding (which does not pay on ImageNet-sized photos).
 train: random-resized-crop (area scale 0.08-1, aspect ratio 3/4-4/3, the
     Inception/torchvision recipe, 10 tries then a centre crop) and a random
     horizontal flip.
 eval: resize the short side to ``size / 0.875`` (256 for 224), centre crop.
     Deterministic.
 
-Both write into a caller-provided ``out`` slot (e.g. one row of a batch) so a
-batch is assembled with no extra copy. Decoding errors raise DecodeError.
+Both transforms write into a caller-provided ``out`` slot (one row of a batch):
+the resize writes there directly, so a batch is assembled with no extra copy.
+Decoding errors raise DecodeError.
 """
 
 from __future__ import annotations
@@ -16,21 +23,41 @@ import math
 
 import cv2
 import numpy as np
+import simplejpeg
 
 SCALE = (0.08, 1.0)
 RATIO = (3 / 4, 4 / 3)
 EVAL_CROP_FRACTION = 0.875
+_JPEG_MAGIC = b"\xff\xd8"
+#: Largest image decoded (8192 x 8192): a bigger one in the LMDB is skipped as a decompression bomb
+#: rather than letting a worker allocate gigabytes. OpenCV's own limit (2**30 pixels) guards the rest.
+MAX_PIXELS = 2**26
 
 
 class DecodeError(ValueError):
     """The bytes do not decode to an image."""
 
 
-def decode_bgr(data: bytes) -> np.ndarray:
-    image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
-    if image is None or image.ndim != 3 or image.shape[0] == 0 or image.shape[1] == 0:
-        raise DecodeError("OpenCV cannot decode the image bytes")
-    return image
+def decode_rgb(data: bytes, fast_dct: bool = False) -> np.ndarray:
+    """Decode encoded image bytes to an RGB uint8 [H, W, 3] array; DecodeError if they are not an image."""
+    jpeg_error = ""
+    if data[:2] == _JPEG_MAGIC:
+        try:
+            height, width, _, _ = simplejpeg.decode_jpeg_header(data)
+            if height * width > MAX_PIXELS:
+                raise DecodeError(f"JPEG is {width}x{height} pixels, more than the {MAX_PIXELS} allowed")
+            return simplejpeg.decode_jpeg(data, "RGB", fastdct=fast_dct, fastupsample=fast_dct)
+        except DecodeError:
+            raise
+        except ValueError as exc:  # CMYK and other JPEGs libjpeg-turbo will not turn into RGB; OpenCV may
+            jpeg_error = f" (libjpeg-turbo: {exc})"
+    try:
+        bgr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    except cv2.error:  # e.g. an empty buffer
+        bgr = None
+    if bgr is None or bgr.ndim != 3 or bgr.shape[0] == 0 or bgr.shape[1] == 0:
+        raise DecodeError(f"neither libjpeg-turbo nor OpenCV can decode the {len(data)} image bytes{jpeg_error}")
+    return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
 
 
 def random_crop_window(height: int, width: int, rng: np.random.Generator) -> tuple[int, int, int, int]:
@@ -57,24 +84,29 @@ def random_crop_window(height: int, width: int, rng: np.random.Generator) -> tup
     return (height - h) // 2, (width - w) // 2, h, w
 
 
-def train_transform(bgr: np.ndarray, size: int, rng: np.random.Generator, out: np.ndarray) -> None:
-    """Random-resized-crop + random flip of a BGR image into ``out`` (size x size x 3, RGB)."""
-    y, x, h, w = random_crop_window(bgr.shape[0], bgr.shape[1], rng)
-    crop = bgr[y : y + h, x : x + w]
-    resized = cv2.resize(crop, (size, size), interpolation=cv2.INTER_LINEAR)
+def train_transform(rgb: np.ndarray, size: int, rng: np.random.Generator, out: np.ndarray) -> None:
+    """Random-resized-crop + random flip of an RGB image into ``out`` (size x size x 3, C-contiguous)."""
+    y, x, h, w = random_crop_window(rgb.shape[0], rgb.shape[1], rng)
+    cv2.resize(rgb[y : y + h, x : x + w], (size, size), dst=_row(out, size), interpolation=cv2.INTER_LINEAR)
     if rng.random() < 0.5:
-        resized = resized[:, ::-1]
-    out[...] = resized[:, :, ::-1]
+        cv2.flip(out, 1, dst=out)
 
 
-def eval_transform(bgr: np.ndarray, size: int, out: np.ndarray) -> None:
+def eval_transform(rgb: np.ndarray, size: int, out: np.ndarray) -> None:
     """Resize short side to ``round(size / 0.875)`` then centre-crop ``size`` into ``out`` (RGB)."""
-    h, w = bgr.shape[:2]
+    h, w = rgb.shape[:2]
     short = int(round(size / EVAL_CROP_FRACTION))
     if h <= w:
         new_h, new_w = short, max(size, int(round(w * short / h)))
     else:
         new_h, new_w = max(size, int(round(h * short / w))), short
-    resized = cv2.resize(bgr, (new_w, new_h), interpolation=cv2.INTER_LINEAR)
+    resized = cv2.resize(rgb, (new_w, new_h), interpolation=cv2.INTER_LINEAR)
     top, left = (new_h - size) // 2, (new_w - size) // 2
-    out[...] = resized[top : top + size, left : left + size, ::-1]
+    out[...] = resized[top : top + size, left : left + size]
+
+
+def _row(out: np.ndarray, size: int) -> np.ndarray:
+    # OpenCV writes into ``dst`` only when it matches exactly; otherwise it would silently allocate.
+    if out.shape != (size, size, 3) or out.dtype != np.uint8 or not out.flags.c_contiguous:
+        raise ValueError(f"out must be a C-contiguous uint8 array of shape {(size, size, 3)}, got {out.dtype} {out.shape}")
+    return out

@@ -62,6 +62,7 @@ class ProducerConfig:
     metrics_port: Optional[int] = None
     log_format: str = "text"
     repeat_batches: int = 0
+    fast_dct: bool = False
 
 
 class ProducerDaemon:
@@ -131,7 +132,7 @@ class ProducerDaemon:
             lmdb_path=str(cfg.lmdb_path), endpoint=internal, producer_id=self.producer_id, shard=cfg.shard,
             batch_size=cfg.batch_size, image_size=cfg.image_size, mode=cfg.mode, seed=self.seed,
             workers=cfg.workers, sndhwm=cfg.sndhwm, log_level=logging.getLogger().getEffectiveLevel(),
-            log_format=cfg.log_format, repeat_batches=cfg.repeat_batches,
+            log_format=cfg.log_format, repeat_batches=cfg.repeat_batches, fast_dct=cfg.fast_dct,
         )
 
         def start(w: int) -> mp.process.BaseProcess:

@@ -26,7 +26,7 @@ import zmq
 
 from stoker.protocol import encode_batch
 
-from .augment import DecodeError, decode_bgr, eval_transform, train_transform
+from .augment import DecodeError, decode_rgb, eval_transform, train_transform
 from .dataset_format import LmdbDataset, RecordError, record_key
 from .logs import configure_logging
 from .sharding import ShardSpec, worker_stream
@@ -52,6 +52,7 @@ class WorkerConfig:
     log_level: int = logging.INFO
     log_format: str = "text"
     repeat_batches: int = 0
+    fast_dct: bool = False
 
 
 def _die_with_parent() -> None:
@@ -121,16 +122,16 @@ def run_worker(worker: int, config: WorkerConfig, stats: StageStats, stop: Any, 
                 try:
                     label, data = dataset.read(index)
                     t1 = time.perf_counter()
-                    bgr = decode_bgr(data)
+                    rgb = decode_rgb(data, config.fast_dct)
                     t2 = time.perf_counter()
                 except (RecordError, DecodeError) as exc:
                     stats.add(worker, "skipped", 1)
                     log.warning("skipping record %s: %s", record_key(index).decode(), exc)
                     continue
                 if train:
-                    train_transform(bgr, size, rng, images[filled])
+                    train_transform(rgb, size, rng, images[filled])
                 else:
-                    eval_transform(bgr, size, images[filled])
+                    eval_transform(rgb, size, images[filled])
                 t3 = time.perf_counter()
                 t_read, t_decode, t_augment = t_read + t1 - t0, t_decode + t2 - t1, t_augment + t3 - t2
                 labels[filled], indices[filled], epochs[filled] = label, index, epoch
