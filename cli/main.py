@@ -315,7 +315,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shard", default="0/1", help="serve shard I of N (records with index %% N == I)")
     p.add_argument("--seed", type=int, default=None, help="seed for epoch order and augmentation (default: random, logged)")
     p.add_argument("--sndhwm", type=_positive_int, default=2,
-                   help="batches buffered per hop before backpressure; memory ~ (workers + 2) x sndhwm x batch bytes")
+                   help="batches queued on the trainer-facing socket before backpressure; each worker decodes into "
+                   "SNDHWM+1 shared-memory batch slots, so memory ~ workers x (SNDHWM+1) x batch bytes")
     p.add_argument("--log-interval", type=float, default=10.0, help="seconds between rate log lines")
     p.add_argument("--id", default=None, help="producer id in headers (default: HOST:PORT#SHARD)")
     p.add_argument("--metrics-port", type=int, default=None,

@@ -1,11 +1,14 @@
 """The producer daemon: N worker processes behind one bound ZMQ PUSH socket.
 
-    workers (spawn) --PUSH--> ipc://<tmp>/workers.sock --zmq proxy--> PUSH bind --> trainers
+    workers (spawn) --decode into--> shared slots --SlotForwarder thread, copy=False--> PUSH bind --> trainers
+                    <--ipc control (ready / grant)-->
 
-The proxy is libzmq's own (``zmq.proxy_steerable`` in a thread, GIL released),
-so forwarding costs no Python per message. Every hop has a small high-water
-mark, which bounds memory to a few batches per hop: when the trainer is slow,
-backpressure reaches the workers. ``run()`` returns after ``stop`` is set
+Workers write each batch into shared memory and announce it; the daemon sends
+that memory itself, so a batch is copied once (into the kernel's TCP buffer)
+rather than passing through an ipc hop (see batch_slots.py and forwarder.py).
+Each worker has ``sndhwm + 1`` slots, allocated at start, which bounds memory;
+when the trainer is slow the PUSH socket fills, slots stay queued, and workers
+wait for a free one: backpressure. ``run()`` returns after ``stop`` is set
 (SIGTERM/SIGINT in the CLI) with every worker joined, killed if need be, and
 the ipc socket file removed, in well under 2 s.
 """
@@ -30,7 +33,9 @@ from zmq.auth.thread import ThreadAuthenticator
 from stoker.protocol.curve import CurveServerKeys
 from stoker.protocol.metrics_server import MetricsServer
 
+from .batch_slots import SlotLayout, allocate
 from .dataset_format import LmdbDataset
+from .forwarder import SlotForwarder
 from .metrics import ProducerCollector
 from .sharding import ShardSpec
 from .stage_stats import StageStats, rate_report
@@ -109,6 +114,7 @@ class ProducerDaemon:
         self.endpoint = self._out.getsockopt(zmq.LAST_ENDPOINT).decode()
         self.producer_id = config.producer_id or f"{socket.gethostname()}:{self.endpoint.rsplit(':', 1)[-1]}#{config.shard}"
         self.stats = StageStats(config.workers, mp.get_context("spawn"))
+        self.layout = SlotLayout(config.batch_size, config.image_size, slots=config.sndhwm + 1)
 
     def run(self, stop: threading.Event) -> None:
         """Serve until ``stop`` is set; then stop everything and return. Never returns early on bad data."""
@@ -116,28 +122,29 @@ class ProducerDaemon:
         spawn = mp.get_context("spawn")
         ipc_dir = tempfile.mkdtemp(prefix="stoker-producer-")
         internal = f"ipc://{ipc_dir}/workers.sock"
-        pull = self._ctx.socket(zmq.PULL)
-        pull.setsockopt(zmq.RCVHWM, cfg.sndhwm)
-        pull.setsockopt(zmq.LINGER, 0)
-        pull.bind(internal)
-        control_addr = f"inproc://proxy-control-{id(self)}"
-        control = self._ctx.socket(zmq.PAIR)
-        control.bind(control_addr)
-        control_client = self._ctx.socket(zmq.PAIR)
-        control_client.connect(control_addr)
-        proxy = threading.Thread(target=self._proxy, args=(pull, control), name="stoker-proxy", daemon=True)
-        proxy.start()
+        control = self._ctx.socket(zmq.ROUTER)
+        control.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        control.setsockopt(zmq.LINGER, 0)
+        control.bind(internal)
+        buffers = allocate(self.layout, cfg.workers, spawn)
+        forwarder = SlotForwarder(control, self._out, self.layout, buffers)
+        forwarding_stop = threading.Event()
+        sender = threading.Thread(target=forwarder.run, args=(forwarding_stop,), name="stoker-forwarder", daemon=True)
+        sender.start()
         worker_stop = spawn.Event()
         worker_cfg = WorkerConfig(
             lmdb_path=str(cfg.lmdb_path), endpoint=internal, producer_id=self.producer_id, shard=cfg.shard,
             batch_size=cfg.batch_size, image_size=cfg.image_size, mode=cfg.mode, seed=self.seed,
-            workers=cfg.workers, sndhwm=cfg.sndhwm, log_level=logging.getLogger().getEffectiveLevel(),
+            workers=cfg.workers, slots=self.layout.slots, log_level=logging.getLogger().getEffectiveLevel(),
             log_format=cfg.log_format, repeat_batches=cfg.repeat_batches, fast_dct=cfg.fast_dct,
         )
 
         def start(w: int) -> mp.process.BaseProcess:
-            p = spawn.Process(target=run_worker, args=(w, worker_cfg, self.stats, worker_stop, os.getpid()),
-                              name=f"stoker-worker-{w}", daemon=True)
+            # Fresh per process, so a dead worker's late messages are recognised (ids must not start with 0).
+            routing_id = b"w" + secrets.token_bytes(8)
+            forwarder.register_worker(w, routing_id)
+            p = spawn.Process(target=run_worker, name=f"stoker-worker-{w}", daemon=True,
+                              args=(w, worker_cfg, self.stats, worker_stop, os.getpid(), buffers[w], routing_id))
             p.start()
             return p
 
@@ -157,6 +164,8 @@ class ProducerDaemon:
         try:
             last, last_t = self.stats.totals(), time.monotonic()
             while not stop.wait(min(0.5, cfg.log_interval)):
+                if not sender.is_alive():
+                    raise RuntimeError("the forwarding thread stopped (see the error above); stopping the producer")
                 for w, p in enumerate(procs):
                     if not p.is_alive():
                         log.error("worker %d exited with code %s; restarting it", w, p.exitcode)
@@ -170,7 +179,7 @@ class ProducerDaemon:
             if metrics is not None:
                 metrics.close()
             worker_stop.set()
-            control_client.send(b"TERMINATE")
+            forwarding_stop.set()
             deadline = time.monotonic() + 1.2
             for p in procs:
                 p.join(max(0.0, deadline - time.monotonic()))
@@ -178,8 +187,8 @@ class ProducerDaemon:
                 if p.is_alive():
                     p.kill()
                     p.join(0.5)
-            proxy.join(1.0)
-            for s in (pull, control, control_client, self._out):
+            sender.join(1.0)
+            for s in (control, self._out):
                 s.close(linger=0)
             if self._auth is not None:
                 self._auth.stop()
@@ -187,10 +196,3 @@ class ProducerDaemon:
             shutil.rmtree(ipc_dir, ignore_errors=True)
             log.info("stopped: %d batches, %d images sent, %d records skipped",
                      *(int(self.stats.totals()[k]) for k in ("batches", "images", "skipped")))
-
-    def _proxy(self, pull: zmq.Socket, control: zmq.Socket) -> None:
-        try:
-            zmq.proxy_steerable(pull, self._out, None, control)
-        except zmq.ZMQError as exc:
-            if exc.errno != zmq.ETERM:
-                log.error("proxy stopped: %s", exc)

@@ -1,13 +1,14 @@
-"""One producer worker process: read records, decode, augment, batch, send.
+"""One producer worker process: read records, decode, augment into shared memory, hand off.
 
 Runs in a child process started with the ``spawn`` method (no fork surprises:
-LMDB and ZMQ handles are opened here, fresh). It PUSHes finished batches to the
-daemon's internal endpoint; a bounded send high-water mark makes it block when
-the trainer is slow, so memory stays bounded. Bad records are logged with
-their key, counted and skipped; the worker never dies of bad data. It exits
-when ``stop`` is set (checked between records and every 100 ms while blocked
-on a full pipe) or when its parent dies (PR_SET_PDEATHSIG on Linux, plus a
-parent-pid check).
+LMDB and ZMQ handles are opened here, fresh). Each batch is decoded straight
+into a free slot of the worker's shared buffer (``batch_slots``); the worker then
+tells the daemon "slot S is ready" with the batch header, and the daemon sends
+the slot's memory to the trainer. With no free slot the worker waits: that is
+the backpressure, and it bounds memory. Bad records are logged with their key,
+counted and skipped; the worker never dies of bad data. It exits when ``stop``
+is set (checked between records and every 100 ms while waiting) or when its
+parent dies (PR_SET_PDEATHSIG on Linux, plus a parent-pid check).
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ import os
 import signal
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 import zmq
@@ -27,6 +29,7 @@ import zmq
 from stoker.protocol import encode_batch
 
 from .augment import DecodeError, decode_rgb, eval_transform, train_transform
+from .batch_slots import GRANT, HELLO, READY, SlotLayout, parse_slot, slot_frame
 from .dataset_format import LmdbDataset, RecordError, record_key
 from .logs import configure_logging
 from .sharding import ShardSpec, worker_stream
@@ -48,7 +51,7 @@ class WorkerConfig:
     mode: str
     seed: int
     workers: int
-    sndhwm: int = 2
+    slots: int = 3
     log_level: int = logging.INFO
     log_format: str = "text"
     repeat_batches: int = 0
@@ -64,19 +67,34 @@ def _die_with_parent() -> None:
             pass
 
 
-def _send(sock: zmq.Socket, frames: list[Any], stop: Any, parent_pid: int) -> bool:
-    """Send with backpressure, waking every 100 ms to honour ``stop``. False if stopped."""
-    while not stop.is_set():
-        if sock.poll(100, zmq.POLLOUT):
-            sock.send_multipart(frames, copy=False)
-            return True
-        if os.getppid() != parent_pid:
-            return False
-    return False
+class _SlotPool:
+    """The slots the daemon has granted this worker; ``acquire`` waits for one, honouring ``stop``."""
+
+    def __init__(self, sock: zmq.Socket, slots: int, stop: Any, parent_pid: int) -> None:
+        self.sock, self.slots, self.stop, self.parent_pid = sock, slots, stop, parent_pid
+        self.free: deque[int] = deque()
+
+    def acquire(self) -> Optional[int]:
+        """A slot this worker may write, or None once stopped or orphaned."""
+        while not self.free:
+            if self.stop.is_set() or os.getppid() != self.parent_pid:
+                return None
+            if self.sock.poll(100):
+                message = self.sock.recv_multipart()
+                if len(message) == 2 and message[0] == GRANT:
+                    slot = parse_slot(message[1], self.slots)
+                    if slot not in self.free:
+                        self.free.append(slot)
+        return self.free.popleft()
 
 
-def run_worker(worker: int, config: WorkerConfig, stats: StageStats, stop: Any, parent_pid: int) -> None:
-    """Process entry point. Returns when stopped; never raises on bad records."""
+def run_worker(worker: int, config: WorkerConfig, stats: StageStats, stop: Any, parent_pid: int,
+               buffer: Any, routing_id: bytes) -> None:
+    """Process entry point. Returns when stopped; never raises on bad records.
+
+    ``buffer`` is this worker's shared memory (``batch_slots.allocate``); ``routing_id``
+    names this process to the daemon, fresh for every (re)start.
+    """
     _die_with_parent()
     # The daemon owns shutdown: Ctrl-C in a terminal reaches the whole process group.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -86,33 +104,36 @@ def run_worker(worker: int, config: WorkerConfig, stats: StageStats, stop: Any, 
     stream = worker_stream(records, config.seed, worker, config.workers, shuffle=True)
     train = config.mode == "train"
     size, batch_size = config.image_size, config.batch_size
+    views = SlotLayout(batch_size, size, config.slots).views(buffer)
     ctx = zmq.Context()
-    sock = ctx.socket(zmq.PUSH)
-    sock.setsockopt(zmq.SNDHWM, config.sndhwm)
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.ROUTING_ID, routing_id)
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(config.endpoint)
+    sock.send(HELLO)
+    pool = _SlotPool(sock, config.slots, stop, parent_pid)
     batch_no = 0
     made: list[dict[str, np.ndarray]] = []
     try:
         while not stop.is_set() and os.getppid() == parent_pid:
+            t_wait = time.perf_counter()
+            slot = pool.acquire()
+            if slot is None:
+                break
+            t_wait = time.perf_counter() - t_wait
+            arrays = views[slot]
             if config.repeat_batches and len(made) == config.repeat_batches:
-                # Benchmark mode: re-send batches already made, as fast as the pipe takes them.
-                # The arrays are never written again, so handing them to ZMQ again is safe.
-                frames = encode_batch(made[batch_no % len(made)], producer=config.producer_id,
-                                      seq=batch_no * config.workers + worker, worker=worker)
-                t5 = time.perf_counter()
-                if not _send(sock, frames, stop, parent_pid):
-                    break
-                stats.add(worker, "send_s", time.perf_counter() - t5)
-                stats.add(worker, "images", batch_size)
-                stats.add(worker, "batches", 1)
+                # Benchmark mode: re-send batches already made, as fast as the trainer takes them.
+                for name, array in made[batch_no % len(made)].items():
+                    np.copyto(arrays[name], array)
+                header = encode_batch(arrays, producer=config.producer_id,
+                                      seq=batch_no * config.workers + worker, worker=worker)[0]
+                sock.send_multipart([READY, slot_frame(slot), header])
+                for name, value in (("send_s", t_wait), ("images", batch_size), ("batches", 1)):
+                    stats.add(worker, name, value)
                 batch_no += 1
                 continue
-            # A fresh buffer per batch: ZMQ may still hold the previous one (copy=False).
-            images = np.empty((batch_size, size, size, 3), np.uint8)
-            labels = np.empty(batch_size, np.int32)
-            indices = np.empty(batch_size, np.int64)
-            epochs = np.empty(batch_size, np.int32)
+            images, labels, indices, epochs = (arrays[k] for k in ("images", "labels", "index", "epoch"))
             rng = np.random.default_rng([config.seed, worker, batch_no])
             t_read = t_decode = t_augment = 0.0
             filled = 0
@@ -139,22 +160,14 @@ def run_worker(worker: int, config: WorkerConfig, stats: StageStats, stop: Any, 
             if filled < batch_size:
                 break
             t4 = time.perf_counter()
-            arrays = {"images": images, "labels": labels, "index": indices, "epoch": epochs}
             if len(made) < config.repeat_batches:
-                made.append(arrays)
-            frames = encode_batch(
-                arrays,
-                producer=config.producer_id,
-                seq=batch_no * config.workers + worker,
-                worker=worker,
-            )
-            t5 = time.perf_counter()
-            if not _send(sock, frames, stop, parent_pid):
-                break
-            t6 = time.perf_counter()
+                made.append({name: array.copy() for name, array in arrays.items()})
+            header = encode_batch(arrays, producer=config.producer_id,
+                                  seq=batch_no * config.workers + worker, worker=worker)[0]
+            sock.send_multipart([READY, slot_frame(slot), header])
             for name, value in (
                 ("read_s", t_read), ("decode_s", t_decode), ("augment_s", t_augment),
-                ("serialize_s", t5 - t4), ("send_s", t6 - t5), ("images", batch_size), ("batches", 1),
+                ("serialize_s", time.perf_counter() - t4), ("send_s", t_wait), ("images", batch_size), ("batches", 1),
             ):
                 stats.add(worker, name, value)
             batch_no += 1

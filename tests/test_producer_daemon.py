@@ -146,6 +146,84 @@ def test_corrupt_records_are_skipped_counted_and_logged_by_key(synth_lmdb, tmp_p
     assert skipped >= len(bad)
 
 
+def test_a_slow_trainer_never_receives_a_batch_overwritten_while_in_flight(synth_lmdb):
+    """Batches wait in the socket's queue while the trainer is slow: their shared slots must not be
+    handed back to the worker (and overwritten) until ZMQ is done sending them."""
+    size = 160  # 600 KB batches: more than the kernel's socket buffers hold, so sends stay queued
+    with LmdbDataset(synth_lmdb) as ds:
+        expected = {i: expected_eval_image(ds.read(i)[1], size) for i in range(len(ds))}
+    args = ["--workers", "1", "--batch-size", "8", "--image-size", str(size), "--mode", "eval", "--seed", "6"]
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PULL)
+    sock.setsockopt(zmq.RCVHWM, 1)
+    sock.setsockopt(zmq.RCVBUF, 64 * 1024)
+    with ProducerProcess(synth_lmdb, extra_args=args) as producer:
+        sock.connect(producer.endpoint)
+        try:
+            for _ in range(12):
+                time.sleep(0.25)  # the worker refills its free slots many times over meanwhile
+                assert sock.poll(30000)
+                batch = decode_batch(sock.recv_multipart(copy=False))
+                for image, index in zip(batch["images"], batch["index"]):
+                    np.testing.assert_array_equal(image, expected[int(index)], err_msg=f"record {int(index)}")
+        finally:
+            sock.close(0)
+            ctx.term()
+
+
+def _worker_pids(producer: ProducerProcess) -> list[int]:
+    """The daemon's worker processes (not multiprocessing's resource tracker)."""
+    pids = []
+    for pid in producer.child_pids():
+        try:
+            if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                pids.append(pid)
+        except OSError:
+            pass
+    return pids
+
+
+def test_killed_workers_are_replaced_and_no_batch_is_torn(synth_lmdb):
+    """Workers write batches into shared slots the daemon sends from: a worker killed mid-batch,
+    again and again, must never make a slot go out half-written or be reused while in flight."""
+    size = 32
+    with LmdbDataset(synth_lmdb) as ds:
+        expected = {i: expected_eval_image(ds.read(i)[1], size) for i in range(len(ds))}
+    args = ["--workers", "2", "--batch-size", "8", "--image-size", str(size), "--mode", "eval", "--seed", "4"]
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PULL)
+    sock.setsockopt(zmq.RCVHWM, 2)
+    checked = 0
+    with ProducerProcess(synth_lmdb, extra_args=args) as producer:
+        sock.connect(producer.endpoint)
+        try:
+            for kill in range(6):
+                for _ in range(10):
+                    assert sock.poll(30000), f"no batch after kill {kill}:\n{producer.log_text()[-2000:]}"
+                    batch = decode_batch(sock.recv_multipart(copy=False))
+                    for image, index in zip(batch["images"], batch["index"]):
+                        np.testing.assert_array_equal(image, expected[int(index)])
+                        checked += 1
+                workers = _worker_pids(producer)
+                assert len(workers) == 2, f"expected 2 workers, found {workers}"
+                victim = workers[kill % 2]
+                os.kill(victim, signal.SIGKILL)
+                deadline = time.monotonic() + 20
+                while time.monotonic() < deadline:  # the daemon notices within 0.5 s and starts a new one
+                    alive = [p for p in _worker_pids(producer) if p != victim and _process_exists(p)]
+                    if len(alive) == 2:
+                        break
+                    time.sleep(0.05)
+                else:
+                    raise AssertionError(f"worker {victim} was not replaced:\n{producer.log_text()[-2000:]}")
+            assert producer.proc.poll() is None
+        finally:
+            sock.close(0)
+            ctx.term()
+    assert checked == 6 * 10 * 8
+    assert producer.log_text().count("restarting it") >= 6
+
+
 def _process_exists(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]

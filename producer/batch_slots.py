@@ -1,0 +1,103 @@
+"""Batch buffers in shared memory, written by a worker and sent from there by the daemon.
+
+A worker decodes straight into a *slot* (one batch worth of arrays) and hands the
+daemon only the slot number and the batch header; the daemon sends the slot's
+memory on its TCP socket with ``copy=False``. So a batch's bytes are copied once,
+by the kernel into the trainer's connection, instead of three times (worker ->
+ipc -> daemon -> TCP) as with a proxy.
+
+Ownership of a slot moves worker -> daemon (``ready``) -> libzmq (in flight until
+its tracker is done) -> worker (``grant``); the daemon keeps that state, so a
+slot is never written while ZMQ may still read it. Memory is bounded by
+``workers x slots x batch bytes``, allocated once at start.
+
+The control messages between worker and daemon travel on a local ipc socket, as
+msgpack-free plain frames: ``[b"hello"]``, ``[b"ready", slot, header]`` from the
+worker, ``[b"grant", slot]`` from the daemon, each prefixed by ZMQ with the
+worker's routing id. A restarted worker gets a fresh routing id, so messages of
+a dead worker are recognised as stale and ignored.
+"""
+
+from __future__ import annotations
+
+import enum
+import multiprocessing as mp
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+#: The arrays of one batch, in wire order: (name, dtype, shape after the batch dimension).
+def batch_fields(image_size: int) -> tuple[tuple[str, str, tuple[int, ...]], ...]:
+    return (
+        ("images", "uint8", (image_size, image_size, 3)),
+        ("labels", "int32", ()),
+        ("index", "int64", ()),
+        ("epoch", "int32", ()),
+    )
+
+
+@dataclass(frozen=True)
+class SlotLayout:
+    """Where each array of each slot lives inside one worker's shared buffer."""
+
+    batch_size: int
+    image_size: int
+    slots: int
+
+    @property
+    def slot_bytes(self) -> int:
+        total = 0
+        for _, dtype, shape in batch_fields(self.image_size):
+            total = _align(total) + self.batch_size * int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        return _align(total)
+
+    def views(self, buffer: Any) -> list[dict[str, np.ndarray]]:
+        """Writable numpy views, one dict of arrays per slot, over ``buffer`` (no copy)."""
+        flat = np.frombuffer(buffer, np.uint8)
+        if flat.nbytes < self.slots * self.slot_bytes:
+            raise ValueError(f"shared buffer holds {flat.nbytes} bytes, layout needs {self.slots * self.slot_bytes}")
+        out = []
+        for slot in range(self.slots):
+            offset, arrays = slot * self.slot_bytes, {}
+            for name, dtype, shape in batch_fields(self.image_size):
+                offset = _align(offset)
+                count = self.batch_size * int(np.prod(shape, dtype=np.int64))
+                arrays[name] = flat[offset : offset + count * np.dtype(dtype).itemsize].view(dtype).reshape(
+                    (self.batch_size, *shape))
+                offset += arrays[name].nbytes
+            out.append(arrays)
+        return out
+
+
+def _align(offset: int, to: int = 64) -> int:
+    return (offset + to - 1) // to * to
+
+
+def allocate(layout: SlotLayout, workers: int, ctx: Any = None) -> list[Any]:
+    """One shared buffer per worker (``RawArray``: its file is unlinked at once, nothing can leak)."""
+    ctx = ctx or mp.get_context("spawn")
+    return [ctx.RawArray("B", layout.slots * layout.slot_bytes) for _ in range(workers)]
+
+
+class SlotState(enum.Enum):
+    AT_WORKER = "at worker"  # granted (or about to be): the worker may write it
+    READY = "ready"  # filled, waiting for the trainer-facing socket
+    IN_FLIGHT = "in flight"  # handed to libzmq; reusable once its tracker is done
+
+
+HELLO, READY, GRANT = b"hello", b"ready", b"grant"
+
+
+def slot_frame(slot: int) -> bytes:
+    return slot.to_bytes(2, "little")
+
+
+def parse_slot(frame: bytes, slots: int) -> int:
+    """The slot number in a control frame; ValueError if it is not one."""
+    if len(frame) != 2:
+        raise ValueError(f"slot frame has {len(frame)} bytes, expected 2")
+    slot = int.from_bytes(frame, "little")
+    if slot >= slots:
+        raise ValueError(f"slot {slot} out of range (0..{slots - 1})")
+    return slot
