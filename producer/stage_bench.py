@@ -1,7 +1,8 @@
 """Each producer stage on its own, in one process and thread (like tensorpack's TestDataSpeed).
 
-``measure_stages`` reads real records from an LMDB and times read, decode,
-augment (random-resized-crop + flip) and serialize separately, so the slowest
+``measure_stages`` reads real records from an LMDB and times read, decode (of
+the random crop window, as the workers do), augment (resize + flip) and
+serialize separately, so the slowest
 stage is visible; "pipeline" is all four back to back on one core: the ceiling
 of one worker.
 """
@@ -16,7 +17,7 @@ import numpy as np
 
 from stoker.protocol import encode_batch
 
-from .augment import decode_rgb, train_transform
+from .augment import decode_train_crop, resize_flip_into
 from .dataset_format import LmdbDataset
 
 
@@ -57,16 +58,16 @@ def measure_stages(lmdb_path: str, image_size: int = 224, batch_size: int = 64, 
         count = min(records, len(ds))
         raw = [ds.read(i)[1] for i in range(count)]
         read = _rate(lambda i: ds.read(i), count, seconds)
-    decoded = [decode_rgb(d) for d in raw]
+    crops = [decode_train_crop(d, rng) for d in raw]
     out = np.empty((image_size, image_size, 3), np.uint8)
-    decode = _rate(lambda i: decode_rgb(raw[i]), count, seconds)
-    augment = _rate(lambda i: train_transform(decoded[i], image_size, rng, out), count, seconds)
+    decode = _rate(lambda i: decode_train_crop(raw[i], rng), count, seconds)
+    augment = _rate(lambda i: resize_flip_into(crops[i], image_size, rng, out), count, seconds)
     batch = {"images": np.zeros((batch_size, image_size, image_size, 3), np.uint8),
              "labels": np.zeros(batch_size, np.int32)}
     serialize = batch_size * _rate(lambda i: encode_batch(batch, producer="bench", seq=i), 1, seconds)
 
     def whole(i: int) -> None:
-        train_transform(decode_rgb(raw[i]), image_size, rng, out)
+        resize_flip_into(decode_train_crop(raw[i], rng), image_size, rng, out)
 
     pipeline = 1.0 / (1.0 / read + 1.0 / _rate(whole, count, seconds) + 1.0 / serialize)
     return StageRates(read=read, decode=decode, augment=augment, serialize=serialize, pipeline=pipeline)

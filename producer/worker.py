@@ -28,7 +28,7 @@ import zmq
 
 from stoker.protocol import encode_batch
 
-from .augment import DecodeError, decode_rgb, eval_transform, train_transform
+from .augment import DecodeError, decode_rgb, decode_train_crop, eval_transform, resize_flip_into
 from .batch_slots import GRANT, HELLO, READY, SlotLayout, parse_slot, slot_frame
 from .dataset_format import LmdbDataset, RecordError, record_key
 from .logs import configure_logging
@@ -143,16 +143,17 @@ def run_worker(worker: int, config: WorkerConfig, stats: StageStats, stop: Any, 
                 try:
                     label, data = dataset.read(index)
                     t1 = time.perf_counter()
-                    rgb = decode_rgb(data, config.fast_dct)
+                    # train: only the random crop window is decoded, where the decoder can
+                    pixels = decode_train_crop(data, rng, config.fast_dct) if train else decode_rgb(data, config.fast_dct)
                     t2 = time.perf_counter()
                 except (RecordError, DecodeError) as exc:
                     stats.add(worker, "skipped", 1)
                     log.warning("skipping record %s: %s", record_key(index).decode(), exc)
                     continue
                 if train:
-                    train_transform(rgb, size, rng, images[filled])
+                    resize_flip_into(pixels, size, rng, images[filled])
                 else:
-                    eval_transform(rgb, size, images[filled])
+                    eval_transform(pixels, size, images[filled])
                 t3 = time.perf_counter()
                 t_read, t_decode, t_augment = t_read + t1 - t0, t_decode + t2 - t1, t_augment + t3 - t2
                 labels[filled], indices[filled], epochs[filled] = label, index, epoch

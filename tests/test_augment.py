@@ -8,7 +8,16 @@ import cv2
 import numpy as np
 import pytest
 
-from stoker.producer.augment import DecodeError, decode_rgb, random_crop_window, train_transform
+from pathlib import Path
+
+from stoker.producer.augment import (
+    CROP_DECODING,
+    DecodeError,
+    decode_rgb,
+    decode_train_crop,
+    random_crop_window,
+    train_transform,
+)
 from stoker.producer.synthetic import synthetic_jpeg
 
 SIZE = 64
@@ -120,3 +129,50 @@ def test_oversized_jpeg_is_refused_from_its_header_before_decoding():
     data[sof + 5:sof + 9] = (30000).to_bytes(2, "big") * 2
     with pytest.raises(DecodeError, match="30000x30000 pixels"):
         decode_rgb(bytes(data))
+
+
+needs_crop_decoder = pytest.mark.skipif(not CROP_DECODING, reason="stoker.producer._jpeg_crop not built (no libjpeg headers)")
+
+
+def test_crop_decoder_is_built_wherever_libjpeg_headers_are():
+    if Path("/usr/include/jpeglib.h").exists():
+        assert CROP_DECODING, "libjpeg headers are here but the _jpeg_crop extension was not built; reinstall"
+
+
+@needs_crop_decoder
+def test_crop_decoding_gives_the_same_windows_and_nearly_the_same_pixels(jpegs):
+    for i, data in enumerate(jpegs):
+        for seed in range(20):
+            fast_rng, full_rng = np.random.default_rng([i, seed]), np.random.default_rng([i, seed])
+            cropped = decode_train_crop(data, fast_rng, crop_decoding=True)
+            whole = decode_train_crop(data, full_rng, crop_decoding=False)
+            assert cropped.shape == whole.shape, f"image {i}, seed {seed}: windows differ"
+            assert fast_rng.random() == full_rng.random(), "the two paths drew differently from the rng"
+            diff = np.abs(cropped.astype(int) - whole.astype(int))
+            # Only chroma upsampling at the window's left and right edges can differ (libjpeg decodes
+            # whole MCU columns and upsamples chroma without the neighbours outside them).
+            assert diff.mean() < 0.1 and (diff[:, 2:-2] == 0).all(), f"image {i}, seed {seed}: {diff.mean():.3f}"
+
+
+@needs_crop_decoder
+@pytest.mark.parametrize("data", [b"\xff\xd8 truncated jpeg", b"\xff\xd8\xff\xc0" + bytes(30)])
+def test_crop_decoding_of_garbage_raises_decode_error(data):
+    with pytest.raises(DecodeError):
+        decode_train_crop(data, np.random.default_rng(0), crop_decoding=True)
+
+
+@needs_crop_decoder
+def test_crop_decoding_falls_back_for_cmyk_and_refuses_bombs():
+    pil = pytest.importorskip("PIL.Image")
+    import io
+
+    buf = io.BytesIO()
+    pil.new("CMYK", (48, 32), (0, 255, 255, 0)).save(buf, format="JPEG")
+    crop = decode_train_crop(buf.getvalue(), np.random.default_rng(0), crop_decoding=True)
+    assert crop.ndim == 3 and crop.shape[2] == 3 and crop.shape[0] <= 32 and crop.shape[1] <= 48
+    ok, encoded = cv2.imencode(".jpg", np.zeros((64, 64, 3), np.uint8))
+    data = bytearray(encoded.tobytes())
+    sof = data.index(b"\xff\xc0")
+    data[sof + 5:sof + 9] = (30000).to_bytes(2, "big") * 2
+    with pytest.raises(DecodeError, match="30000x30000"):
+        decode_train_crop(bytes(data), np.random.default_rng(0), crop_decoding=True)
