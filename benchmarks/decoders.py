@@ -6,9 +6,11 @@ the batch row) timed for each decoder that installs from the registry:
 
 - OpenCV ``imdecode`` (BGR out, so a channel swap into the row), with numpy's
   negative-stride flip and swap (the producer before) and with OpenCV's;
-- simplejpeg (libjpeg-turbo, RGB out, so the resize writes straight into the row):
-  the producer now, exact and with ``--fast-dct`` (``fastdct``/``fastupsample``);
-- PyTurboJPEG 1.x (libjpeg-turbo via the system's ``libturbojpeg0``), if importable.
+- simplejpeg (libjpeg-turbo, RGB out, so the resize writes straight into the row),
+  exact and with ``--fast-dct`` (``fastdct``/``fastupsample``);
+- PyTurboJPEG 1.x (libjpeg-turbo via the system's ``libturbojpeg0``), if importable;
+- crop-window decoding (``stoker.producer._jpeg_crop``: libjpeg decodes only the
+  window, as tf.io.decode_and_crop_jpeg does): the producer, when it is built.
 
 Then the ceiling of reduced-DCT decoding: decode-only speed at scale 1, 7/8, 3/4, 5/8,
 1/2, 1/4 (libjpeg-turbo's scaled IDCT), and on what share of the reference job's crops
@@ -32,7 +34,14 @@ import cv2
 import numpy as np
 import simplejpeg
 
-from stoker.producer.augment import decode_rgb, random_crop_window, train_transform
+from stoker.producer.augment import (
+    CROP_DECODING,
+    decode_rgb,
+    decode_train_crop,
+    random_crop_window,
+    resize_flip_into,
+    train_transform,
+)
 from stoker.producer.synthetic import synthetic_jpeg
 
 SIZE = 224
@@ -90,13 +99,16 @@ def main() -> None:
     tj = turbojpeg.TurboJPEG() if turbojpeg is not None else None  # type: ignore[attr-defined]
 
     before = "opencv BGR, numpy flip+swap (before)"
-    producer = "simplejpeg RGB, resize into row (producer)"
     pipelines: dict[str, Callable[[bytes, np.random.Generator], None]] = {
         before: lambda d, r: numpy_swap_transform(opencv_bgr(d), r, out),
         "opencv BGR, cv2 flip+swap into row": lambda d, r: opencv_swap_transform(opencv_bgr(d), r, out),
-        producer: lambda d, r: train_transform(decode_rgb(d), SIZE, r, out),
-        "simplejpeg, producer --fast-dct": lambda d, r: train_transform(decode_rgb(d, fast_dct=True), SIZE, r, out),
+        "simplejpeg RGB, resize into row": lambda d, r: train_transform(decode_rgb(d), SIZE, r, out),
+        "simplejpeg RGB --fast-dct": lambda d, r: train_transform(decode_rgb(d, fast_dct=True), SIZE, r, out),
     }
+    if CROP_DECODING:
+        pipelines["crop-window decode (producer)"] = lambda d, r: resize_flip_into(decode_train_crop(d, r), SIZE, r, out)
+        pipelines["crop-window decode (producer --fast-dct)"] = lambda d, r: resize_flip_into(
+            decode_train_crop(d, r, fast_dct=True), SIZE, r, out)
     if tj is not None:
         pipelines["pyturbojpeg RGB, resize into row"] = lambda d, r: train_transform(
             tj.decode(d, pixel_format=turbojpeg.TJPF_RGB), SIZE, r, out)
@@ -129,6 +141,8 @@ def main() -> None:
     print("-" * 66)
     for name, value in pipeline_rates.items():
         print(f"{name:<46} | {value:>8.0f} | {value / base:>9.3f}")
+    if not CROP_DECODING:
+        print("not measured: crop-window decoding (stoker.producer._jpeg_crop not built: install libjpeg headers)")
     if tj is None:
         print("not measured: PyTurboJPEG (pip install 'pyturbojpeg<2'; apt-get install libturbojpeg0)")
     full = decode_rates.get("1/1", decode_rates["opencv 1/1"])
@@ -141,7 +155,8 @@ def main() -> None:
     result = {"benchmark": "decoders", "pipelines_images_per_s": pipeline_rates,
               "decode_only_images_per_s": decode_rates, "crop_share_servable_by_scale": usable,
               "mean_jpeg_bytes": float(np.mean([len(r) for r in records])), "opencv": cv2.__version__,
-              "simplejpeg": simplejpeg.__version__, "pyturbojpeg": tj is not None}
+              "simplejpeg": simplejpeg.__version__, "pyturbojpeg": tj is not None,
+              "crop_decoding": CROP_DECODING}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(f"wrote {args.out}")

@@ -32,7 +32,7 @@ import tensorflow as tf  # noqa: E402
 
 from stoker.consumer import ZMQInput  # noqa: E402
 from stoker.consumer.models import build_model  # noqa: E402
-from stoker.producer.augment import decode_rgb, train_transform  # noqa: E402
+from stoker.producer.augment import decode_train_crop, resize_flip_into  # noqa: E402
 from stoker.producer.dataset_format import LmdbDataset  # noqa: E402
 from stoker.producer.process import ProducerProcess  # noqa: E402
 from stoker.producer.synthetic import build_synthetic  # noqa: E402
@@ -106,7 +106,7 @@ def run_model(name: str, lmdb_path: Path, batch: int, size: int, steps: int, war
         for i in range(batch):
             label, data = raw[counter[0] % len(raw)]
             counter[0] += 1
-            train_transform(decode_rgb(data), size, rng, out[i])
+            resize_flip_into(decode_train_crop(data, rng), size, rng, out[i])
             labels[i] = label
         return feed_train(out, labels)
 
