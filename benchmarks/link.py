@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""Over a real link: producers on separate network-namespace hosts, links shaped with tc tbf.
+
+For each rate (default 1gbit and 10gbit) a LocalCluster puts one producer in its own
+namespace behind a veth link shaped to that rate; the producer serves pre-decoded
+batches as fast as it can (--repeat-batches), so the link is the only limit; this
+process (the trainer side) receives and validates for a few seconds. Reports
+delivered payload bytes/s as a fraction of the link rate. Needs root and iproute2.
+
+Run:  sudo python benchmarks/link.py [--rates 1gbit,10gbit]   (table + JSON)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import tempfile
+from pathlib import Path
+
+from stoker.cli.local_cluster import LocalCluster
+from stoker.consumer.throughput import measure_link
+from stoker.producer.process import ProducerProcess
+from stoker.producer.synthetic import build_synthetic
+
+UNITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+
+
+def bits_per_s(rate: str) -> float:
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)(kbit|mbit|gbit)", rate)
+    if not match:
+        raise ValueError(f"rate {rate!r}: use e.g. 1gbit, 500mbit")
+    return float(match.group(1)) * UNITS[match.group(2)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rates", default="1gbit,10gbit")
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "link.json"))
+    args = parser.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        lmdb_path = Path(tmp) / "bench"
+        build_synthetic(lmdb_path, 64, seed=0, progress=False)
+        for rate in args.rates.split(","):
+            with LocalCluster(1, rate=rate, trainer_namespace=False) as cluster:
+                host = cluster.hosts[0]
+                flags = ["--workers", "1", "--batch-size", str(args.batch_size), "--image-size", str(args.image_size),
+                         "--repeat-batches", "2"]
+                with ProducerProcess(lmdb_path, bind=f"tcp://{host.address}:5555", extra_args=flags,
+                                     command_prefix=host.command([])) as producer:
+                    measured = measure_link([producer.endpoint], seconds=args.seconds)
+            link_bytes = bits_per_s(rate) / 8
+            rows.append({"rate": rate, "delivered_mb_per_s": measured.mb_per_s,
+                         "link_mb_per_s": link_bytes / 1e6, "fraction_of_link": measured.mb_per_s * 1e6 / link_bytes,
+                         "images_per_s": measured.images_per_s})
+    print(f"one producer host -> trainer over a veth link shaped with tc tbf, {args.batch_size}x{args.image_size}px batches:")
+    print(f"{'link':<8} | {'link MB/s':>9} | {'delivered MB/s':>14} | {'fraction':>8} | {'images/s':>8}")
+    print("-" * 60)
+    for r in rows:
+        print(f"{r['rate']:<8} | {r['link_mb_per_s']:>9.0f} | {r['delivered_mb_per_s']:>14.0f} | "
+              f"{r['fraction_of_link']:>8.3f} | {r['images_per_s']:>8.0f}")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"benchmark": "link", "rows": rows}, indent=2))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
