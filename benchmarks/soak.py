@@ -5,12 +5,17 @@ Two `stoker produce` daemons (1 worker each) feed a ZMQInput in this process (th
 trainer), whose tf.function step consumes each batch. RSS is read from /proc for
 the trainer, each daemon and each worker after a warm-up ("start") and at the end.
 Targets: growth under 5 % per process; trainer RSS under
-``(queue_capacity + nr_stage + rcvhwm) x batch bytes + fixed overhead``. The fixed
-overhead we state is this process's RSS with TensorFlow and Keras loaded, before
-ZMQInput exists (measured in the same run), plus a 32 MiB allowance for the ZMQ
-context and I/O threads, our two threads and the traced step (--allowance-mib).
+``ZMQInput.max_batches_held() x batch bytes + step working memory + fixed overhead``.
+max_batches_held counts the queue, the staged batches, the step's, the receive
+thread's and ZMQ's receive buffer per producer. The step's working memory here is
+its float32 copy of the batch. The fixed overhead we state is this process's RSS
+with TensorFlow and Keras loaded, before ZMQInput exists (measured in the same run),
+plus a 32 MiB allowance for the ZMQ context and I/O threads, our two threads and
+the traced step (--allowance-mib).
 
 Run:  python benchmarks/soak.py [--batches 20000]   (prints a table, writes JSON)
+With a slow trainer the FIFOQueue fills, which checks the bound at its worst:
+      python benchmarks/soak.py --batch-size 64 --image-size 224 --batches 600 --warmup 100 --step-ms 100
 """
 
 from __future__ import annotations
@@ -56,6 +61,8 @@ def main() -> None:
     parser.add_argument("--image-size", type=int, default=64)
     parser.add_argument("--queue-capacity", type=int, default=50)
     parser.add_argument("--records", type=int, default=256)
+    parser.add_argument("--step-ms", type=float, default=0.0,
+                        help="extra time per training step (a slow trainer, so the queue fills); 0: none")
     parser.add_argument("--allowance-mib", type=float, default=32.0,
                         help="stated fixed overhead beyond the TF baseline: ZMQ context, threads, traced step")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "soak.json"))
@@ -78,16 +85,22 @@ def main() -> None:
 
                 for _ in range(args.warmup):
                     step()
+                    time.sleep(args.step_ms / 1000)
                 start, t0 = snapshot(producers), time.perf_counter()
+                occupancy = []
                 for i in range(args.batches):
                     value = step()
+                    time.sleep(args.step_ms / 1000)
+                    occupancy.append(inp.queue_occupancy())
                     if i % 5000 == 0:
                         print(f"  {i}/{args.batches} batches", flush=True)
                 float(value)
                 seconds = time.perf_counter() - t0
                 end, stats = snapshot(producers), inp.stats
-                buffers_mib = (args.queue_capacity + inp.nr_stage + 4) * batch_bytes / 2**20
-                bound = fixed_overhead + args.allowance_mib + buffers_mib
+                held = inp.max_batches_held()
+                buffers_mib = held * batch_bytes / 2**20
+                step_mib = 4 * b * s * s * 3 / 2**20  # the step's float32 copy of the images
+                bound = fixed_overhead + args.allowance_mib + buffers_mib + step_mib
         finally:
             codes = [p.stop() for p in producers]
     rows = []
@@ -95,22 +108,25 @@ def main() -> None:
         growth = (end.get(name, float("nan")) - start[name]) / start[name]
         rows.append({"process": name, "start_mib": start[name], "end_mib": end.get(name), "growth": growth})
     print(f"\nsoak: {args.batches} batches of {b}x{s}x{s}x3 in {seconds:.0f} s "
-          f"({args.batches / seconds:.0f} batches/s), rejected {stats.protocol_errors + stats.mismatched_batches}")
+          f"({args.batches / seconds:.0f} batches/s), rejected {stats.protocol_errors + stats.mismatched_batches}, "
+          f"mean queue occupancy {sum(occupancy) / len(occupancy):.2f}")
     print(f"{'process':<20} | {'start MiB':>9} | {'end MiB':>9} | {'growth':>7}")
     print("-" * 55)
     for r in rows:
         print(f"{r['process']:<20} | {r['start_mib']:>9.1f} | {r['end_mib']:>9.1f} | {100 * r['growth']:>6.2f}%")
-    extra = end["trainer"] - fixed_overhead - buffers_mib
+    extra = end["trainer"] - fixed_overhead - buffers_mib - step_mib
     print(f"trainer bound: TF baseline {fixed_overhead:.1f} MiB + allowance {args.allowance_mib:.0f} MiB + "
-          f"({args.queue_capacity} queue + {inp.nr_stage} staged + 4 rcvhwm) x {batch_bytes / 2**20:.2f} MiB = "
+          f"{held} batches held x {batch_bytes / 2**20:.2f} MiB + step {step_mib:.1f} MiB = "
           f"{bound:.1f} MiB; trainer end RSS {end['trainer']:.1f} MiB -> "
           f"{'within' if end['trainer'] <= bound else 'OVER'} (overhead beyond baseline and buffers: {extra:.1f} MiB)")
     result = {"benchmark": "soak", "batches": args.batches, "seconds": seconds, "rows": rows,
               "fixed_overhead_mib": fixed_overhead, "allowance_mib": args.allowance_mib,
-              "measured_extra_overhead_mib": extra, "trainer_bound_mib": bound,
+              "measured_extra_overhead_mib": extra, "trainer_bound_mib": bound, "max_batches_held": held,
+              "step_working_mib": step_mib,
               "trainer_within_bound": end["trainer"] <= bound, "batch_bytes": batch_bytes,
               "max_growth": max(r["growth"] for r in rows), "producer_exit_codes": codes,
-              "rejected": stats.protocol_errors + stats.mismatched_batches}
+              "rejected": stats.protocol_errors + stats.mismatched_batches, "step_ms": args.step_ms,
+              "mean_queue_occupancy": sum(occupancy) / len(occupancy)}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(f"wrote {args.out}")

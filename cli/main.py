@@ -186,6 +186,20 @@ def cmd_demo(args: argparse.Namespace) -> int:
                                image_size=args.image_size, batch_size=args.batch_size, workers=args.workers))
 
 
+def cmd_cluster(args: argparse.Namespace) -> int:
+    from stoker.cli.cluster_run import ClusterRun, run_cluster
+    from stoker.cli.local_cluster import ClusterError
+
+    run = ClusterRun(lmdb_path=args.lmdb, hosts=args.hosts, rate=args.rate, workers=args.workers,
+                     batch_size=args.batch_size, image_size=args.image_size, model=args.model, steps=args.steps,
+                     seed=args.seed, train_args=["--no-progress"] if args.no_progress else [])
+    try:
+        return run_cluster(run)
+    except ClusterError as exc:
+        print(f"stoker cluster: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
 def cmd_bench_producer(args: argparse.Namespace) -> int:
     from stoker.producer.stage_bench import measure_stages
 
@@ -363,6 +377,25 @@ def build_parser() -> argparse.ArgumentParser:
     kg.add_argument("--name", default="stoker", help="file name stem")
     kg.set_defaults(func=cmd_keys_generate)
 
+    cl = sub.add_parser("cluster", parents=[common], formatter_class=_Formatter,
+                        help="producers on simulated hosts feeding a trainer, on this machine (root)",
+                        description="Build HOSTS data hosts and a trainer host on this machine with network "
+                        "namespaces and veth links (each host its own address, 10.213.0.0/16; links optionally "
+                        "shaped with tc tbf), run a producer with a disjoint shard on each data host and "
+                        "`stoker train` on the trainer host, then tear everything down, also after a failure or "
+                        "Ctrl-C. Needs root and iproute2.")
+    cl.add_argument("--lmdb", required=True, help="Stoker LMDB every producer serves (a shard each)")
+    cl.add_argument("--hosts", type=_positive_int, default=2, help="number of data hosts (1-64)")
+    cl.add_argument("--rate", default=None, help="shape each link, e.g. 1gbit or 10gbit (none: unshaped)")
+    cl.add_argument("--workers", type=_positive_int, default=1, help="worker processes per producer")
+    cl.add_argument("--batch-size", type=_positive_int, default=64, help="images per batch")
+    cl.add_argument("--image-size", type=_positive_int, default=224, help="image size in pixels")
+    cl.add_argument("--model", choices=("small-cnn", "resnet50"), default="small-cnn", help="model to train")
+    cl.add_argument("--steps", type=_positive_int, default=200, help="training steps")
+    cl.add_argument("--seed", type=int, default=0, help="producers' seed")
+    cl.add_argument("--no-progress", action="store_true", help="log lines instead of the trainer's progress bar")
+    cl.set_defaults(func=cmd_cluster)
+
     st = sub.add_parser("status", parents=[common], formatter_class=_Formatter, help="live rates and queue occupancy",
                         description="Scrape the Prometheus endpoints of producers and trainers (their "
                         "--metrics-port) twice and show each one's live rate, the trainer's queue occupancy, and "
@@ -438,6 +471,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return func(args)
     except (DatasetError, SourceError, BindError, ValueError, FileNotFoundError) as exc:
         print(f"stoker {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except PermissionError as exc:
+        print(f"stoker {args.command}: error: {exc.strerror}: {exc.filename} (run as a user who may read it, "
+              "or fix its permissions)", file=sys.stderr)
         return EXIT_USAGE
     except BrokenPipeError:
         # `stoker lmdb info ... | head`: the reader left; that is not an error.

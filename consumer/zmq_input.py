@@ -118,14 +118,15 @@ class ZMQInput:
             (a comma-separated string works too).
         batch_size: images per batch the producers send (default 64).
         image_shape: ``(height, width, 3)`` of each image (default ``(224, 224, 3)``).
-        queue_capacity: FIFOQueue capacity in batches (default 50). Memory held is about
-            ``(queue_capacity + nr_stage + rcvhwm) * batch bytes``.
+        queue_capacity: FIFOQueue capacity in batches (default 50). Memory held is at most
+            ``max_batches_held() * batch bytes``: the queue, the staged batches, the step's,
+            the receive thread's, and ``rcvhwm + 1`` per producer address.
         device: where the StagingArea lives (default: ``/GPU:0`` when TensorFlow sees a GPU,
             else ``/CPU:0``).
         recv_timeout: seconds without any batch before the step fails with
             InputTimeoutError (default 60).
         nr_stage: batches kept staged on the device (default 1, as tensorpack).
-        rcvhwm: ZMQ receive high-water mark in batches (default 4).
+        rcvhwm: ZMQ receive high-water mark in batches, per producer connection (default 4).
         max_message_bytes: largest message accepted, enforced by the socket
             (``ZMQ_MAXMSGSIZE``) and by the decoder (default 512 MiB).
         curve: optional CurveZMQ client keys (``stoker.protocol.curve.load_client_keys``):
@@ -174,6 +175,7 @@ class ZMQInput:
         self.queue_capacity = queue_capacity
         self.recv_timeout = recv_timeout
         self.nr_stage = nr_stage
+        self.rcvhwm = rcvhwm
         self.limits = DecodeLimits(max_message_bytes=max_message_bytes)
         self.eager = tf.executing_eagerly()
         if device is None:
@@ -338,6 +340,16 @@ class ZMQInput:
         return ZMQInputCallback(self, log_every=log_every, logdir=logdir)
 
     # ---- what a user watches ----------------------------------------------------------------
+
+    def max_batches_held(self) -> int:
+        """The most batches this input holds at once, its memory bound in batches.
+
+        The FIFOQueue (``queue_capacity``), the StagingArea (``nr_stage + 1`` while a step swaps),
+        the batch the step is using, the receive thread's (the received frame and its copy
+        waiting to enter a full queue), and per producer ZMQ's receive buffer (``rcvhwm``) plus
+        the message libzmq is assembling from the TCP stream.
+        """
+        return self.queue_capacity + (self.nr_stage + 1) + 1 + 2 + (self.rcvhwm + 1) * len(self.addresses)
 
     def queue_size(self) -> int:
         """Batches in the FIFOQueue right now."""

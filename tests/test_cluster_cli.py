@@ -1,0 +1,68 @@
+"""`stoker cluster`: producers in their own network namespaces feed a trainer in another, then all is gone."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from stoker.cli.local_cluster import ClusterError, check_available
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _harness_missing() -> str:
+    try:
+        check_available()
+    except ClusterError as exc:
+        return str(exc)
+    return ""
+
+
+def _our_namespaces() -> set[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30).stdout
+    return {line.split()[0] for line in out.splitlines() if line.startswith("stk")}
+
+
+@pytest.mark.skipif(bool(_harness_missing()), reason=_harness_missing() or "harness available")
+def test_stoker_cluster_trains_from_producers_on_separate_hosts_and_tears_down(synth_lmdb):
+    before = _our_namespaces()
+    result = subprocess.run(
+        [sys.executable, "-m", "stoker.cli.main", "cluster", "--lmdb", str(synth_lmdb), "--hosts", "2",
+         "--rate", "1gbit", "--batch-size", "8", "--image-size", "32", "--steps", "30", "--no-progress"],
+        capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    # Each producer served from its own host address, and the trainer received from both.
+    assert "producer on tcp://10.213.0.2:5555" in result.stdout and "producer on tcp://10.213.0.6:5555" in result.stdout
+    per_producer = re.search(r"batches received: \d+ \((.*)\); rejected: 0", result.stdout)
+    assert per_producer, result.stdout[-2000:]
+    counts = dict(item.rsplit(": ", 1) for item in per_producer.group(1).split(", "))
+    assert sorted(name.rsplit("#", 1)[1] for name in counts) == ["0/2", "1/2"], counts
+    assert all(int(n) > 0 for n in counts.values()), counts
+    assert "trained 30 steps" in result.stdout
+    assert _our_namespaces() == before, "namespaces left behind"
+
+
+def test_stoker_cluster_without_root_says_what_it_needs(synth_lmdb, tmp_path):
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root to drop privileges with setpriv")
+    result = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m", "stoker.cli.main",
+         "cluster", "--lmdb", str(synth_lmdb), "--hosts", "1", "--steps", "1"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path, env={**os.environ, "HOME": str(tmp_path)})
+    assert result.returncode == 2 and "needs root" in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+def test_an_unreadable_lmdb_is_a_clear_error_not_a_traceback(synth_lmdb, tmp_path):
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root to drop privileges with setpriv")
+    result = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m", "stoker.cli.main",
+         "lmdb", "info", str(synth_lmdb)],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path, env={**os.environ, "HOME": str(tmp_path)})
+    assert result.returncode == 2 and "Permission denied" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
