@@ -35,6 +35,7 @@ class ClusterRun:
     image_size: int = 224
     model: str = "small-cnn"
     steps: int = 200
+    queue_capacity: int = 50
     seed: int = 0
     train_args: Sequence[str] = ()
 
@@ -57,7 +58,8 @@ def run_cluster(run: ClusterRun) -> int:
             train = cluster.trainer.command([
                 sys.executable, "-m", "stoker.cli.main", "train", "--connect", ",".join(p.endpoint for p in producers),
                 "--model", run.model, "--steps", str(run.steps), "--batch-size", str(run.batch_size),
-                "--image-size", str(run.image_size), "--classes", str(classes), *run.train_args])
+                "--image-size", str(run.image_size), "--classes", str(classes),
+                "--queue-capacity", str(run.queue_capacity), *run.train_args])
             print(f"trainer: namespace {cluster.trainer.namespace}", flush=True)
             return subprocess.run(train, stdin=subprocess.DEVNULL).returncode
         finally:

@@ -192,7 +192,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 
     run = ClusterRun(lmdb_path=args.lmdb, hosts=args.hosts, rate=args.rate, workers=args.workers,
                      batch_size=args.batch_size, image_size=args.image_size, model=args.model, steps=args.steps,
-                     seed=args.seed, train_args=["--no-progress"] if args.no_progress else [])
+                     queue_capacity=args.queue_capacity, seed=args.seed, train_args=["--no-progress"] if args.no_progress else [])
     try:
         return run_cluster(run)
     except ClusterError as exc:
@@ -392,6 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
     cl.add_argument("--image-size", type=_positive_int, default=224, help="image size in pixels")
     cl.add_argument("--model", choices=("small-cnn", "resnet50"), default="small-cnn", help="model to train")
     cl.add_argument("--steps", type=_positive_int, default=200, help="training steps")
+    cl.add_argument("--queue-capacity", type=_positive_int, default=50, help="trainer's FIFOQueue capacity in batches")
     cl.add_argument("--seed", type=int, default=0, help="producers' seed")
     cl.add_argument("--no-progress", action="store_true", help="log lines instead of the trainer's progress bar")
     cl.set_defaults(func=cmd_cluster)

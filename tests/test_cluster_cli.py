@@ -33,7 +33,8 @@ def test_stoker_cluster_trains_from_producers_on_separate_hosts_and_tears_down(s
     before = _our_namespaces()
     result = subprocess.run(
         [sys.executable, "-m", "stoker.cli.main", "cluster", "--lmdb", str(synth_lmdb), "--hosts", "2",
-         "--rate", "1gbit", "--batch-size", "8", "--image-size", "32", "--steps", "30", "--no-progress"],
+         "--rate", "1gbit", "--batch-size", "8", "--image-size", "32", "--steps", "30", "--queue-capacity", "4",
+         "--no-progress"],
         capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     # Each producer served from its own host address, and the trainer received from both.

@@ -163,7 +163,10 @@ def test_producers_on_separate_hosts_feed_one_trainer_host(synth_lmdb):
             connect = ",".join(p.endpoint for p in producers)
             out = subprocess.run(cluster.trainer.command(
                 [sys.executable, "-m", "stoker.cli.main", "train", "--connect", connect, "--steps", "30",
-                 "--batch-size", str(B), "--image-size", str(EVAL_SIZE), "--classes", "4", "--recv-timeout", "60"]),
+                 "--batch-size", str(B), "--image-size", str(EVAL_SIZE), "--classes", "4", "--recv-timeout", "60",
+                 # A small queue: a producer whose connection completes late is still needed, not
+                 # made redundant by 50 batches the other one queued first.
+                 "--queue-capacity", "4"]),
                 capture_output=True, text=True, timeout=180)
             assert out.returncode == 0, out.stderr[-3000:]
             assert "data0: " in out.stdout and "data1: " in out.stdout, out.stdout
