@@ -146,12 +146,24 @@ def test_corrupt_records_are_skipped_counted_and_logged_by_key(synth_lmdb, tmp_p
     assert skipped >= len(bad)
 
 
+def _expected_eval_images(lmdb_path: Path, size: int) -> dict[int, np.ndarray]:
+    """Record index -> its eval-mode image, computed independently of the producer."""
+    with LmdbDataset(lmdb_path) as ds:
+        return {i: expected_eval_image(ds.read(i)[1], size) for i in range(len(ds))}
+
+
+def _assert_exact_images(batch, expected: dict[int, np.ndarray]) -> int:
+    """Every image equals its record's expected image; returns how many were checked."""
+    for image, index in zip(batch["images"], batch["index"]):
+        np.testing.assert_array_equal(image, expected[int(index)], err_msg=f"record {int(index)}")
+    return len(batch["index"])
+
+
 def test_a_slow_trainer_never_receives_a_batch_overwritten_while_in_flight(synth_lmdb):
     """Batches wait in the socket's queue while the trainer is slow: their shared slots must not be
     handed back to the worker (and overwritten) until ZMQ is done sending them."""
     size = 160  # 600 KB batches: more than the kernel's socket buffers hold, so sends stay queued
-    with LmdbDataset(synth_lmdb) as ds:
-        expected = {i: expected_eval_image(ds.read(i)[1], size) for i in range(len(ds))}
+    expected = _expected_eval_images(synth_lmdb, size)
     args = ["--workers", "1", "--batch-size", "8", "--image-size", str(size), "--mode", "eval", "--seed", "6"]
     ctx = zmq.Context()
     sock = ctx.socket(zmq.PULL)
@@ -163,9 +175,7 @@ def test_a_slow_trainer_never_receives_a_batch_overwritten_while_in_flight(synth
             for _ in range(12):
                 time.sleep(0.25)  # the worker refills its free slots many times over meanwhile
                 assert sock.poll(30000)
-                batch = decode_batch(sock.recv_multipart(copy=False))
-                for image, index in zip(batch["images"], batch["index"]):
-                    np.testing.assert_array_equal(image, expected[int(index)], err_msg=f"record {int(index)}")
+                _assert_exact_images(decode_batch(sock.recv_multipart(copy=False)), expected)
         finally:
             sock.close(0)
             ctx.term()
@@ -187,8 +197,7 @@ def test_killed_workers_are_replaced_and_no_batch_is_torn(synth_lmdb):
     """Workers write batches into shared slots the daemon sends from: a worker killed mid-batch,
     again and again, must never make a slot go out half-written or be reused while in flight."""
     size = 32
-    with LmdbDataset(synth_lmdb) as ds:
-        expected = {i: expected_eval_image(ds.read(i)[1], size) for i in range(len(ds))}
+    expected = _expected_eval_images(synth_lmdb, size)
     args = ["--workers", "2", "--batch-size", "8", "--image-size", str(size), "--mode", "eval", "--seed", "4"]
     ctx = zmq.Context()
     sock = ctx.socket(zmq.PULL)
@@ -200,10 +209,7 @@ def test_killed_workers_are_replaced_and_no_batch_is_torn(synth_lmdb):
             for kill in range(6):
                 for _ in range(10):
                     assert sock.poll(30000), f"no batch after kill {kill}:\n{producer.log_text()[-2000:]}"
-                    batch = decode_batch(sock.recv_multipart(copy=False))
-                    for image, index in zip(batch["images"], batch["index"]):
-                        np.testing.assert_array_equal(image, expected[int(index)])
-                        checked += 1
+                    checked += _assert_exact_images(decode_batch(sock.recv_multipart(copy=False)), expected)
                 workers = _worker_pids(producer)
                 assert len(workers) == 2, f"expected 2 workers, found {workers}"
                 victim = workers[kill % 2]
