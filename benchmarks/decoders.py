@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
 from pathlib import Path
 from typing import Callable, Optional
@@ -146,7 +145,7 @@ def main() -> None:
     if tj is None:
         print("not measured: PyTurboJPEG (pip install 'pyturbojpeg<2'; apt-get install libturbojpeg0)")
     full = decode_rates.get("1/1", decode_rates["opencv 1/1"])
-    print(f"\ndecode only, by DCT scale (libjpeg-turbo), and the share of crops each could serve:")
+    print("\ndecode only, by DCT scale (libjpeg-turbo), and the share of crops each could serve:")
     print(f"{'scale':<36} | {'images/s':>8} | {'vs 1/1':>6} | {'crops':>6}")
     print("-" * 66)
     for name, value in decode_rates.items():

@@ -7,7 +7,6 @@ ZMQInput, then stops everything and checks that nothing is left running.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from dataclasses import dataclass

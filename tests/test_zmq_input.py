@@ -15,13 +15,12 @@ import tensorflow as tf
 import zmq
 
 from stoker.consumer import InputClosedError, InputTimeoutError, ZMQInput
-from stoker.producer.dataset_format import LmdbDataset
 from stoker.producer.process import ProducerProcess
 from stoker.protocol import encode_batch
 
 pytestmark = pytest.mark.timeout(180)
 
-from conftest import CHECKSUM_WEIGHTS as WEIGHTS, EVAL_SIZE as SIZE, image_checksums
+from conftest import CHECKSUM_WEIGHTS as WEIGHTS, EVAL_SIZE as SIZE
 
 BATCH = 8
 
