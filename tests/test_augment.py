@@ -136,7 +136,8 @@ needs_crop_decoder = pytest.mark.skipif(not CROP_DECODING, reason="stoker.produc
 
 def test_crop_decoder_is_built_wherever_libjpeg_headers_are():
     if Path("/usr/include/jpeglib.h").exists():
-        assert CROP_DECODING, "libjpeg headers are here but the _jpeg_crop extension was not built; reinstall"
+        assert CROP_DECODING, ("libjpeg headers are here but the _jpeg_crop extension was not built: install a C "
+                               "compiler and Python's headers (Debian: gcc python3-dev), then reinstall stoker")
 
 
 @needs_crop_decoder
