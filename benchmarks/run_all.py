@@ -3,9 +3,11 @@
 
     python benchmarks/run_all.py [--tensorpack-python /tmp/tpvenv/bin/python] [--skip link,soak]
 
-Order: producer throughput (decoder limit, 1 and 2 workers), transport (protocol v1 vs
-bare pyzmq), trainer latency hiding (constant / ZMQInput / feed_dict), peers (tf.data,
-tensorpack), link (shaped veth links; needs root), soak (memory; about 3 minutes).
+Order: decoders (OpenCV / simplejpeg / PyTurboJPEG / crop-window, reduced DCT), producer
+throughput (decoder limit, 1 and 2 workers), transport (protocol v1 vs bare pyzmq),
+trainer latency hiding (constant / ZMQInput / feed_dict), peers (tf.data, tensorpack),
+link (shaped veth links; needs root), soak (memory over 20,000 batches; about 3
+minutes) and soak_full_queue (memory with 9.6 MB batches and a full queue; 2 minutes).
 Results land in benchmarks/results/*.json; docs/performance.md explains them.
 """
 
@@ -17,7 +19,18 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).parent
-BENCHMARKS = ["producer_throughput", "transport", "trainer_latency", "peers", "link", "soak"]
+#: name -> (script, extra arguments)
+BENCHMARKS = {
+    "decoders": ("decoders", []),
+    "producer_throughput": ("producer_throughput", []),
+    "transport": ("transport", []),
+    "trainer_latency": ("trainer_latency", []),
+    "peers": ("peers", ["--batches", "150"]),
+    "link": ("link", []),
+    "soak": ("soak", []),
+    "soak_full_queue": ("soak", ["--batch-size", "64", "--image-size", "224", "--batches", "600", "--warmup", "100",
+                                 "--step-ms", "100", "--out", str(HERE / "results" / "soak_full_queue.json")]),
+}
 
 
 def main() -> int:
@@ -27,12 +40,13 @@ def main() -> int:
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     failed = []
-    for name in BENCHMARKS:
+    for name, (script, extra) in BENCHMARKS.items():
         if name in skip:
             continue
-        extra = ["--tensorpack-python", args.tensorpack_python] if name == "peers" and args.tensorpack_python else []
+        if name == "peers" and args.tensorpack_python:
+            extra = [*extra, "--tensorpack-python", args.tensorpack_python]
         print(f"\n===== {name} =====", flush=True)
-        if subprocess.run([sys.executable, str(HERE / f"{name}.py"), *extra]).returncode != 0:
+        if subprocess.run([sys.executable, str(HERE / f"{script}.py"), *extra]).returncode != 0:
             failed.append(name)
     if failed:
         print(f"\nfailed: {', '.join(failed)}")
