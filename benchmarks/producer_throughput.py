@@ -99,7 +99,9 @@ def main() -> None:
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--warmup", type=int, default=10, help="batches received before timing")
     parser.add_argument("--batches", type=int, default=200, help="batches timed (fewer: noisier on shared VMs)")
-    parser.add_argument("--decoder-seconds", type=float, default=10.0)
+    parser.add_argument("--decoder-seconds", type=float, default=6.0)
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="interleaved rounds of every measurement; the best of each is kept (shared VMs drift)")
     parser.add_argument("--lmdb", default=None, help="use this LMDB instead of a fresh synthetic one")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "producer_throughput.json"))
     args = parser.parse_args()
@@ -108,16 +110,27 @@ def main() -> None:
         lmdb_path = Path(args.lmdb) if args.lmdb else Path(tmp) / "bench"
         if not args.lmdb:
             build_synthetic(lmdb_path, args.records, seed=0, progress=False)
-        limit = decoder_limit(lmdb_path, args.image_size, args.decoder_seconds)
+        limits: list[float] = []
+        rates: dict[int, list[float]] = {1: [], 2: []}
+        together: dict[int, list[float]] = {1: [], 2: []}
+        for _ in range(args.rounds):
+            limits.append(decoder_limit(lmdb_path, args.image_size, args.decoder_seconds))
+            for workers in (1, 2):
+                rates[workers].append(delivered(lmdb_path, workers, args.batch_size, args.image_size, args.warmup,
+                                                args.batches))
+                together[workers].append(parallel_decoder_limit(lmdb_path, args.image_size, args.decoder_seconds,
+                                                                workers))
+        limit = max(limits)
         rows = []
         for workers in (1, 2):
-            rate = delivered(lmdb_path, workers, args.batch_size, args.image_size, args.warmup, args.batches)
-            together = parallel_decoder_limit(lmdb_path, args.image_size, args.decoder_seconds, workers)
+            rate, bare = max(rates[workers]), max(together[workers])
             rows.append({"workers": workers, "images_per_s": rate, "ceiling": workers * limit,
-                         "fraction_of_ceiling": rate / (workers * limit), "bare_loops_at_once": together,
-                         "fraction_of_bare_loops_at_once": rate / together})
+                         "fraction_of_ceiling": rate / (workers * limit), "bare_loops_at_once": bare,
+                         "fraction_of_bare_loops_at_once": rate / bare,
+                         "rounds": {"delivered": rates[workers], "bare_loops_at_once": together[workers]}})
 
-    print(f"decoder limit (1 thread, decode + random-resized-crop {args.image_size} + flip): {limit:.0f} images/s")
+    print(f"best of {args.rounds} interleaved rounds; decoder limit (1 thread, decode + random-resized-crop "
+          f"{args.image_size} + flip): {limit:.0f} images/s (rounds: {', '.join(f'{x:.0f}' for x in limits)})")
     print(f"{'workers':>7} | {'delivered img/s':>15} | {'workers x limit':>15} | {'fraction':>8} | "
           f"{'N bare loops at once':>20} | {'fraction':>8}")
     print("-" * 90)
@@ -127,7 +140,8 @@ def main() -> None:
     result = {"benchmark": "producer_throughput", "decoder_limit_images_per_s": limit, "rows": rows,
               "batch_size": args.batch_size, "image_size": args.image_size, "cpus": os.cpu_count(),
               "machine": platform.machine(), "python": platform.python_version(), "opencv": cv2.__version__,
-              "batches_timed": args.batches}
+              "batches_timed": args.batches,
+              "rounds": args.rounds, "decoder_limit_rounds": limits}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(f"wrote {args.out}")
