@@ -11,8 +11,8 @@ its tracker is done) -> worker (``grant``); the daemon keeps that state, so a
 slot is never written while ZMQ may still read it. Memory is bounded by
 ``workers x slots x batch bytes``, allocated once at start.
 
-The control messages between worker and daemon travel on a local ipc socket, as
-msgpack-free plain frames: ``[b"hello"]``, ``[b"ready", slot, header]`` from the
+The control messages between worker and daemon travel on a local ipc socket as a
+few plain frames: ``[b"hello"]``, ``[b"ready", slot, header]`` from the
 worker, ``[b"grant", slot]`` from the daemon, each prefixed by ZMQ with the
 worker's routing id. A restarted worker gets a fresh routing id, so messages of
 a dead worker are recognised as stale and ignored.
@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-#: The arrays of one batch, in wire order: (name, dtype, shape after the batch dimension).
 def batch_fields(image_size: int) -> tuple[tuple[str, str, tuple[int, ...]], ...]:
+    """The arrays of one batch, in wire order: (name, dtype, shape after the batch dimension)."""
     return (
         ("images", "uint8", (image_size, image_size, 3)),
         ("labels", "int32", ()),
