@@ -112,6 +112,13 @@ def run_worker(worker: int, config: WorkerConfig, stats: StageStats, stop: Any, 
     sock.connect(config.endpoint)
     sock.send(HELLO)
     pool = _SlotPool(sock, config.slots, stop, parent_pid)
+
+    def hand_off(slot: int, arrays: dict[str, np.ndarray], batch_no: int) -> None:
+        """Tell the daemon ``slot`` holds a finished batch: only its header crosses the ipc socket."""
+        header = encode_batch(arrays, producer=config.producer_id,
+                              seq=batch_no * config.workers + worker, worker=worker)[0]
+        sock.send_multipart([READY, slot_frame(slot), header])
+
     batch_no = 0
     made: list[dict[str, np.ndarray]] = []
     try:
@@ -126,9 +133,7 @@ def run_worker(worker: int, config: WorkerConfig, stats: StageStats, stop: Any, 
                 # Benchmark mode: re-send batches already made, as fast as the trainer takes them.
                 for name, array in made[batch_no % len(made)].items():
                     np.copyto(arrays[name], array)
-                header = encode_batch(arrays, producer=config.producer_id,
-                                      seq=batch_no * config.workers + worker, worker=worker)[0]
-                sock.send_multipart([READY, slot_frame(slot), header])
+                hand_off(slot, arrays, batch_no)
                 for name, value in (("send_s", t_wait), ("images", batch_size), ("batches", 1)):
                     stats.add(worker, name, value)
                 batch_no += 1
@@ -163,9 +168,7 @@ def run_worker(worker: int, config: WorkerConfig, stats: StageStats, stop: Any, 
             t4 = time.perf_counter()
             if len(made) < config.repeat_batches:
                 made.append({name: array.copy() for name, array in arrays.items()})
-            header = encode_batch(arrays, producer=config.producer_id,
-                                  seq=batch_no * config.workers + worker, worker=worker)[0]
-            sock.send_multipart([READY, slot_frame(slot), header])
+            hand_off(slot, arrays, batch_no)
             for name, value in (
                 ("read_s", t_read), ("decode_s", t_decode), ("augment_s", t_augment),
                 ("serialize_s", time.perf_counter() - t4), ("send_s", t_wait), ("images", batch_size), ("batches", 1),
