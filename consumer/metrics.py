@@ -30,6 +30,9 @@ class ZMQInputCollector(Collector):
                                   value=s.protocol_errors)
         yield CounterMetricFamily("stoker_trainer_mismatched_batches", "Batches of the wrong shape rejected",
                                   value=s.mismatched_batches)
+        yield CounterMetricFamily("stoker_trainer_handshake_failures",
+                                  "Connection handshakes that failed (CurveZMQ keys missing, wrong or not authorised)",
+                                  value=s.handshake_failures)
         yield CounterMetricFamily("stoker_trainer_reconnects", "Endpoints re-connected after protocol errors",
                                   value=s.reconnects)
         try:

@@ -115,6 +115,7 @@ def train(config: TrainConfig) -> TrainReport:
             accuracy = tf.reduce_mean(tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels), tf.float32))
             return loss, accuracy
 
+        log.info("waiting for the first batches from %s (pre-filling the queue)", ", ".join(config.addresses))
         bar = tqdm(total=config.steps, unit="step", disable=not config.progress, dynamic_ncols=True)
         t_start, stats_start = time.perf_counter(), inp.stats
         t_window, loss, accuracy = time.perf_counter(), None, None

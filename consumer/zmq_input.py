@@ -30,11 +30,11 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
 from stoker.protocol import DEFAULT_MAX_MESSAGE_BYTES, DecodeLimits, ProtocolError, decode_batch
 from stoker.protocol.curve import CurveClientKeys
 
+from .connections import ConnectionWatcher
 from .errors import BatchMismatchError, InputClosedError, InputError, InputTimeoutError
 from .staging import StagingArea
 
@@ -42,11 +42,7 @@ log = logging.getLogger("stoker.consumer")
 
 _POLL_MS = 100
 _SAMPLE_EVERY_S = 0.05
-# libzmq reconnects after a lost connection, but not after a protocol error (a message over
-# MAXMSGSIZE, a failed handshake): it drops that endpoint for good. We re-connect such an
-# endpoint ourselves once it has been disconnected this long with no retry under way.
-_REVIVE_AFTER_S = 1.0
-_MONITOR_EVENTS = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_CONNECT_DELAYED
+_REJECT_LOG_EVERY_S = 10.0
 
 
 @dataclass
@@ -59,6 +55,9 @@ class InputStats:
     mismatched_batches: int = 0
     reconnects: int = 0
     connected_producers: int = 0
+    connected_endpoints: tuple[str, ...] = ()
+    handshake_failures: int = 0
+    last_handshake_error: str = ""
     last_error: str = ""
     per_producer: dict[str, int] = field(default_factory=dict)
     occupancy_sum: float = 0.0
@@ -219,10 +218,14 @@ class ZMQInput:
             self._ctx.term()
             raise ValueError(f"cannot connect to producer address {address!r}: {exc.strerror}; "
                              "expected e.g. tcp://host:5555") from None
-        self._monitor = self._sock.get_monitor_socket(_MONITOR_EVENTS)
-        self._connected: set[str] = set()
+        self._watcher = ConnectionWatcher(self._sock, self.addresses, curve=curve is not None)
         self._metrics: Any = None
         self._last_batch_at = time.monotonic()
+        # What went wrong since the last accepted batch, for the timeout's message.
+        self._rejected_since_batch = 0
+        self._handshake_failures_at_batch = 0
+        self._last_reject_log = -_REJECT_LOG_EVERY_S
+        self._unlogged_rejects = 0
         if self.eager:
             self.start()
 
@@ -258,8 +261,7 @@ class ZMQInput:
             thread.join(2.0)
         if self._metrics is not None:
             self._metrics.close()
-        self._sock.disable_monitor()
-        self._monitor.close(linger=0)
+        self._watcher.close()
         self._sock.close(linger=0)
         self._ctx.term()
 
@@ -398,10 +400,12 @@ class ZMQInput:
             raise BatchMismatchError(f"batch from {batch.header.producer} lacks 'images' or 'labels' "
                                      f"(has {sorted(batch.arrays)})")
         if images.dtype != np.uint8 or list(images.shape) != self.batch_shape:
+            fix = (f"start the producers with --batch-size {self.batch_size} --image-size {self.image_shape[0]}")
+            if images.ndim == 4 and images.shape[0] > 0:
+                fix += f", or the trainer with batch_size={images.shape[0]}, image_shape={tuple(images.shape[1:])}"
             raise BatchMismatchError(
-                f"batch from {batch.header.producer} has images {images.dtype} {list(images.shape)}, this trainer "
-                f"declared uint8 {self.batch_shape}; start producers with --batch-size {self.batch_size} "
-                f"--image-size {self.image_shape[0]}")
+                f"producer {batch.header.producer} sends images {images.dtype} {list(images.shape)}, this trainer "
+                f"declared uint8 {self.batch_shape}; {fix}")
         if labels.dtype != np.int32 or list(labels.shape) != [self.batch_size]:
             raise BatchMismatchError(f"batch from {batch.header.producer} has labels {labels.dtype} "
                                      f"{list(labels.shape)}, expected int32 [{self.batch_size}]")
@@ -415,54 +419,53 @@ class ZMQInput:
                 self._stats.protocol_errors += 1
             count = self._stats.protocol_errors + self._stats.mismatched_batches
             self._stats.last_error = str(exc)
-        if count <= 10 or count % 1000 == 0:
-            log.warning("rejected message #%d: %s", count, exc)
-
-    def _watch_connections(self, disconnected_at: dict[str, float]) -> None:
-        """Track monitor events; re-connect endpoints that libzmq gave up on (see _REVIVE_AFTER_S)."""
-        changed = False
-        while self._monitor.poll(0):
-            event = recv_monitor_message(self._monitor)
-            endpoint = event["endpoint"].decode(errors="replace")
-            if event["event"] == zmq.EVENT_DISCONNECTED:
-                disconnected_at[endpoint] = time.monotonic()
-                self._connected.discard(endpoint)
-            else:
-                disconnected_at.pop(endpoint, None)
-                if event["event"] == zmq.EVENT_CONNECTED:
-                    self._connected.add(endpoint)
-            changed = True
-        if changed:
-            with self._stats_lock:
-                self._stats.connected_producers = len(self._connected)
+        self._rejected_since_batch += 1
+        self._unlogged_rejects += 1
         now = time.monotonic()
-        for endpoint, since in list(disconnected_at.items()):
-            if now - since > _REVIVE_AFTER_S and endpoint in self.addresses:
-                del disconnected_at[endpoint]
-                try:
-                    self._sock.disconnect(endpoint)
-                except zmq.ZMQError:
-                    pass  # already forgotten by libzmq
-                self._sock.connect(endpoint)
-                with self._stats_lock:
-                    self._stats.reconnects += 1
-                log.warning("re-connected to %s: libzmq dropped it after a protocol error (a message over "
-                            "max_message_bytes or a failed handshake)", endpoint)
+        # The first few one by one, then one line per interval: bad traffic must not flood the log.
+        if count <= 3 or now - self._last_reject_log >= _REJECT_LOG_EVERY_S:
+            log.warning("rejected message #%d (%d since the last warning): %s", count, self._unlogged_rejects, exc)
+            self._last_reject_log, self._unlogged_rejects = now, 0
+
+    def _watch_connections(self) -> None:
+        if self._watcher.poll():
+            with self._stats_lock:
+                self._stats.connected_producers = len(self._watcher.connected)
+                self._stats.connected_endpoints = tuple(sorted(self._watcher.connected))
+                self._stats.handshake_failures = self._watcher.failures.count
+                self._stats.last_handshake_error = self._watcher.failures.reason
+                self._stats.reconnects = self._watcher.reconnects
+
+    def _timeout_message(self, silent: float) -> str:
+        """Why no acceptable batch arrived: rejected batches, failed handshakes, or silence."""
+        message = (f"no acceptable batch from any producer at {', '.join(self.addresses)} for {silent:.0f} s "
+                   f"(recv_timeout={self.recv_timeout:g})")
+        causes = []
+        if self._rejected_since_batch:
+            causes.append(f"{self._rejected_since_batch} message(s) arrived and were rejected, the last one because: "
+                          f"{self.stats.last_error}")
+        failures = self._watcher.failures
+        handshakes = failures.count - self._handshake_failures_at_batch
+        if handshakes:
+            causes.append(f"{handshakes} connection handshake(s) failed, the last with {failures.endpoint}: "
+                          f"{failures.reason}")
+        if not causes:
+            causes.append("nothing arrived: check the producers run (`stoker produce`) and that this host can reach "
+                          "those addresses")
+        return message + "; " + "; ".join(causes)
 
     def _receive_loop(self) -> None:
         sock = self._sock
-        disconnected_at: dict[str, float] = {}
         try:
             while not self._stop.is_set():
-                self._watch_connections(disconnected_at)
+                self._watch_connections()
+                # Checked on every turn, not only when the socket is idle: a stream of rejected
+                # messages (a misconfigured producer, a wrong peer) must not keep the step waiting.
+                silent = time.monotonic() - self._last_batch_at
+                if silent > self.recv_timeout:
+                    self._fail(InputTimeoutError(self._timeout_message(silent)))
+                    return
                 if not sock.poll(_POLL_MS):
-                    silent = time.monotonic() - self._last_batch_at
-                    if silent > self.recv_timeout:
-                        self._fail(InputTimeoutError(
-                            f"no batch from any producer at {', '.join(self.addresses)} for {silent:.0f} s "
-                            f"(recv_timeout={self.recv_timeout:g}); check the producers run (`stoker produce`) "
-                            "and that this host can reach those addresses"))
-                        return
                     continue
                 try:
                     frames = sock.recv_multipart(copy=False)
@@ -476,6 +479,8 @@ class ZMQInput:
                     self._reject(exc)
                     continue
                 self._last_batch_at = time.monotonic()
+                self._rejected_since_batch = 0
+                self._handshake_failures_at_batch = self._watcher.failures.count
                 self._queue.enqueue(images, labels)
                 with self._stats_lock:
                     self._stats.batches += 1

@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from typing import Optional
 
 import zmq
-from zmq.auth.thread import ThreadAuthenticator
 
 from stoker.protocol.curve import CurveServerKeys
 from stoker.protocol.metrics_server import MetricsServer
@@ -37,6 +36,7 @@ from .batch_slots import SlotLayout, allocate
 from .dataset_format import LmdbDataset
 from .forwarder import SlotForwarder
 from .metrics import ProducerCollector
+from .peer_security import HandshakeFailureLog, RefusalLoggingAuthenticator
 from .sharding import ShardSpec
 from .stage_stats import StageStats, rate_report
 from .worker import WorkerConfig, run_worker
@@ -91,10 +91,11 @@ class ProducerDaemon:
         self._out = self._ctx.socket(zmq.PUSH)
         self._out.setsockopt(zmq.SNDHWM, config.sndhwm)
         self._out.setsockopt(zmq.LINGER, 0)
-        self._auth: Optional[ThreadAuthenticator] = None
+        self._auth: Optional[RefusalLoggingAuthenticator] = None
         if config.curve is not None:
-            # Only trainers whose public key is in the authorised folder get through the handshake.
-            self._auth = ThreadAuthenticator(self._ctx)
+            # Only trainers whose public key is in the authorised folder get through the handshake;
+            # refusals are logged with the peer's address.
+            self._auth = RefusalLoggingAuthenticator(self._ctx)
             self._auth.start()
             self._auth.configure_curve(domain="*", location=str(config.curve.authorized_clients_dir))
             self._out.curve_server = True
@@ -112,6 +113,8 @@ class ProducerDaemon:
                 "(tcp://*:PORT binds all interfaces)"
             ) from None
         self.endpoint = self._out.getsockopt(zmq.LAST_ENDPOINT).decode()
+        # Made here, before the forwarding thread owns the socket; drained by run()'s loop.
+        self.handshakes = HandshakeFailureLog(self._out, self.endpoint, curve=config.curve is not None)
         self.producer_id = config.producer_id or f"{socket.gethostname()}:{self.endpoint.rsplit(':', 1)[-1]}#{config.shard}"
         self.stats = StageStats(config.workers, mp.get_context("spawn"))
         self.layout = SlotLayout(config.batch_size, config.image_size, slots=config.sndhwm + 1)
@@ -153,7 +156,8 @@ class ProducerDaemon:
         if cfg.metrics_port is not None:
             batch_bytes = cfg.batch_size * (cfg.image_size * cfg.image_size * 3 + 4 + 8 + 4)
             collector = ProducerCollector(self.stats, batch_bytes, self.producer_id,
-                                          lambda: sum(p.is_alive() for p in procs))
+                                          lambda: sum(p.is_alive() for p in procs),
+                                          handshake_failures=lambda: self.handshakes.failed)
             metrics = MetricsServer(cfg.metrics_port, collector)
             log.info("metrics on http://0.0.0.0:%d/metrics", metrics.port)
         log.info(
@@ -164,6 +168,7 @@ class ProducerDaemon:
         try:
             last, last_t = self.stats.totals(), time.monotonic()
             while not stop.wait(min(0.5, cfg.log_interval)):
+                self.handshakes.drain()
                 if not sender.is_alive():
                     raise RuntimeError("the forwarding thread stopped (see the error above); stopping the producer")
                 for w, p in enumerate(procs):
@@ -188,6 +193,7 @@ class ProducerDaemon:
                     p.kill()
                     p.join(0.5)
             sender.join(1.0)
+            self.handshakes.close()
             for s in (control, self._out):
                 s.close(linger=0)
             if self._auth is not None:

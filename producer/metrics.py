@@ -14,11 +14,13 @@ from .stage_stats import StageStats
 
 
 class ProducerCollector(Collector):
-    """Batches, images, bytes sent, records skipped, per-stage seconds, live workers."""
+    """Batches, images, bytes sent, records skipped, failed handshakes, per-stage seconds, live workers."""
 
-    def __init__(self, stats: StageStats, batch_bytes: int, producer_id: str, workers_alive: Callable[[], int]) -> None:
+    def __init__(self, stats: StageStats, batch_bytes: int, producer_id: str, workers_alive: Callable[[], int],
+                 handshake_failures: Callable[[], int] = lambda: 0) -> None:
         self.stats, self.batch_bytes, self.labels = stats, batch_bytes, {"producer": producer_id}
         self.workers_alive = workers_alive
+        self.handshake_failures = handshake_failures
 
     def collect(self) -> Iterator:
         t = self.stats.totals()
@@ -28,6 +30,8 @@ class ProducerCollector(Collector):
             ("stoker_producer_images_sent", "Images in batches sent", t["images"]),
             ("stoker_producer_bytes_sent", "Array bytes in batches sent", t["batches"] * self.batch_bytes),
             ("stoker_producer_records_skipped", "Corrupt or undecodable records skipped", t["skipped"]),
+            ("stoker_producer_handshake_failures", "Trainer connections refused at the handshake (CurveZMQ)",
+             self.handshake_failures()),
         ):
             c = CounterMetricFamily(name, doc, labels=names)
             c.add_metric([self.labels["producer"]], value)

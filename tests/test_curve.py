@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from stoker.consumer import ZMQInput
+from stoker.consumer import InputTimeoutError, ZMQInput
 from stoker.producer.process import ProducerProcess
 from stoker.protocol.curve import KeyFileError, generate_keypair, load_client_keys, load_server_keys
 
@@ -68,3 +68,42 @@ def test_keys_generate_cli_and_half_configured_curve_is_refused(tmp_path, synth_
     assert (tmp_path / "k" / "hostA.key_secret").stat().st_mode & 0o077 == 0
     half = run("produce", "--lmdb", str(synth_lmdb), "--curve-secret-key", str(tmp_path / "k" / "hostA.key_secret"))
     assert half.returncode == 2 and "go together" in half.stderr
+
+
+def _wait_for_log(producer: ProducerProcess, text: str, seconds: float = 30) -> str:
+    """The producer's log once it contains ``text`` (its main loop drains the monitor every 0.5 s)."""
+    deadline = time.monotonic() + seconds
+    while text not in producer.log_text():
+        assert time.monotonic() < deadline, f"{text!r} not in the producer log:\n{producer.log_text()[-2000:]}"
+        time.sleep(0.1)
+    return producer.log_text()
+
+
+@pytest.mark.parametrize("trainer_keys, trainer_error, producer_warning", [
+    (None, "the producer requires CurveZMQ and this trainer has no keys",
+     "a trainer without CurveZMQ keys tried to connect"),
+    ("stranger", "the producer refused this trainer's CurveZMQ key",
+     "refused a trainer at 127.0.0.1: its CurveZMQ public key"),
+    ("wrong_server", "not that producer's public key", "it most likely holds the wrong server key"),
+], ids=["no-keys", "unauthorised-key", "wrong-server-key"])
+def test_a_failed_curve_handshake_is_named_in_the_error_the_stats_and_the_producer_log(
+        synth_lmdb, keys, tmp_path, trainer_keys, trainer_error, producer_warning):
+    args = ["--workers", "1", "--batch-size", "4", "--image-size", "16",
+            "--curve-secret-key", str(keys["server_secret"]), "--curve-authorized-keys", str(keys["allowed"])]
+    curve = None
+    if trainer_keys == "stranger":
+        curve = load_client_keys(keys["stranger_secret"], keys["server_public"])
+    elif trainer_keys == "wrong_server":
+        other_server_public, _ = generate_keypair(tmp_path / "other", "other-producer")
+        curve = load_client_keys(keys["client_secret"], other_server_public)
+    with ProducerProcess(synth_lmdb, extra_args=args) as producer:
+        with ZMQInput([producer.endpoint], batch_size=4, image_shape=(16, 16, 3), recv_timeout=2, curve=curve) as inp:
+            with pytest.raises(InputTimeoutError) as failure:
+                inp.get()
+            stats = inp.stats
+        assert trainer_error in str(failure.value) and producer.endpoint in str(failure.value)
+        assert "check the producers run" not in str(failure.value)
+        assert stats.handshake_failures >= 1 and trainer_error in stats.last_handshake_error
+        assert stats.batches == 0 and stats.connected_producers == 0
+        log = _wait_for_log(producer, producer_warning)
+    assert log.count(producer_warning) == 1, "the producer's warning must be rate-limited"

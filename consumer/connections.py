@@ -1,0 +1,126 @@
+"""Which producers a PULL socket is really connected to, and why a connection fails.
+
+``ConnectionWatcher`` reads the socket's monitor events (the caller's thread only;
+libzmq sockets are not thread-safe). A producer counts as connected once the ZMTP
+handshake succeeded, not when TCP connected: a trainer without CurveZMQ keys
+reaches a Curve producer over TCP and is then refused at every handshake. Each
+handshake failure is counted and explained in words a user can act on
+(``explain_handshake_failure``), so a timeout can say "the producer requires
+CurveZMQ" rather than "check the producers run".
+
+libzmq drops an endpoint for good after a protocol error (a failed handshake, a
+message over ``MAXMSGSIZE``); the watcher re-connects such an endpoint once it
+has been disconnected for ``revive_after`` seconds with no retry under way.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+log = logging.getLogger("stoker.consumer")
+
+MONITOR_EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
+                  | zmq.EVENT_CONNECT_DELAYED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+                  | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+_HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
+                     zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+_REVIVE_LOG_EVERY_S = 60.0
+
+
+def explain_handshake_failure(event: int, value: int, curve: bool) -> str:
+    """What a failed ZMTP handshake most likely means for a Stoker trainer, and how to fix it.
+
+    ``event``/``value`` are a libzmq monitor event and its value (protocol error code,
+    ZAP status or errno); ``curve`` says whether this trainer uses CurveZMQ keys.
+    """
+    if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+        return (f"the producer refused this trainer's CurveZMQ key (ZAP status {value}): copy this trainer's public "
+                "key file (NAME.key, not NAME.key_secret) into the producer's --curve-authorized-keys folder")
+    if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
+        if curve:
+            return ("this trainer uses CurveZMQ but the producer does not: start the producer with "
+                    "--curve-secret-key and --curve-authorized-keys, or drop the trainer's keys")
+        return ("the producer requires CurveZMQ and this trainer has no keys: pass "
+                "curve=stoker.protocol.curve.load_client_keys(SECRET, SERVER_PUBLIC) to ZMQInput "
+                "(stoker train: --curve-secret-key and --curve-server-key)")
+    if curve:
+        return ("the producer broke off the CurveZMQ handshake: most likely the trainer's server key "
+                "(--curve-server-key) is not that producer's public key")
+    return f"the ZMTP handshake failed (libzmq event {event:#x}, value {value:#x}): is that address a Stoker producer?"
+
+
+@dataclass
+class HandshakeFailures:
+    """Failed handshakes so far: how many, and the latest endpoint and explanation."""
+
+    count: int = 0
+    endpoint: str = ""
+    reason: str = ""
+
+
+class ConnectionWatcher:
+    """Tracks connected producers and failed handshakes of one socket; see the module doc."""
+
+    def __init__(self, sock: zmq.Socket, addresses: Sequence[str], curve: bool, revive_after: float = 1.0) -> None:
+        self.sock = sock
+        self.addresses = list(addresses)
+        self.curve = curve
+        self.revive_after = revive_after
+        self.monitor = sock.get_monitor_socket(MONITOR_EVENTS)
+        self.connected: set[str] = set()
+        self.failures = HandshakeFailures()
+        self.reconnects = 0
+        self._disconnected_at: dict[str, float] = {}
+        self._revive_logged_at: dict[str, float] = {}
+
+    def poll(self) -> bool:
+        """Handle pending monitor events and revive dropped endpoints; True if anything changed."""
+        changed = False
+        while self.monitor.poll(0):
+            event = recv_monitor_message(self.monitor)
+            kind, value = event["event"], event["value"]
+            endpoint = event["endpoint"].decode(errors="replace")
+            if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self.connected.add(endpoint)
+                self._disconnected_at.pop(endpoint, None)
+            elif kind in _HANDSHAKE_FAILED:
+                self.failures.count += 1
+                self.failures.endpoint = endpoint
+                self.failures.reason = explain_handshake_failure(kind, value, self.curve)
+                if self.failures.count == 1:
+                    log.warning("handshake with %s failed: %s", endpoint, self.failures.reason)
+            elif kind == zmq.EVENT_DISCONNECTED:
+                self.connected.discard(endpoint)
+                self._disconnected_at[endpoint] = time.monotonic()
+            elif kind in (zmq.EVENT_CONNECT_RETRIED, zmq.EVENT_CONNECT_DELAYED, zmq.EVENT_CONNECTED):
+                self._disconnected_at.pop(endpoint, None)  # libzmq is retrying by itself
+            changed = True
+        self._revive()
+        return changed
+
+    def _revive(self) -> None:
+        now = time.monotonic()
+        for endpoint, since in list(self._disconnected_at.items()):
+            if now - since <= self.revive_after or endpoint not in self.addresses:
+                continue
+            del self._disconnected_at[endpoint]
+            try:
+                self.sock.disconnect(endpoint)
+            except zmq.ZMQError:
+                pass  # already forgotten by libzmq
+            self.sock.connect(endpoint)
+            self.reconnects += 1
+            if now - self._revive_logged_at.get(endpoint, -_REVIVE_LOG_EVERY_S) >= _REVIVE_LOG_EVERY_S:
+                self._revive_logged_at[endpoint] = now
+                log.warning("re-connecting to %s: libzmq dropped it after a protocol error (a failed handshake or a "
+                            "message over max_message_bytes); %d re-connects so far", endpoint, self.reconnects)
+
+    def close(self) -> None:
+        self.sock.disable_monitor()
+        self.monitor.close(linger=0)
