@@ -1,12 +1,7 @@
-"""Decode and augment one encoded image into a fixed-size RGB uint8 array.
+"""Random-resized-crop, flip and eval transforms into fixed-size RGB uint8 rows.
 
-decode: JPEGs go through simplejpeg (libjpeg-turbo, RGB straight out, pixels
-    identical to OpenCV's decoder); whatever it refuses (PNG, CMYK JPEGs) goes
-    through OpenCV. ``fast_dct=True`` trades exactness for speed (libjpeg-turbo's
-    fast integer IDCT and chroma upsampling, like tf.image's INTEGER_FAST).
-    benchmarks/decoders.py measured the choices: OpenCV, simplejpeg, PyTurboJPEG,
-    reduced-DCT-scale decoding (does not pay on ImageNet-sized photos) and
-    crop-window decoding (does: about a third faster).
+Decoding lives in ``image_decode`` (formats, the pixel limit, EXIF rule); this
+module cuts and resizes.
 train: random-resized-crop (area scale 0.08-1, aspect ratio 3/4-4/3, the
     Inception/torchvision recipe, 10 tries then a centre crop) and a random
     horizontal flip. ``decode_train_crop`` draws the window from the JPEG header
@@ -14,6 +9,9 @@ train: random-resized-crop (area scale 0.08-1, aspect ratio 3/4-4/3, the
     (``CROP_DECODING``), as tf.io.decode_and_crop_jpeg does; the windows are the
     same either way and the pixels differ only in the two columns at each side
     edge of the window (chroma upsampling without the neighbours outside it).
+    benchmarks/decoders.py measured the choices: OpenCV, simplejpeg, PyTurboJPEG,
+    reduced-DCT-scale decoding (does not pay on ImageNet-sized photos) and
+    crop-window decoding (does: about a third faster).
 eval: resize the short side to ``size / 0.875`` (256 for 224), centre crop.
     Deterministic.
 
@@ -28,54 +26,22 @@ import math
 
 import cv2
 import numpy as np
-import simplejpeg
+
+from .image_decode import MAX_PIXELS, DecodeError, decode_rgb, read_image_info
 
 try:  # built from _jpeg_crop.c when libjpeg's headers were there at install time
     from ._jpeg_crop import decode_crop as _decode_crop
 except ImportError:
     _decode_crop = None
 
+__all__ = ["CROP_DECODING", "MAX_PIXELS", "DecodeError", "decode_rgb", "decode_train_crop", "eval_transform",
+           "random_crop_window", "resize_flip_into", "train_transform"]
+
 SCALE = (0.08, 1.0)
 RATIO = (3 / 4, 4 / 3)
 EVAL_CROP_FRACTION = 0.875
-_JPEG_MAGIC = b"\xff\xd8"
-#: Largest image decoded (8192 x 8192): a bigger one in the LMDB is skipped as a decompression bomb
-#: rather than letting a worker allocate gigabytes. OpenCV's own limit (2**30 pixels) guards the rest.
-MAX_PIXELS = 2**26
 #: Whether JPEG crop windows are decoded on their own (the ``_jpeg_crop`` extension is built).
 CROP_DECODING = _decode_crop is not None
-
-
-class DecodeError(ValueError):
-    """The bytes do not decode to an image."""
-
-
-def decode_rgb(data: bytes, fast_dct: bool = False) -> np.ndarray:
-    """Decode encoded image bytes to an RGB uint8 [H, W, 3] array; DecodeError if they are not an image."""
-    jpeg_error = ""
-    if data[:2] == _JPEG_MAGIC:
-        try:
-            _jpeg_size(data)
-            return simplejpeg.decode_jpeg(data, "RGB", fastdct=fast_dct, fastupsample=fast_dct)
-        except DecodeError:
-            raise
-        except ValueError as exc:  # CMYK and other JPEGs libjpeg-turbo will not turn into RGB; OpenCV may
-            jpeg_error = f" (libjpeg-turbo: {exc})"
-    try:
-        bgr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
-    except cv2.error:  # e.g. an empty buffer
-        bgr = None
-    if bgr is None or bgr.ndim != 3 or bgr.shape[0] == 0 or bgr.shape[1] == 0:
-        raise DecodeError(f"neither libjpeg-turbo nor OpenCV can decode the {len(data)} image bytes{jpeg_error}")
-    return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
-
-
-def _jpeg_size(data: bytes) -> tuple[int, int]:
-    """``(height, width)`` from a JPEG header; ValueError if unreadable, DecodeError if too large."""
-    height, width, _, _ = simplejpeg.decode_jpeg_header(data)
-    if height * width > MAX_PIXELS:
-        raise DecodeError(f"JPEG is {width}x{height} pixels, more than the {MAX_PIXELS} allowed")
-    return height, width
 
 
 def decode_train_crop(data: bytes, rng: np.random.Generator, fast_dct: bool = False,
@@ -86,23 +52,14 @@ def decode_train_crop(data: bytes, rng: np.random.Generator, fast_dct: bool = Fa
     otherwise, or if that fails, the whole image is decoded and the window cut out. Either
     way ``rng`` is drawn from identically. DecodeError if the bytes are not an image.
     """
-    if crop_decoding and _decode_crop is not None and data[:2] == _JPEG_MAGIC:
+    info = read_image_info(data)  # DecodeError for anything unsupported or too large, before decoding
+    if crop_decoding and _decode_crop is not None and info.format == "jpeg":
+        y, x, h, w = random_crop_window(info.height, info.width, rng)
         try:
-            height, width = _jpeg_size(data)
-        except DecodeError:
-            raise
-        except ValueError:
-            height = width = 0  # header unreadable: the full decoders say why
-        if height:
-            y, x, h, w = random_crop_window(height, width, rng)
-            try:
-                return np.frombuffer(_decode_crop(data, y, x, h, w, fast_dct), np.uint8).reshape(h, w, 3)
-            except ValueError:  # CMYK, corrupt data: the full decoders' fallbacks and errors apply
-                rgb = decode_rgb(data, fast_dct)
-                if rgb.shape[:2] != (height, width):
-                    raise DecodeError(f"decoded image is {rgb.shape[1]}x{rgb.shape[0]}, header said {width}x{height}")
-                return rgb[y : y + h, x : x + w]
-    rgb = decode_rgb(data, fast_dct)
+            return np.frombuffer(_decode_crop(data, y, x, h, w, fast_dct), np.uint8).reshape(h, w, 3)
+        except ValueError:  # CMYK, corrupt data: the full decoders' fallbacks and errors apply
+            return decode_rgb(data, fast_dct, info)[y : y + h, x : x + w]
+    rgb = decode_rgb(data, fast_dct, info)
     y, x, h, w = random_crop_window(rgb.shape[0], rgb.shape[1], rng)
     return rgb[y : y + h, x : x + w]
 

@@ -1,9 +1,14 @@
 """Build a Stoker LMDB from an image folder (one sub-folder per class) or a list file.
 
-Every file is checked before it is stored: it must be JPEG or PNG, decode with
-OpenCV, and (for JPEG) carry its end-of-image marker. Files that fail are
-reported by path, skipped and counted; the build still publishes the good ones.
-Decoding for the check runs on a thread pool (cv2.imdecode releases the GIL).
+Every file is checked before it is stored, by content, not by file name: it must
+be an image the producers decode (``image_decode``: JPEG, PNG, WebP, BMP, GIF,
+TIFF), within the pixel limit (read from the header, so a decompression bomb is
+refused without decoding it), decode with the producers' own decoder, and (for
+JPEG) carry its end-of-image marker. Nothing is lost silently: every file that is
+not stored (not an image, too large, corrupt, unreadable, a broken link, outside
+any class folder) is reported by path with the reason, and counted; the build
+still publishes the good ones. Checks run on a thread pool (the decoders release
+the GIL).
 """
 
 from __future__ import annotations
@@ -14,14 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Sequence
 
-import cv2
-import numpy as np
 from tqdm import tqdm
 
 from .dataset_format import DatasetMeta
 from .dataset_writer import DatasetWriter
-
-IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".jpe"}
+from .image_decode import DecodeError, decode_rgb, read_image_info, sniff_format
 
 
 class SourceError(ValueError):
@@ -37,29 +39,38 @@ class BuildReport:
 
 
 def check_encoded_image(data: bytes) -> str | None:
-    """Return None if ``data`` is a complete, decodable JPEG/PNG, else the reason it is not."""
-    if data[:3] == b"\xff\xd8\xff":
-        if data.rfind(b"\xff\xd9") < 0:
-            return "truncated JPEG (no end-of-image marker)"
-    elif data[:8] != b"\x89PNG\r\n\x1a\n":
-        return "not a JPEG or PNG file"
-    image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
-    if image is None or image.size == 0:
-        return "OpenCV cannot decode it"
+    """Return None if a producer can decode ``data``, else the reason it cannot (see the module doc)."""
+    if sniff_format(data) == "jpeg" and data.rfind(b"\xff\xd9") < 0:
+        return "truncated JPEG (no end-of-image marker)"
+    try:
+        decode_rgb(data, info=read_image_info(data))
+    except DecodeError as exc:
+        return str(exc)
     return None
 
 
-def scan_folder(src: Path) -> tuple[list[tuple[Path, int]], list[str]]:
-    """Items and class names of an ImageNet-train-style folder (sorted, deterministic)."""
+def scan_folder(src: Path) -> tuple[list[tuple[Path, int]], list[str], list[tuple[str, str]]]:
+    """Items, class names and what was left out of an ImageNet-train-style folder (sorted, deterministic).
+
+    Every regular file under a class folder is an item, whatever its name: its content decides
+    (check_encoded_image). Files outside any class folder and entries that are not regular files
+    (broken links, sockets) are returned as ``(path, reason)`` so the build reports them.
+    """
     classes = sorted(d.name for d in src.iterdir() if d.is_dir())
     if not classes:
         raise SourceError(f"{src} has no class sub-folders; expected SRC/<class>/<image files>")
+    left_out = [(str(p), "not inside a class folder (expected SRC/<class>/<image files>)")
+                for p in sorted(src.iterdir()) if not p.is_dir()]
     items = []
     for label, name in enumerate(classes):
         for path in sorted((src / name).rglob("*")):
-            if path.is_file() and path.suffix.lower() in IMAGE_SUFFIXES:
+            if path.is_file():
                 items.append((path, label))
-    return items, classes
+            elif path.is_symlink() and not path.exists():
+                left_out.append((str(path), "broken symbolic link"))
+            elif not path.is_dir():
+                left_out.append((str(path), "not a regular file"))
+    return items, classes, left_out
 
 
 def scan_list_file(src: Path) -> tuple[list[tuple[Path, int]], list[str]]:
@@ -109,15 +120,16 @@ def build_lmdb(
 ) -> BuildReport:
     """Build ``out`` from folder or list file ``src``; see the module doc for checks."""
     src = Path(src)
+    left_out: list[tuple[str, str]] = []
     if src.is_dir():
-        items, classes = scan_folder(src)
+        items, classes, left_out = scan_folder(src)
     elif src.is_file():
         items, classes = scan_list_file(src)
     else:
         raise SourceError(f"{src} does not exist; pass an image folder or a `path label` list file")
     if not items:
-        raise SourceError(f"{src} holds no .jpg/.jpeg/.png files")
-    report = BuildReport()
+        raise SourceError(f"{src} holds no files in its class folders")
+    report = BuildReport(skipped=list(left_out))
     with DatasetWriter(out, overwrite=overwrite) as writer:
         bar = tqdm(total=len(items), desc="build", unit="img", disable=not progress)
         for path, label, data, reason in _checked(items, threads or os.cpu_count() or 1):

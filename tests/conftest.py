@@ -34,7 +34,7 @@ CHECKSUM_WEIGHTS = np.random.default_rng(1234).integers(1, 2**20, size=(EVAL_SIZ
 
 def expected_eval_image(data: bytes, size: int = EVAL_SIZE) -> np.ndarray:
     """The eval transform written out independently of stoker.producer.augment."""
-    bgr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    bgr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
     h, w = bgr.shape[:2]
     short = round(size / 0.875)
     new_w, new_h = (max(size, round(w * short / h)), short) if h <= w else (short, max(size, round(h * short / w)))

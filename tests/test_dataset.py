@@ -15,7 +15,10 @@ import pytest
 from stoker.producer.dataset_format import META_KEY, DatasetError, LmdbDataset, RecordError
 from stoker.producer.dataset_writer import DatasetWriter
 from stoker.producer.lmdb_build import build_lmdb
+from stoker.producer.image_decode import decode_rgb
 from stoker.producer.synthetic import build_synthetic, synthetic_jpeg
+
+from image_samples import FORMATS, bomb, encode, pattern_image, real_png_bomb
 
 
 def _jpeg(seed: int) -> bytes:
@@ -45,7 +48,7 @@ def image_folder(tmp_path: Path) -> Path:
 def test_folder_build_keeps_encoded_bytes_and_skips_corrupt_files_by_path(image_folder, tmp_path):
     out = tmp_path / "out"
     report = build_lmdb(image_folder, out, progress=False)
-    assert sorted(Path(p).name for p, _ in report.skipped) == ["garbage.jpg", "truncated.jpg"]
+    assert sorted(Path(p).name for p, _ in report.skipped) == ["garbage.jpg", "notes.txt", "truncated.jpg"]
     with LmdbDataset(out) as ds:
         assert ds.meta.count == 7 and ds.meta.classes == ("cat", "dog")
         labels = [ds.read(i)[0] for i in range(len(ds))]
@@ -57,9 +60,53 @@ def test_folder_build_keeps_encoded_bytes_and_skips_corrupt_files_by_path(image_
 def test_cli_build_reports_skipped_files_and_counts(image_folder, tmp_path):
     result = _stoker("lmdb", "build", str(image_folder), str(tmp_path / "out"), "--quiet")
     assert result.returncode == 0, result.stderr
-    assert "wrote 7 records in 2 classes" in result.stdout and "skipped 2 files" in result.stdout
-    assert "garbage.jpg: not a JPEG or PNG file" in result.stdout
+    assert "wrote 7 records in 2 classes" in result.stdout and "skipped 3 files" in result.stdout
+    assert "garbage.jpg: the 20 image bytes are not a JPEG, PNG, WebP, BMP, GIF or TIFF image" in result.stdout
     assert "truncated.jpg: truncated JPEG" in result.stdout
+    assert "notes.txt: the 28 image bytes are not a JPEG" in result.stdout
+
+
+@pytest.fixture(scope="session")
+def png_bomb() -> bytes:
+    return real_png_bomb(10000)
+
+
+def test_folder_build_takes_every_format_by_content_and_names_every_file_it_leaves_out(tmp_path, png_bomb):
+    src = tmp_path / "src"
+    (src / "a").mkdir(parents=True)
+    (src / "b" / "nested").mkdir(parents=True)
+    rgb = pattern_image()
+    for fmt in FORMATS:  # every format the producers decode, whatever the file is called
+        (src / "a" / f"img.{fmt}").write_bytes(encode(fmt, rgb))
+    (src / "b" / "nested" / "no_extension").write_bytes(encode("png", rgb))
+    (src / "b" / "UPPER.PNG").write_bytes(encode("png", rgb))
+    leave_out = {
+        "a/notes.txt": "not a JPEG, PNG, WebP, BMP, GIF or TIFF image",
+        "b/huge.png": "10000x10000 pixels, more than the 67108864 (8192x8192) pixels Stoker decodes",
+        "README.md": "not inside a class folder",
+        "b/dangling.jpg": "broken symbolic link",
+    }
+    for fmt in FORMATS:  # a header claiming 20000 x 20000 in every format
+        (src / "b" / f"bomb.{fmt}").write_bytes(bomb(fmt))
+        leave_out[f"b/bomb.{fmt}"] = "pixels Stoker decodes"
+    (src / "a" / "notes.txt").write_text("train/val split: 90/10\n")
+    (src / "b" / "huge.png").write_bytes(png_bomb)  # a real, valid 10000 x 10000 PNG of 0.3 MB
+    (src / "README.md").write_text("my dataset\n")
+    (src / "b" / "dangling.jpg").symlink_to(src / "gone.jpg")
+    report = build_lmdb(src, tmp_path / "out", progress=False)
+    skipped = {str(Path(p).relative_to(src)): reason for p, reason in report.skipped}
+    assert set(skipped) == set(leave_out)
+    for path, reason in leave_out.items():
+        assert reason in skipped[path], path
+    with LmdbDataset(tmp_path / "out") as ds:
+        assert ds.meta.count == len(FORMATS) + 2 and ds.meta.classes == ("a", "b")
+        for index in range(len(ds)):
+            decoded = decode_rgb(ds.read(index)[1])
+            assert decoded.shape == rgb.shape and np.abs(decoded.astype(int) - rgb).mean() < 40
+    result = _stoker("lmdb", "build", str(src), str(tmp_path / "out2"), "--quiet")
+    assert f"skipped {len(leave_out)} files" in result.stdout
+    for path in leave_out:
+        assert str(src / path) in result.stdout
 
 
 def test_list_file_build(tmp_path):

@@ -13,6 +13,7 @@ from collections import Counter
 from pathlib import Path
 
 import lmdb
+import msgpack
 import numpy as np
 import pytest
 import zmq
@@ -119,7 +120,6 @@ def test_corrupt_records_are_skipped_counted_and_logged_by_key(synth_lmdb, tmp_p
     ds = tmp_path / "corrupt"
     shutil.copytree(synth_lmdb, ds)
     bad = {5: b"\xc1\xc1 not msgpack", 17: None, 40: "bad-image"}
-    import msgpack
 
     env = lmdb.open(str(ds), map_size=1 << 30)
     with env.begin(write=True) as txn:
@@ -144,6 +144,31 @@ def test_corrupt_records_are_skipped_counted_and_logged_by_key(synth_lmdb, tmp_p
         assert f"skipping record {index:08d}" in log
     batches_sent, images_sent, skipped = producer.counters()
     assert skipped >= len(bad)
+
+
+def test_decompression_bombs_in_any_format_are_skipped_and_counted_by_workers(synth_lmdb, tmp_path):
+    """An LMDB written without the builder's checks: workers must refuse bombs from the header, every epoch."""
+    from image_samples import FORMATS, bomb, real_png_bomb
+
+    ds = tmp_path / "bombs"
+    shutil.copytree(synth_lmdb, ds)
+    bombs = {3 + 7 * i: bomb(fmt) for i, fmt in enumerate(FORMATS)}
+    bombs[60] = real_png_bomb(10000)  # valid: an unchecked worker would decode 300 MB of it every epoch
+    env = lmdb.open(str(ds), map_size=1 << 30)
+    with env.begin(write=True) as txn:
+        for index, data in bombs.items():
+            txn.put(b"%08d" % index, msgpack.packb({"label": 1, "image": data}))
+    env.close()
+    args = ["--workers", "2", "--batch-size", "8", "--image-size", "32", "--mode", "eval", "--seed", "2"]
+    with ProducerProcess(ds, extra_args=args) as producer:
+        batches = _receive_epochs([producer.endpoint], epochs=1)
+        assert producer.stop() == 0
+    assert set(_samples(batches, 0)) == set(range(SYNTH_COUNT)) - set(bombs)
+    log = producer.log_text()
+    for index in bombs:
+        line = next(l for l in log.splitlines() if f"skipping record {index:08d}" in l)
+        assert "pixels Stoker decodes" in line, line
+    assert producer.counters()[2] >= len(bombs)
 
 
 def _expected_eval_images(lmdb_path: Path, size: int) -> dict[int, np.ndarray]:
