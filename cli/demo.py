@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from stoker.producer.dataset_cache import cached_dataset
 from stoker.producer.dataset_format import DatasetError, LmdbDataset
 from stoker.producer.process import ProducerProcess
 from stoker.producer.synthetic import build_synthetic
@@ -31,18 +32,24 @@ class DemoConfig:
 
 
 def demo_dataset(cache_dir: Path, records: int) -> Path:
-    """The cached demo LMDB, built on first use (deterministic: seed 0)."""
+    """The cached demo LMDB, built on first use (deterministic: seed 0); safe with several demos at once."""
     path = cache_dir / f"demo-lmdb-{records}"
-    try:
-        with LmdbDataset(path) as ds:
-            if len(ds) == records:
-                print(f"using cached synthetic dataset {path}")
-                return path
-    except DatasetError:
-        pass
-    print(f"building synthetic dataset: {records} JPEGs in {DEMO_CLASSES} classes at {path}")
-    build_synthetic(path, records, seed=0, num_classes=DEMO_CLASSES, overwrite=True)
-    return path
+
+    def usable(p: Path) -> bool:
+        try:
+            with LmdbDataset(p) as ds:
+                return len(ds) == records
+        except DatasetError:
+            return False
+
+    def build(p: Path) -> None:
+        print(f"building synthetic dataset: {records} JPEGs in {DEMO_CLASSES} classes at {p}", flush=True)
+        build_synthetic(p, records, seed=0, num_classes=DEMO_CLASSES, overwrite=True)
+
+    if usable(path):
+        print(f"using cached synthetic dataset {path}")
+        return path
+    return cached_dataset(path, build, usable, say=lambda message: print(message, flush=True))
 
 
 def _alive(pid: int) -> bool:
@@ -53,12 +60,14 @@ def _alive(pid: int) -> bool:
 
 
 def run_demo(config: DemoConfig) -> int:
+    from stoker.consumer.summaries import optional_logdir
     from stoker.consumer.training import TrainConfig, train
 
     started = time.perf_counter()
     cache = Path(config.cache_dir)
     cache.mkdir(parents=True, exist_ok=True)
     lmdb_path = demo_dataset(cache, config.records)
+    logdir = optional_logdir(str(cache / "demo-tensorboard"))  # decided now, not at the first summary
     producers: list[ProducerProcess] = []
     try:
         for i in range(config.producers):
@@ -71,7 +80,7 @@ def run_demo(config: DemoConfig) -> int:
         report = train(TrainConfig(
             addresses=[p.endpoint for p in producers], model="small-cnn", steps=config.steps,
             batch_size=config.batch_size, image_size=config.image_size, num_classes=DEMO_CLASSES,
-            logdir=str(cache / "demo-tensorboard"), log_every=25,
+            logdir=logdir, log_every=25,
         ))
     finally:
         exit_codes = [p.stop() for p in producers]
@@ -81,7 +90,8 @@ def run_demo(config: DemoConfig) -> int:
     print()
     print("=== Stoker demo ===")
     print(report.summary())
-    print(f"TensorBoard: tensorboard --logdir {cache / 'demo-tensorboard'}")
+    if logdir:
+        print(f"TensorBoard: tensorboard --logdir {logdir}")
     clean = all(code == 0 for code in exit_codes) and not leftover_procs and not leftover_threads
     if clean:
         print(f"shutdown: clean ({len(producers)} producers and their {len(child_pids)} child processes exited, "

@@ -65,18 +65,27 @@ def cmd_lmdb_build(args: argparse.Namespace) -> int:
 def cmd_lmdb_synth(args: argparse.Namespace) -> int:
     from stoker.producer.synthetic import build_synthetic
 
-    if args.exist_ok:
-        from stoker.producer.dataset_format import DatasetError, LmdbDataset
+    def build(out: object) -> None:
+        meta = build_synthetic(out, args.count, seed=args.seed, num_classes=args.classes,  # type: ignore[arg-type]
+                               overwrite=args.overwrite or args.exist_ok, progress=not args.quiet)
+        print(f"wrote {meta.count} synthetic JPEGs in {len(meta.classes)} classes to {args.out}")
 
+    if not args.exist_ok:
+        build(args.out)
+        return EXIT_OK
+    from stoker.producer.dataset_cache import cached_dataset
+    from stoker.producer.dataset_format import DatasetError, LmdbDataset
+
+    def usable(out: object) -> bool:
         try:
-            with LmdbDataset(args.out) as ds:
+            with LmdbDataset(out) as ds:  # type: ignore[arg-type]
                 print(f"{args.out} already holds a Stoker dataset of {len(ds)} records; leaving it")
-                return EXIT_OK
+                return True
         except DatasetError:
-            pass
-    meta = build_synthetic(args.out, args.count, seed=args.seed, num_classes=args.classes,
-                           overwrite=args.overwrite or args.exist_ok, progress=not args.quiet)
-    print(f"wrote {meta.count} synthetic JPEGs in {len(meta.classes)} classes to {args.out}")
+            return False
+
+    # Several containers or jobs may run this at once (compose): one builds, the others wait for it.
+    cached_dataset(args.out, build, usable)
     return EXIT_OK
 
 
@@ -149,9 +158,19 @@ def cmd_produce(args: argparse.Namespace) -> int:
 
 # ---- trainer side (needs TensorFlow) -------------------------------------------------------
 
+class MissingExtraError(RuntimeError):
+    """A command needs an optional dependency that is not installed; the message names the extra."""
+
+
 def _quiet_tensorflow() -> None:
+    """Import TensorFlow (MissingExtraError naming the extra if it cannot be) with its C++ logging quieted."""
     # TensorFlow's C++ logging is set only by this variable; users can still override it.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    try:
+        import tensorflow  # noqa: F401
+    except ImportError as exc:
+        raise MissingExtraError(f"this command trains or measures a model and needs TensorFlow ({exc}): install "
+                                "'stoker[train]' on a GPU host or 'stoker[train-cpu]' (data hosts need neither)") from None
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -168,9 +187,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         log_every=args.log_every, metrics_port=args.metrics_port, progress=not args.no_progress,
     )
     from stoker.consumer import InputError
+    from stoker.consumer.summaries import TensorBoardNotInstalledError
 
     try:
         report = train(config)
+    except TensorBoardNotInstalledError as exc:
+        print(f"stoker train: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except InputError as exc:
         print(f"stoker train: error: {exc}", file=sys.stderr)
         return EXIT_FAILURE
@@ -472,7 +495,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)
-    except (DatasetError, SourceError, BindError, ValueError, FileNotFoundError) as exc:
+    except (DatasetError, SourceError, BindError, ValueError, FileNotFoundError, MissingExtraError) as exc:
         print(f"stoker {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except PermissionError as exc:

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import tensorflow as tf
 
+from .summaries import require_tensorboard
+
 if TYPE_CHECKING:
     from .zmq_input import ZMQInput
 
@@ -19,9 +21,12 @@ class ZMQInputCallback(tf.keras.callbacks.Callback):
 
     Keras treats an exhausted dataset as the end of an epoch; this callback turns
     that into the input's own error (timeout naming the producers) at epoch end.
+    Raises TensorBoardNotInstalledError at construction if ``logdir`` is set and
+    TensorBoard is not installed.
     """
 
     def __init__(self, inp: "ZMQInput", log_every: int = 50, logdir: Optional[str] = None) -> None:
+        require_tensorboard(logdir, "ZMQInput.keras_callback(logdir=...)")
         super().__init__()
         self.inp = inp
         self.log_every = log_every

@@ -19,6 +19,7 @@ from stoker.protocol.curve import CurveClientKeys
 
 from .interrupts import close_on_signal
 from .models import build_model
+from .summaries import require_tensorboard
 from .zmq_input import InputStats, ZMQInput
 
 log = logging.getLogger("stoker.consumer")
@@ -89,9 +90,11 @@ class TrainReport:
 def train(config: TrainConfig) -> TrainReport:
     """Train ``config.model`` for ``config.steps`` steps on batches from ``config.addresses``.
 
-    Raises InputTimeoutError if producers are silent for ``recv_timeout``;
+    Raises TensorBoardNotInstalledError before anything starts if ``logdir`` is set and
+    TensorBoard is missing; InputTimeoutError if producers are silent for ``recv_timeout``;
     KeyboardInterrupt on Ctrl-C/SIGTERM, after closing the input promptly.
     """
+    require_tensorboard(config.logdir, "training with a log directory (stoker train --logdir)")
     keras = tf.keras
     model = build_model(config.model, config.image_size, config.num_classes)
     optimizer = keras.optimizers.Adam(config.learning_rate)
@@ -133,10 +136,11 @@ def train(config: TrainConfig) -> TrainReport:
                     bar.set_postfix(img_s=f"{rate:.0f}", queue=f"{occupancy:.2f}", loss=f"{float(loss):.3f}")
                     if not config.progress:
                         log.info("step=%d images_per_s=%.1f queue_occupancy=%.2f loss=%.3f", i, rate, occupancy, float(loss))
-                    inp.write_summaries(i)
-                    tf.summary.scalar("train/loss", loss, step=i)
-                    tf.summary.scalar("train/accuracy", accuracy, step=i)
-                    tf.summary.scalar("stoker/images_per_s", rate, step=i)
+                    if config.logdir:  # tf.summary needs TensorBoard even with a no-op writer
+                        inp.write_summaries(i)
+                        tf.summary.scalar("train/loss", loss, step=i)
+                        tf.summary.scalar("train/accuracy", accuracy, step=i)
+                        tf.summary.scalar("stoker/images_per_s", rate, step=i)
                 bar.update(1)
             final_loss, final_accuracy = float(loss), float(accuracy)
         bar.close()
