@@ -52,7 +52,19 @@ def explain_handshake_failure(event: int, value: int, curve: bool) -> str:
     if curve:
         return ("the producer broke off the CurveZMQ handshake: most likely the trainer's server key "
                 "(--curve-server-key) is not that producer's public key")
+    if event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+        # The same mismatch as above when the producer hangs up before we read its greeting (a race).
+        return ("the producer broke off the handshake, most likely because the producer requires CurveZMQ and this "
+                "trainer has no keys: pass curve=stoker.protocol.curve.load_client_keys(SECRET, SERVER_PUBLIC) to "
+                "ZMQInput (stoker train: --curve-secret-key and --curve-server-key), or check the address is a "
+                "Stoker producer")
     return f"the ZMTP handshake failed (libzmq event {event:#x}, value {value:#x}): is that address a Stoker producer?"
+
+
+def _is_definitive(event: int, value: int) -> bool:
+    """Failures that name their cause; a hang-up (NO_DETAIL) only suggests one."""
+    return event == zmq.EVENT_HANDSHAKE_FAILED_AUTH or (
+        event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
 
 
 @dataclass
@@ -78,6 +90,7 @@ class ConnectionWatcher:
         self.reconnects = 0
         self._disconnected_at: dict[str, float] = {}
         self._revive_logged_at: dict[str, float] = {}
+        self._definitive: set[str] = set()  # endpoints whose failure cause is known for sure
 
     def poll(self) -> bool:
         """Handle pending monitor events and revive dropped endpoints; True if anything changed."""
@@ -91,8 +104,12 @@ class ConnectionWatcher:
                 self._disconnected_at.pop(endpoint, None)
             elif kind in _HANDSHAKE_FAILED:
                 self.failures.count += 1
-                self.failures.endpoint = endpoint
-                self.failures.reason = explain_handshake_failure(kind, value, self.curve)
+                # A hang-up races with the greeting and only suggests a cause: it never replaces a known one.
+                if _is_definitive(kind, value) or endpoint not in self._definitive:
+                    self.failures.endpoint = endpoint
+                    self.failures.reason = explain_handshake_failure(kind, value, self.curve)
+                if _is_definitive(kind, value):
+                    self._definitive.add(endpoint)
                 if self.failures.count == 1:
                     log.warning("handshake with %s failed: %s", endpoint, self.failures.reason)
             elif kind == zmq.EVENT_DISCONNECTED:

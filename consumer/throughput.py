@@ -28,7 +28,11 @@ class LinkRate:
 
 def measure_link(addresses: Sequence[str], seconds: float = 5.0, warmup_batches: int = 3,
                  timeout: float = 30.0) -> LinkRate:
-    """Receive from every producer for ``seconds`` after a warm-up; TimeoutError if nothing arrives."""
+    """Receive from every producer for ``seconds`` after a warm-up.
+
+    TimeoutError if no valid batch arrives within ``timeout`` (checked on every message, so a
+    stream of malformed ones cannot keep it waiting), naming the last rejection if there was one.
+    """
     ctx = zmq.Context()
     sock = ctx.socket(zmq.PULL)
     sock.setsockopt(zmq.RCVHWM, 4)
@@ -36,17 +40,20 @@ def measure_link(addresses: Sequence[str], seconds: float = 5.0, warmup_batches:
         for a in addresses:
             sock.connect(a)
         seen, images, nbytes, batches, t0 = 0, 0, 0, 0, None
+        rejected, last_rejection = 0, ""
         per: dict[str, int] = {}
         deadline = time.monotonic() + timeout
         while t0 is None or time.perf_counter() - t0 < seconds:
-            if not sock.poll(1000):
-                if time.monotonic() > deadline and t0 is None:
-                    raise TimeoutError(f"no batch from {', '.join(addresses)} within {timeout:g} s")
+            if t0 is None and time.monotonic() > deadline:
+                why = f"; {rejected} malformed message(s) rejected, the last: {last_rejection}" if rejected else ""
+                raise TimeoutError(f"no valid batch from {', '.join(addresses)} within {timeout:g} s{why}")
+            if not sock.poll(200):
                 continue
             frames = sock.recv_multipart(copy=False)
             try:
                 batch = decode_batch(frames)
-            except ProtocolError:
+            except ProtocolError as exc:
+                rejected, last_rejection = rejected + 1, str(exc)
                 continue
             seen += 1
             if seen == warmup_batches:

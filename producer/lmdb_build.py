@@ -14,6 +14,7 @@ the GIL).
 from __future__ import annotations
 
 import os
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,10 +106,21 @@ def _load_and_check(path: Path) -> tuple[bytes | None, str | None]:
 
 
 def _checked(items: Sequence[tuple[Path, int]], threads: int) -> Iterator[tuple[Path, int, bytes | None, str | None]]:
+    """Items with their bytes (or the reason they are unusable), in source order (deterministic indices).
+
+    At most ``4 * threads`` files are read ahead, so memory stays bounded however many there are.
+    """
+    window = 4 * threads
     with ThreadPoolExecutor(max_workers=threads) as pool:
-        # map() keeps source order, so record indices are deterministic.
-        for (path, label), (data, reason) in zip(items, pool.map(_load_and_check, (p for p, _ in items))):
-            yield path, label, data, reason
+        pending: deque = deque()
+        for path, label in items:
+            pending.append((path, label, pool.submit(_load_and_check, path)))
+            if len(pending) >= window:
+                done_path, done_label, future = pending.popleft()
+                yield done_path, done_label, *future.result()
+        while pending:
+            done_path, done_label, future = pending.popleft()
+            yield done_path, done_label, *future.result()
 
 
 def build_lmdb(

@@ -17,8 +17,8 @@ import numpy as np
 
 from stoker.protocol import encode_batch
 
-from .augment import decode_train_crop, resize_flip_into
-from .dataset_format import LmdbDataset
+from .augment import DecodeError, decode_train_crop, resize_flip_into
+from .dataset_format import DatasetError, LmdbDataset, RecordError
 
 
 @dataclass(frozen=True)
@@ -30,12 +30,15 @@ class StageRates:
     augment: float
     serialize: float
     pipeline: float
+    skipped: int = 0  # records left out because they are corrupt or undecodable, as workers skip them
 
     def table(self) -> str:
         rows = [(name, getattr(self, name)) for name in ("read", "decode", "augment", "serialize", "pipeline")]
         slowest = min(rows[:4], key=lambda r: r[1])[0]
         lines = [f"{'stage':<10} | {'images/s (1 core)':>17}", "-" * 30]
         lines += [f"{n:<10} | {v:>17.0f}{'  <- slowest' if n == slowest else ''}" for n, v in rows]
+        if self.skipped:
+            lines.append(f"({self.skipped} corrupt or undecodable records skipped, as the workers skip them)")
         return "\n".join(lines)
 
 
@@ -55,9 +58,20 @@ def measure_stages(lmdb_path: str, image_size: int = 224, batch_size: int = 64, 
     cv2.setNumThreads(1)
     rng = np.random.default_rng(0)
     with LmdbDataset(lmdb_path) as ds:
-        count = min(records, len(ds))
-        raw = [ds.read(i)[1] for i in range(count)]
-        read = _rate(lambda i: ds.read(i), count, seconds)
+        raw, good, skipped = [], [], 0
+        for index in range(min(records, len(ds))):
+            try:
+                data = ds.read(index)[1]
+                decode_train_crop(data, rng)
+            except (RecordError, DecodeError):
+                skipped += 1
+                continue
+            raw.append(data)
+            good.append(index)
+        if not raw:
+            raise DatasetError(f"none of the first {skipped} records of {lmdb_path} decodes; nothing to measure")
+        count = len(raw)
+        read = _rate(lambda i: ds.read(good[i]), count, seconds)
     crops = [decode_train_crop(d, rng) for d in raw]
     out = np.empty((image_size, image_size, 3), np.uint8)
     decode = _rate(lambda i: decode_train_crop(raw[i], rng), count, seconds)
@@ -70,4 +84,5 @@ def measure_stages(lmdb_path: str, image_size: int = 224, batch_size: int = 64, 
         resize_flip_into(decode_train_crop(raw[i], rng), image_size, rng, out)
 
     pipeline = 1.0 / (1.0 / read + 1.0 / _rate(whole, count, seconds) + 1.0 / serialize)
-    return StageRates(read=read, decode=decode, augment=augment, serialize=serialize, pipeline=pipeline)
+    return StageRates(read=read, decode=decode, augment=augment, serialize=serialize, pipeline=pipeline,
+                      skipped=skipped)

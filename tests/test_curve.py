@@ -7,6 +7,7 @@ import sys
 import time
 
 import pytest
+import zmq
 
 from stoker.consumer import InputTimeoutError, ZMQInput
 from stoker.producer.process import ProducerProcess
@@ -107,3 +108,19 @@ def test_a_failed_curve_handshake_is_named_in_the_error_the_stats_and_the_produc
         assert stats.batches == 0 and stats.connected_producers == 0
         log = _wait_for_log(producer, producer_warning)
     assert log.count(producer_warning) == 1, "the producer's warning must be rate-limited"
+
+
+@pytest.mark.parametrize("event, value, curve, says", [
+    (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH, False,
+     "the producer requires CurveZMQ and this trainer has no keys"),
+    # The same mistake when the producer hangs up before the trainer reads its greeting (a race in libzmq).
+    (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, 32, False, "the producer requires CurveZMQ and this trainer has no keys"),
+    (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH, True,
+     "this trainer uses CurveZMQ but the producer does not"),
+    (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, 32, True, "not that producer's public key"),
+    (zmq.EVENT_HANDSHAKE_FAILED_AUTH, 400, True, "copy this trainer's public key file"),
+])
+def test_every_handshake_failure_is_explained_with_a_fix(event, value, curve, says):
+    from stoker.consumer.connections import explain_handshake_failure
+
+    assert says in explain_handshake_failure(event, value, curve)

@@ -183,3 +183,20 @@ def test_info_prints_count_classes_version_and_samples(synth_lmdb):
     assert result.returncode == 0, result.stderr
     assert "records:  96" in result.stdout and "version 1" in result.stdout
     assert result.stdout.count("jpeg") == 3
+
+
+def test_stage_benchmark_skips_undecodable_records_as_the_workers_do(synth_lmdb, tmp_path):
+    import shutil
+
+    from stoker.producer.stage_bench import measure_stages
+
+    ds = tmp_path / "ds"
+    shutil.copytree(synth_lmdb, ds)
+    env = lmdb.open(str(ds), map_size=1 << 30)
+    with env.begin(write=True) as txn:
+        txn.put(b"00000001", msgpack.packb({"label": 0, "image": bomb("png")}))
+        txn.put(b"00000002", b"\xc1 not msgpack")
+    env.close()
+    rates = measure_stages(str(ds), image_size=32, batch_size=4, seconds=0.05, records=8)
+    assert rates.skipped == 2 and rates.pipeline > 0
+    assert "2 corrupt or undecodable records skipped" in rates.table()

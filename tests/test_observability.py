@@ -39,7 +39,8 @@ def _value(metrics: dict[str, float], prefix: str) -> float:
 def test_producer_and_trainer_metrics_are_scraped_and_status_names_the_bottleneck(synth_lmdb):
     port = _free_port()
     with ProducerProcess(synth_lmdb, extra_args=[*ARGS, "--metrics-port", str(port)]) as producer, \
-            ZMQInput([producer.endpoint], batch_size=8, image_shape=(32, 32, 3), recv_timeout=30) as inp:
+            ZMQInput([producer.endpoint], batch_size=8, image_shape=(32, 32, 3), recv_timeout=30,
+                     queue_capacity=8) as inp:
         trainer_port = inp.serve_metrics(0)
         for _ in range(20):
             inp.get()
@@ -54,7 +55,10 @@ def test_producer_and_trainer_metrics_are_scraped_and_status_names_the_bottlenec
         assert "stoker_trainer_queue_occupancy[]" in received
         assert _value(received, "stoker_trainer_protocol_errors_total") == 0
         # Nobody consumes now, so the queue fills: status must call it training-bound.
-        time.sleep(1)
+        deadline = time.monotonic() + 60
+        while inp.queue_size() < inp.queue_capacity:
+            assert time.monotonic() < deadline, "the queue never filled"
+            time.sleep(0.05)
         out = subprocess.run([sys.executable, "-m", "stoker.cli.main", "status", "--metrics",
                               f"127.0.0.1:{port},http://127.0.0.1:{trainer_port}/metrics", "--interval", "1"],
                              capture_output=True, text=True, timeout=60)

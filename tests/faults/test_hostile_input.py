@@ -128,3 +128,34 @@ def test_message_over_the_socket_limit_never_reaches_python_and_the_peer_recover
     finally:
         push.close(0)
         ctx.term()
+
+
+def test_link_measurement_gives_up_on_a_peer_that_sends_only_malformed_messages():
+    """`stoker bench link` and `doctor` must end like the trainer does, whatever keeps arriving."""
+    import threading
+
+    from stoker.consumer.throughput import measure_link
+
+    ctx = zmq.Context()
+    push = ctx.socket(zmq.PUSH)
+    push.setsockopt(zmq.SNDHWM, 10)
+    port = push.bind_to_random_port("tcp://127.0.0.1")
+    stop = threading.Event()
+
+    def flood():
+        while not stop.is_set():
+            try:
+                push.send_multipart([b"not a header", b"x"], flags=zmq.NOBLOCK)
+            except zmq.Again:
+                time.sleep(0.001)
+
+    sender = threading.Thread(target=flood, daemon=True)
+    sender.start()
+    try:
+        with pytest.raises(TimeoutError, match=r"no valid batch .* within 2 s; \d+ malformed message\(s\) rejected"):
+            measure_link([f"tcp://127.0.0.1:{port}"], seconds=1, timeout=2)
+    finally:
+        stop.set()
+        sender.join(5)
+        push.close(0)
+        ctx.term()
