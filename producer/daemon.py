@@ -21,6 +21,7 @@ import os
 import secrets
 import shutil
 import socket
+import sys
 import tempfile
 import threading
 import time
@@ -42,6 +43,18 @@ from .stage_stats import StageStats, rate_report
 from .worker import WorkerConfig, run_worker
 
 log = logging.getLogger("stoker.producer")
+
+
+def _control_endpoint() -> tuple[Optional[str], str]:
+    """``(folder to remove or None, endpoint)`` of the workers' control socket.
+
+    On Linux an abstract-namespace socket: no file at all, so even a SIGKILLed daemon leaves
+    nothing behind. Elsewhere a socket file in a fresh temporary folder, removed on exit.
+    """
+    if sys.platform.startswith("linux"):
+        return None, f"ipc://@stoker-producer-{os.getpid()}-{secrets.token_hex(8)}"
+    folder = tempfile.mkdtemp(prefix="stoker-producer-")
+    return folder, f"ipc://{folder}/workers.sock"
 
 
 class BindError(RuntimeError):
@@ -123,8 +136,7 @@ class ProducerDaemon:
         """Serve until ``stop`` is set; then stop everything and return. Never returns early on bad data."""
         cfg = self.config
         spawn = mp.get_context("spawn")
-        ipc_dir = tempfile.mkdtemp(prefix="stoker-producer-")
-        internal = f"ipc://{ipc_dir}/workers.sock"
+        ipc_dir, internal = _control_endpoint()
         control = self._ctx.socket(zmq.ROUTER)
         control.setsockopt(zmq.ROUTER_MANDATORY, 1)
         control.setsockopt(zmq.LINGER, 0)
@@ -199,6 +211,7 @@ class ProducerDaemon:
             if self._auth is not None:
                 self._auth.stop()
             self._ctx.term()
-            shutil.rmtree(ipc_dir, ignore_errors=True)
+            if ipc_dir is not None:
+                shutil.rmtree(ipc_dir, ignore_errors=True)
             log.info("stopped: %d batches, %d images sent, %d records skipped",
                      *(int(self.stats.totals()[k]) for k in ("batches", "images", "skipped")))

@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 _SERVING_RE = re.compile(r"serving .* on (\S+): ")
 _STOPPED_RE = re.compile(r"stopped: (\d+) batches, (\d+) images sent, (\d+) records skipped")
@@ -31,13 +31,16 @@ class ProducerProcess:
 
     def __init__(self, lmdb_path: str | os.PathLike, bind: str = "tcp://127.0.0.1:*",
                  extra_args: Sequence[str] = (), start_timeout: float = 60.0,
-                 log_path: str | os.PathLike | None = None, command_prefix: Sequence[str] = ()) -> None:
-        """``command_prefix`` runs the daemon through another command, e.g. ``ip netns exec NS``."""
+                 log_path: str | os.PathLike | None = None, command_prefix: Sequence[str] = (),
+                 env: Mapping[str, str] | None = None) -> None:
+        """``command_prefix`` runs the daemon through another command, e.g. ``ip netns exec NS``;
+        ``env`` replaces its environment (default: this process's)."""
         self.args = [*command_prefix, sys.executable, "-m", "stoker.cli.main", "produce", "--lmdb", str(lmdb_path),
                      "--bind", bind, *extra_args]
         self.log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="stoker-producer-", suffix=".log")[1])
         self._log = open(self.log_path, "wb")  # truncate: an old "serving" line must not be mistaken for ours
-        self.proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     env=dict(env) if env is not None else None)
         self.endpoint = self._wait_for_endpoint(start_timeout)
 
     def log_text(self) -> str:

@@ -264,11 +264,12 @@ def _process_exists(pid: int) -> bool:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_signal_stops_daemon_and_every_worker_within_two_seconds(synth_lmdb, sig):
-    import tempfile
-
-    socket_dirs_before = set(Path(tempfile.gettempdir()).glob("stoker-producer-*/"))
-    producer = ProducerProcess(synth_lmdb, extra_args=["--workers", "2", "--batch-size", "4", "--image-size", "32"])
+def test_signal_stops_daemon_and_every_worker_within_two_seconds(synth_lmdb, sig, tmp_path):
+    # A temporary folder of its own: what other processes on this machine do to /tmp is no concern here.
+    private_tmp = tmp_path / "tmp"
+    private_tmp.mkdir()
+    producer = ProducerProcess(synth_lmdb, extra_args=["--workers", "2", "--batch-size", "4", "--image-size", "32"],
+                               log_path=tmp_path / "producer.log", env={**os.environ, "TMPDIR": str(private_tmp)})
     deadline = time.monotonic() + 20
     while len(producer.child_pids()) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -282,8 +283,17 @@ def test_signal_stops_daemon_and_every_worker_within_two_seconds(synth_lmdb, sig
     assert producer.proc.returncode == 0
     time.sleep(0.1)
     assert not [pid for pid in workers if _process_exists(pid)], "worker processes left behind"
-    assert set(Path(tempfile.gettempdir()).glob("stoker-producer-*/")) == socket_dirs_before, "ipc socket left behind"
+    assert not list(private_tmp.iterdir()), "files left behind"
     producer.stop()
+
+
+def test_a_killed_daemon_leaves_no_file_behind(synth_lmdb, tmp_path):
+    private_tmp = tmp_path / "tmp"
+    private_tmp.mkdir()
+    producer = ProducerProcess(synth_lmdb, extra_args=["--workers", "1", "--batch-size", "4", "--image-size", "32"],
+                               log_path=tmp_path / "producer.log", env={**os.environ, "TMPDIR": str(private_tmp)})
+    producer.kill()  # no chance to clean up
+    assert not list(private_tmp.iterdir()), "a SIGKILLed producer left files behind"
 
 
 def test_workers_die_with_a_killed_daemon(synth_lmdb):
