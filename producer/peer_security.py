@@ -87,6 +87,24 @@ class RefusalLoggingAuthenticator(ThreadAuthenticator):
                         address, key, status_text.decode(errors="replace"), total)
 
 
+def classify_handshake_failure(kind: int, value: int, curve: bool) -> tuple[str, str]:
+    """``(category, explanation)`` of a failed handshake seen by a producer (the rate limit is per category).
+
+    A mechanism mismatch and a decryption failure name their cause; a hang-up does not: a trainer
+    without keys, or with the wrong server key, may close before we read its greeting (a race).
+    """
+    if kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
+        return "mismatch", ("a trainer without CurveZMQ keys tried to connect (this producer requires them)" if curve
+                            else "a trainer using CurveZMQ tried to connect (this producer has no keys)")
+    if kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and value == zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC:
+        return "crypto", ("a trainer's CurveZMQ handshake failed to decrypt: it holds the wrong server key "
+                          "(its --curve-server-key must be this producer's public key)")
+    if kind == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+        return "hangup", "a trainer hung up during the handshake" + (
+            " (most likely it has no CurveZMQ keys, or the wrong server key)" if curve else "")
+    return f"other-{kind}", f"a peer's handshake failed ({_FAILED.get(kind, kind)}, code {value:#x})"
+
+
 class HandshakeFailureLog:
     """Reads a bound socket's monitor for failed handshakes; ``drain()`` from one thread only."""
 
@@ -104,16 +122,9 @@ class HandshakeFailureLog:
             self.failed += 1
             if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
                 continue  # the authenticator already named the peer
-            if not self._should_warn("handshake"):
+            category, why = classify_handshake_failure(kind, value, self.curve)
+            if not self._should_warn(category):  # per cause: an ambiguous warning never hides a clear one
                 continue
-            if kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
-                why = ("a trainer without CurveZMQ keys tried to connect (this producer requires them)" if self.curve
-                       else "a trainer using CurveZMQ tried to connect (this producer has no keys)")
-            elif self.curve:
-                why = ("a trainer's CurveZMQ handshake failed: it most likely holds the wrong server key "
-                       "(its --curve-server-key must be this producer's public key)")
-            else:
-                why = f"a peer's handshake failed ({_FAILED.get(kind, kind)}, code {value:#x})"
             log.warning("%s on %s; %d failed handshakes in all (libzmq does not report the peer's address for "
                         "these)", why, self.endpoint, self.failed)
 
