@@ -39,7 +39,8 @@ from producer_throughput import delivered  # noqa: E402
 def write_tfrecord(lmdb_path: Path, out: Path) -> None:
     with LmdbDataset(lmdb_path) as ds, tf.io.TFRecordWriter(str(out)) as writer:
         for i in range(len(ds)):
-            label, data = ds.read(i)
+            record = ds.read(i)
+            label, data = record["label"], record["image"]
             example = tf.train.Example(features=tf.train.Features(feature={
                 "image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[data])),
                 "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label]))}))

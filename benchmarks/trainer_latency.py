@@ -96,7 +96,7 @@ def run_model(name: str, lmdb_path: Path, batch: int, size: int, steps: int, war
 
     cv2.setNumThreads(1)
     with LmdbDataset(lmdb_path) as ds:
-        raw = [ds.read(i) for i in range(len(ds))]
+        raw = [(r["label"], r["image"]) for r in (ds.read(i) for i in range(len(ds)))]
     feed_train = tf.function(make_train_step(make_model(name, size, classes)))
     out = np.empty((batch, size, size, 3), np.uint8)
     labels = np.empty(batch, np.int32)

@@ -30,6 +30,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _key_value(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key.strip(), value
+
+
 def _setup_logging(verbose: bool, fmt: str) -> None:
     from stoker.producer.logs import configure_logging
 
@@ -54,11 +61,14 @@ def stop_event_on_signals() -> threading.Event:
 def cmd_lmdb_build(args: argparse.Namespace) -> int:
     from stoker.producer.lmdb_build import build_lmdb
 
-    report = build_lmdb(args.src, args.out, overwrite=args.overwrite, threads=args.threads, progress=not args.quiet)
+    report = build_lmdb(args.src, args.out, overwrite=args.overwrite, threads=args.threads, progress=not args.quiet,
+                        jsonl=args.jsonl, image_fields=args.image_field or ["image"], task=args.task)
     meta = report.meta
-    print(f"wrote {meta.count} records in {len(meta.classes)} classes to {args.out}; skipped {len(report.skipped)} files")
+    classes = f" in {len(meta.classes)} classes" if meta.classes else ""
     for path, reason in report.skipped:
         print(f"  skipped {path}: {reason}")
+    print(f"wrote {meta.count} records{classes} to {args.out}; skipped {len(report.skipped)} "
+          f"{'lines' if args.jsonl else 'files'}")
     return EXIT_OK
 
 
@@ -67,8 +77,8 @@ def cmd_lmdb_synth(args: argparse.Namespace) -> int:
 
     def build(out: object) -> None:
         meta = build_synthetic(out, args.count, seed=args.seed, num_classes=args.classes,  # type: ignore[arg-type]
-                               overwrite=args.overwrite or args.exist_ok, progress=not args.quiet)
-        print(f"wrote {meta.count} synthetic JPEGs in {len(meta.classes)} classes to {args.out}")
+                               overwrite=args.overwrite or args.exist_ok, progress=not args.quiet, task=args.task)
+        print(f"wrote {meta.count} synthetic {args.task} records in {len(meta.classes)} classes to {args.out}")
 
     if not args.exist_ok:
         build(args.out)
@@ -89,30 +99,53 @@ def cmd_lmdb_synth(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _describe_value(value: object) -> str:
+    import numpy as np
+
+    from stoker.producer.image_decode import DecodeError, read_image_info, sniff_format
+
+    if isinstance(value, bytes):
+        if sniff_format(value) is None:
+            return f"{len(value)} bytes"
+        try:  # the header only: fast, and safe against decompression bombs
+            info = read_image_info(value)
+            return f"{info.format} {len(value) / 1e3:.1f} KB {info.width}x{info.height}"
+        except DecodeError as exc:
+            return f"UNDECODABLE ({exc})"
+    if isinstance(value, np.ndarray):
+        return f"{value.dtype} {list(value.shape)}"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def cmd_lmdb_info(args: argparse.Namespace) -> int:
     from stoker.producer.dataset_format import LmdbDataset, RecordError
-    from stoker.producer.image_decode import DecodeError, read_image_info
 
     with LmdbDataset(args.path) as ds:
         meta = ds.meta
         print(f"path:     {args.path}")
         print(f"format:   stoker-lmdb version {meta.version}")
         print(f"records:  {meta.count}")
-        print(f"classes:  {len(meta.classes)} ({', '.join(meta.classes[:8])}{', ...' if len(meta.classes) > 8 else ''})")
+        if meta.task:
+            print(f"task:     {meta.task}")
+        print("fields:   " + ", ".join(f"{name} ({kind})" for name, kind in meta.fields.items()))
+        if meta.classes:
+            print(f"classes:  {len(meta.classes)} ({', '.join(meta.classes[:8])}{', ...' if len(meta.classes) > 8 else ''})")
         print(f"size:     {ds.size_bytes() / 1e6:.1f} MB on disk")
         step = max(1, meta.count // max(1, args.samples))
         for index in range(0, meta.count, step)[: args.samples]:
             try:
-                label, data = ds.read(index)
+                record = ds.read(index)
             except RecordError as exc:
                 print(f"  {index:08d}: CORRUPT ({exc})")
                 continue
-            try:  # the header only: fast, and safe against decompression bombs
-                info = read_image_info(data)
-                image = f"{info.format} {len(data) / 1e3:.1f} KB, {info.width}x{info.height}"
-            except DecodeError as exc:
-                image = f"UNDECODABLE ({exc})"
-            print(f"  {index:08d}: label {label} ({meta.classes[label]}), {image}")
+            fields = []
+            for name, value in record.items():
+                described = _describe_value(value)
+                if name == "label" and meta.classes and isinstance(value, int) and 0 <= value < len(meta.classes):
+                    described += f" ({meta.classes[value]})"
+                fields.append(f"{name}: {described}")
+            print(f"  {index:08d}: " + ", ".join(fields))
     return EXIT_OK
 
 
@@ -145,7 +178,8 @@ def cmd_produce(args: argparse.Namespace) -> int:
              if _pair(args, "curve_secret_key", "curve_authorized_keys") else None)
     config = ProducerConfig(curve=curve,
         lmdb_path=args.lmdb, bind=args.bind, workers=args.workers, batch_size=args.batch_size,
-        image_size=args.image_size, mode=args.mode, shard=ShardSpec.parse(args.shard), seed=args.seed,
+        image_size=args.image_size, mode=args.mode, pipeline=args.pipeline,
+        pipeline_args=tuple(args.pipeline_arg or ()), shard=ShardSpec.parse(args.shard), seed=args.seed,
         sndhwm=args.sndhwm, log_interval=args.log_interval, producer_id=args.id,
         metrics_port=args.metrics_port, log_format=getattr(args, "log_format", "text"),
         repeat_batches=args.repeat_batches,
@@ -226,7 +260,8 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 def cmd_bench_producer(args: argparse.Namespace) -> int:
     from stoker.producer.stage_bench import measure_stages
 
-    rates = measure_stages(args.lmdb, image_size=args.image_size, batch_size=args.batch_size, seconds=args.seconds)
+    rates = measure_stages(args.lmdb, image_size=args.image_size, batch_size=args.batch_size, seconds=args.seconds,
+                           pipeline=args.pipeline, pipeline_args=dict(args.pipeline_arg or ()), mode=args.mode)
     print(rates.table())
     return EXIT_OK
 
@@ -313,19 +348,29 @@ def build_parser() -> argparse.ArgumentParser:
                         "Every file not stored (not an image, over 8192x8192 pixels, corrupt, unreadable, outside a "
                         "class folder) is listed by path with the reason, and counted. The result appears at OUT "
                         "only when complete.")
-    b.add_argument("src", help="image folder (SRC/<class>/<files>) or list file")
+    b.add_argument("src", help="image folder (SRC/<class>/<files>), list file, or with --jsonl a JSON-lines file")
     b.add_argument("out", help="output LMDB directory")
+    b.add_argument("--jsonl", action="store_true",
+                   help="SRC is JSON lines: one object per line, image fields holding paths relative to SRC's folder, "
+                   "other fields stored as their JSON values (e.g. {\"image\": \"a.jpg\", \"boxes\": [[x1, y1, "
+                   "x2, y2]], \"classes\": [3]})")
+    b.add_argument("--image-field", action="append", metavar="NAME",
+                   help="with --jsonl: a field holding an image path (repeatable; default: image)")
+    b.add_argument("--task", default="", help="task name stored in the metadata (e.g. detection)")
     b.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     b.add_argument("--threads", type=_positive_int, default=None, help="threads that verify images (default: CPU count)")
     b.add_argument("--quiet", action="store_true", help="no progress bar")
     b.set_defaults(func=cmd_lmdb_build)
     s = lsub.add_parser("synth", parents=[common], formatter_class=_Formatter, help="make a deterministic synthetic JPEG dataset",
-                        description="Write COUNT photo-like synthetic JPEGs (300-500 px, ~95 KB) for demos, tests "
-                        "and benchmarks. Same --seed, same bytes.")
+                        description="Write COUNT photo-like synthetic records (JPEGs of 300-500 px) for demos, tests "
+                        "and benchmarks, for a classification, detection or segmentation task. Same --seed, same bytes.")
     s.add_argument("out", help="output LMDB directory")
     s.add_argument("--count", type=_positive_int, default=1000, help="number of images")
     s.add_argument("--seed", type=int, default=0, help="generator seed")
     s.add_argument("--classes", type=_positive_int, default=10, help="number of classes")
+    s.add_argument("--task", choices=("classification", "detection", "segmentation"), default="classification",
+                   help="classification: image + label; detection: image + boxes + classes of the drawn objects; "
+                   "segmentation: image + a PNG mask of the drawn shapes")
     s.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     s.add_argument("--exist-ok", action="store_true", help="do nothing if OUT already holds a Stoker dataset")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -337,16 +382,27 @@ def build_parser() -> argparse.ArgumentParser:
     i.set_defaults(func=cmd_lmdb_info)
 
     p = sub.add_parser("produce", parents=[common], formatter_class=_Formatter, help="run a producer daemon",
-                       description="Serve decoded, augmented uint8 batches from an LMDB on a ZMQ PUSH socket until "
-                       "SIGTERM/SIGINT. Batches: images uint8 [B,H,W,3] RGB, labels int32 [B], plus index int64 [B] "
-                       "and epoch int32 [B] (which record, which epoch).")
+                       description="Serve batches made by a pipeline from an LMDB on a ZMQ PUSH socket until "
+                       "SIGTERM/SIGINT. The default imagenet pipeline sends images uint8 [B,H,W,3] RGB and labels "
+                       "int32 [B]; every batch also carries index int64 [B] and epoch int32 [B] (which record, which "
+                       "epoch). Pipelines: imagenet, detection, segmentation, or your own "
+                       "(--pipeline my_module:make_pipeline or path/to/file.py:make_pipeline).")
     p.add_argument("--lmdb", required=True, help="Stoker LMDB directory")
     p.add_argument("--bind", default="tcp://*:5555", help="ZMQ address to bind; trainers connect to it")
     p.add_argument("--workers", type=_positive_int, default=os.cpu_count() or 1, help="decode/augment processes")
     p.add_argument("--batch-size", type=_positive_int, default=64, help="images per batch")
-    p.add_argument("--image-size", type=_positive_int, default=224, help="output height and width in pixels")
+    p.add_argument("--image-size", type=_positive_int, default=224,
+                   help="output height and width in pixels, for pipelines that take image_size (the built-ins; "
+                   "--pipeline-arg size=HxW for non-square)")
     p.add_argument("--mode", choices=("train", "eval"), default="train",
-                   help="train: random-resized-crop + flip; eval: resize + centre crop, deterministic")
+                   help="train: random augmentation (imagenet: random-resized-crop + flip); eval: deterministic "
+                   "(imagenet: resize + centre crop); passed to pipelines that take mode")
+    p.add_argument("--pipeline", default="imagenet", metavar="NAME",
+                   help="imagenet, detection, segmentation, package.module:function or path/file.py:function "
+                   "(a function returning a stoker.producer.pipeline.Pipeline; see README)")
+    p.add_argument("--pipeline-arg", action="append", type=_key_value, metavar="KEY=VALUE",
+                   help="argument for the pipeline function, converted to its parameter's type (repeatable), e.g. "
+                   "size=224x320, flip=false, max_boxes=50")
     p.add_argument("--fast-dct", action="store_true",
                    help="decode JPEGs with libjpeg-turbo's fast integer IDCT and chroma upsampling: ~6%% faster "
                    "(benchmarks/decoders.py), pixels differ by ~3 levels on average (like tf.image INTEGER_FAST); "
@@ -441,6 +497,10 @@ def build_parser() -> argparse.ArgumentParser:
     bp.add_argument("--image-size", type=_positive_int, default=224, help="output image size")
     bp.add_argument("--batch-size", type=_positive_int, default=64, help="batch size (serialize stage)")
     bp.add_argument("--seconds", type=float, default=2.0, help="seconds per stage")
+    bp.add_argument("--pipeline", default="imagenet", metavar="NAME", help="pipeline, as for stoker produce")
+    bp.add_argument("--pipeline-arg", action="append", type=_key_value, metavar="KEY=VALUE",
+                    help="pipeline argument (repeatable)")
+    bp.add_argument("--mode", choices=("train", "eval"), default="train", help="pipeline mode")
     bp.set_defaults(func=cmd_bench_producer)
     bl = besub.add_parser("link", parents=[common], formatter_class=_Formatter, help="what arrives from producers",
                           description="Receive and validate batches from producers (no TensorFlow) and report "

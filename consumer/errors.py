@@ -1,6 +1,6 @@
 """Errors the trainer side raises; each says what happened and what to check."""
 
-from stoker.protocol import ProtocolError
+from stoker.protocol.batch_spec import BatchMismatchError
 
 
 class InputError(RuntimeError):
@@ -15,5 +15,4 @@ class InputClosedError(InputError):
     """The ZMQInput was closed (``close()``, Ctrl-C) while a step waited for data."""
 
 
-class BatchMismatchError(ProtocolError):
-    """A well-formed batch whose arrays do not match what the trainer declared."""
+__all__ = ["BatchMismatchError", "InputClosedError", "InputError", "InputTimeoutError"]

@@ -6,10 +6,12 @@ One PULL socket connects to every producer address (producers bind; ZMQ
 reconnects by itself, so producers may start before or after the trainer and
 may come and go). A background thread receives each multipart message,
 decodes it with ``stoker.protocol`` (zero-copy views of the frames), checks it
-against the declared batch shape and enqueues it into a ``tf.queue.FIFOQueue``:
+against the batch spec (declared, or learned from the first batch) and
+enqueues its arrays into a ``tf.queue.FIFOQueue`` with one component per array:
 the "copy to TF" happens there, off the training thread. ``get()`` takes the
 batch staged at the previous step from a StagingArea on the training device
-while staging the next one: the "copy to GPU" overlaps the step.
+while staging the next one: the "copy to GPU" overlaps the step. Any pipeline's
+arrays travel this way; ZMQInput never looks inside them.
 
 Bad messages raise ProtocolError inside the thread; they are counted, logged
 (rate-limited) and dropped, and receiving carries on. If no batch arrives for
@@ -25,18 +27,21 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
 import zmq
 
 from stoker.protocol import DEFAULT_MAX_MESSAGE_BYTES, DecodeLimits, ProtocolError, decode_batch
+from stoker.protocol.batch_spec import BatchSpec
 from stoker.protocol.curve import CurveClientKeys
 
+from .batch_tensors import BatchTensors, Selection, check_selection, select
 from .connections import ConnectionWatcher
 from .errors import BatchMismatchError, InputClosedError, InputError, InputTimeoutError
 from .staging import StagingArea
+from .tf_queue import EagerQueue, GraphQueue, make_fifo_queue
 
 log = logging.getLogger("stoker.consumer")
 
@@ -69,61 +74,27 @@ class InputStats:
         return self.occupancy_sum / self.occupancy_samples if self.occupancy_samples else 0.0
 
 
-class _EagerQueue:
-    """FIFOQueue operations in TF2 eager mode."""
-
-    def __init__(self, queue: tf.queue.FIFOQueue) -> None:
-        self.queue = queue
-
-    def enqueue(self, images: np.ndarray, labels: np.ndarray) -> None:
-        self.queue.enqueue([images, labels])
-
-    def size(self) -> int:
-        return int(self.queue.size())
-
-    def close(self, cancel: bool) -> None:
-        self.queue.close(cancel_pending_enqueues=cancel)
-
-
-class _GraphQueue:
-    """FIFOQueue operations in a tf.compat.v1 graph, run with the user's Session."""
-
-    def __init__(self, queue: tf.queue.FIFOQueue, batch_shape: list[int]) -> None:
-        v1 = tf.compat.v1
-        self.queue = queue
-        self.session: Any = None
-        self.images_ph = v1.placeholder(tf.uint8, batch_shape, name="stoker_images")
-        self.labels_ph = v1.placeholder(tf.int32, batch_shape[:1], name="stoker_labels")
-        self.enqueue_op = queue.enqueue([self.images_ph, self.labels_ph])
-        self.size_op = queue.size()
-        self.close_op = queue.close(cancel_pending_enqueues=False)
-        self.cancel_op = queue.close(cancel_pending_enqueues=True)
-
-    def enqueue(self, images: np.ndarray, labels: np.ndarray) -> None:
-        self.session.run(self.enqueue_op, feed_dict={self.images_ph: images, self.labels_ph: labels})
-
-    def size(self) -> int:
-        return int(self.session.run(self.size_op))
-
-    def close(self, cancel: bool) -> None:
-        self.session.run(self.cancel_op if cancel else self.close_op)
-
-
 class ZMQInput:
-    """Feed a TensorFlow training step from Stoker producers.
+    """Feed a TensorFlow training step from Stoker producers, for any pipeline.
 
     Args:
         addresses: producer addresses, e.g. ``["tcp://hostA:5555", "tcp://hostB:5555"]``
             (a comma-separated string works too).
-        batch_size: images per batch the producers send (default 64).
-        image_shape: ``(height, width, 3)`` of each image (default ``(224, 224, 3)``).
+        batch_size, image_shape: the ``imagenet`` pipeline's batches (images uint8
+            ``[batch_size, *image_shape]``, labels int32): give either (the other defaults to 64
+            or ``(224, 224, 3)``) as a shortcut for its ``spec``.
+        spec: the arrays every batch must carry (a ``stoker.protocol.batch_spec.BatchSpec`` or
+            ``{"images": ("uint8", [64, 224, 224, 3]), ...}``; ``index`` and ``epoch`` are added if
+            missing). Without a spec, ``batch_size`` or ``image_shape``, the constructor waits (up to
+            ``recv_timeout``) for the first batch and holds every producer to what it carries. A
+            producer that disagrees is rejected with a message naming both specs.
         queue_capacity: FIFOQueue capacity in batches (default 50). Memory held is at most
             ``max_batches_held() * batch bytes``: the queue, the staged batches, the step's,
             the receive thread's, and ``rcvhwm + 1`` per producer address.
         device: where the StagingArea lives (default: ``/GPU:0`` when TensorFlow sees a GPU,
             else ``/CPU:0``).
-        recv_timeout: seconds without any batch before the step fails with
-            InputTimeoutError (default 60).
+        recv_timeout: seconds without an acceptable batch before the step fails with
+            InputTimeoutError saying why (default 60).
         nr_stage: batches kept staged on the device (default 1, as tensorpack).
         rcvhwm: ZMQ receive high-water mark in batches, per producer connection (default 4).
         max_message_bytes: largest message accepted, enforced by the socket
@@ -136,22 +107,23 @@ class ZMQInput:
         with ZMQInput(["tcp://127.0.0.1:5555"], batch_size=64) as inp:
             @tf.function
             def step():                        # 1. custom TF2 loop
-                images, labels = inp.get()     #    staged on the training device
+                images, labels = inp.get()     #    staged on the training device; inp.get()["index"] too
                 ...
-            model.fit(inp.as_dataset(), steps_per_epoch=100)   # 2. Keras
+            model.fit(inp.as_dataset(), steps_per_epoch=100)   # 2. Keras: (images, labels)
         # 3. tf.compat.v1 graph: build inside a Graph, then inp.start(session); see README.
 
-    Errors: InputTimeoutError when producers are silent past ``recv_timeout``,
-    InputClosedError after ``close()``. Inside a ``tf.function`` TensorFlow reports
-    them as ``tf.errors.OutOfRangeError``; leaving the ``with`` block (or calling
-    ``raise_if_failed()``) turns that into the clear error.
+    Errors: InputTimeoutError when no acceptable batch arrives within ``recv_timeout`` (the
+    message says whether producers were silent, sent other shapes, or failed the handshake),
+    InputClosedError after ``close()``. Inside a ``tf.function`` TensorFlow reports them as
+    ``tf.errors.OutOfRangeError``; leaving the ``with`` block (or calling ``raise_if_failed()``)
+    turns that into the clear error.
     """
 
     def __init__(
         self,
         addresses: Sequence[str] | str,
-        batch_size: int = 64,
-        image_shape: Sequence[int] = (224, 224, 3),
+        batch_size: Optional[int] = None,
+        image_shape: Optional[Sequence[int]] = None,
         queue_capacity: int = 50,
         device: Optional[str] = None,
         recv_timeout: float = 60.0,
@@ -160,21 +132,22 @@ class ZMQInput:
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         curve: Optional[CurveClientKeys] = None,
         name: str = "stoker_input",
+        spec: Optional[BatchSpec | Mapping[str, tuple[Any, Sequence[int]]]] = None,
     ) -> None:
         if isinstance(addresses, str):
             addresses = [a.strip() for a in addresses.split(",") if a.strip()]
         if not addresses:
             raise ValueError("ZMQInput needs at least one producer address, e.g. tcp://datahost:5555")
-        if batch_size < 1 or queue_capacity < 1 or nr_stage < 1 or recv_timeout <= 0:
+        if (batch_size is not None and batch_size < 1) or queue_capacity < 1 or nr_stage < 1 or recv_timeout <= 0:
             raise ValueError("batch_size, queue_capacity and nr_stage must be >= 1 and recv_timeout > 0")
+        if spec is not None and (batch_size is not None or image_shape is not None):
+            raise ValueError("give either spec or batch_size/image_shape, not both")
         self.addresses = list(addresses)
-        self.batch_size = batch_size
-        self.image_shape = tuple(int(d) for d in image_shape)
-        self.batch_shape = [batch_size, *self.image_shape]
         self.queue_capacity = queue_capacity
         self.recv_timeout = recv_timeout
         self.nr_stage = nr_stage
         self.rcvhwm = rcvhwm
+        self.name = name
         self.limits = DecodeLimits(max_message_bytes=max_message_bytes)
         self.eager = tf.executing_eagerly()
         if device is None:
@@ -187,11 +160,13 @@ class ZMQInput:
         self._closed = False
         self._prefilled = False
         self._threads: list[threading.Thread] = []
-
-        queue = tf.queue.FIFOQueue(queue_capacity, [tf.uint8, tf.int32], shapes=[self.batch_shape, [batch_size]],
-                                   name=name)
-        self._queue: _EagerQueue | _GraphQueue = _EagerQueue(queue) if self.eager else _GraphQueue(queue, self.batch_shape)
-        self._staging = StagingArea([tf.uint8, tf.int32], device, capacity=nr_stage + 1, name=f"{name}_staging")
+        self._metrics: Any = None
+        # What went wrong since the last accepted batch, for the timeout's message.
+        self._rejected_since_batch = 0
+        self._handshake_failures_at_batch = 0
+        self._last_reject_log = -_REJECT_LOG_EVERY_S
+        self._unlogged_rejects = 0
+        self._first: Optional[list[np.ndarray]] = None  # the batch a spec was learned from, enqueued first
 
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.PULL)
@@ -219,15 +194,59 @@ class ZMQInput:
             raise ValueError(f"cannot connect to producer address {address!r}: {exc.strerror}; "
                              "expected e.g. tcp://host:5555") from None
         self._watcher = ConnectionWatcher(self._sock, self.addresses, curve=curve is not None)
-        self._metrics: Any = None
         self._last_batch_at = time.monotonic()
-        # What went wrong since the last accepted batch, for the timeout's message.
-        self._rejected_since_batch = 0
-        self._handshake_failures_at_batch = 0
-        self._last_reject_log = -_REJECT_LOG_EVERY_S
-        self._unlogged_rejects = 0
+        try:
+            self.spec = self._resolve_spec(spec, batch_size, image_shape)
+        except BaseException:
+            self._watcher.close()
+            self._sock.close(linger=0)
+            self._ctx.term()
+            raise
+        self.batch_size = self.spec.batch_size
+        if "images" in self.spec:
+            self.image_shape = tuple(self.spec["images"].shape[1:])
+            self.batch_shape = list(self.spec["images"].shape)
+        self._unpacked = self.spec.pipeline_fields()
+        queue = make_fifo_queue(self.spec, queue_capacity, name)
+        self._queue: EagerQueue | GraphQueue = EagerQueue(queue) if self.eager else GraphQueue(queue, self.spec)
+        self._staging = StagingArea([tf.as_dtype(a.dtype) for a in self.spec.arrays], device,
+                                    capacity=nr_stage + 1, name=f"{name}_staging")
         if self.eager:
             self.start()
+
+    def _resolve_spec(self, spec: Any, batch_size: Optional[int], image_shape: Optional[Sequence[int]]) -> BatchSpec:
+        if spec is not None:
+            declared = spec if isinstance(spec, BatchSpec) else BatchSpec.from_dict(spec)
+            extra = {n: d for n, d in (("index", "int64"), ("epoch", "int32")) if n not in declared}
+            if extra:
+                declared = BatchSpec.from_dict({**{a.name: (a.dtype, a.shape) for a in declared.arrays},
+                                                **{n: (d, [declared.batch_size]) for n, d in extra.items()}})
+            return declared
+        if batch_size is not None or image_shape is not None:
+            return BatchSpec.classification(batch_size or 64, tuple(int(d) for d in (image_shape or (224, 224, 3))))
+        return self._learn_spec()
+
+    def _learn_spec(self) -> BatchSpec:
+        """Receive the first acceptable batch (bounded by recv_timeout) and take its spec."""
+        started = time.monotonic()
+        while True:
+            self._watch_connections()
+            silent = time.monotonic() - started
+            if silent > self.recv_timeout:
+                raise InputTimeoutError(self._timeout_message(silent) + "; no batch spec was given, so the "
+                                        "trainer waited for a first batch to learn it from")
+            if not self._sock.poll(_POLL_MS):
+                continue
+            try:
+                batch = decode_batch(self._sock.recv_multipart(copy=False), self.limits)
+                learned = BatchSpec.of(batch)
+            except (ProtocolError, ValueError) as exc:
+                self._reject(exc if isinstance(exc, ProtocolError) else ProtocolError(str(exc)))
+                continue
+            log.info("learned the batch spec from producer %s: %s", batch.header.producer, learned)
+            self._first = [batch.arrays[n] for n in learned.names]
+            self._count(batch.header.producer, self._first)
+            return learned
 
     # ---- lifecycle --------------------------------------------------------------------------
 
@@ -278,13 +297,22 @@ class ZMQInput:
 
     # ---- the three ways in ------------------------------------------------------------------
 
-    @tf.autograph.experimental.do_not_convert
-    def get(self) -> tuple[tf.Tensor, tf.Tensor]:
-        """``(images uint8 [B,H,W,3], labels int32 [B])`` staged on ``device``.
+    def _named(self, tensors: Sequence[tf.Tensor]) -> BatchTensors:
+        by_name = {}
+        for tensor, array in zip(tensors, self.spec.arrays):
+            tensor.set_shape(array.shape)
+            by_name[array.name] = tensor
+        return BatchTensors(by_name=by_name, unpacked=self._unpacked)
 
-        Call it inside your ``tf.function`` step (recommended: unstage, dequeue and
-        stage run in the step's graph, the copy overlapping the computation) or
-        eagerly. The first call pre-fills the StagingArea (waits for data).
+    @tf.autograph.experimental.do_not_convert
+    def get(self) -> BatchTensors:
+        """This step's batch, staged on ``device``: unpacks to the pipeline's fields, ``batch[name]`` for any array.
+
+        ``images, labels = inp.get()`` for the imagenet pipeline; ``batch["boxes"]``,
+        ``batch["boxes_len"]``, ``batch["index"]``, ``batch["epoch"]`` for the rest. Call it inside
+        your ``tf.function`` step (recommended: unstage, dequeue and stage run in the step's graph,
+        the copy overlapping the computation) or eagerly. The first call pre-fills the
+        StagingArea (waits for data).
         """
         self.raise_if_failed()
         with tf.init_scope():
@@ -296,12 +324,10 @@ class ZMQInput:
                 raise (self._error or InputError(str(exc))) from exc
         return self._swap()
 
-    def _swap(self) -> tuple[tf.Tensor, tf.Tensor]:
-        images, labels = self._staging.get()
+    def _swap(self) -> BatchTensors:
+        tensors = self._staging.get()
         self._staging.put(self._queue.queue.dequeue())
-        images.set_shape(self.batch_shape)
-        labels.set_shape([self.batch_size])
-        return images, labels
+        return self._named(tensors)
 
     def _prefill(self) -> None:
         if self._prefilled or not self.eager:
@@ -313,25 +339,34 @@ class ZMQInput:
             raise (self._error or InputError(str(exc))) from exc
         self._prefilled = True
 
-    def dequeue(self) -> tuple[tf.Tensor, tf.Tensor]:
-        """Plain dequeue tensors (no staging): for tf.compat.v1 graphs and tensorpack-style code."""
-        images, labels = self._queue.queue.dequeue()
-        return images, labels
+    def dequeue(self) -> BatchTensors:
+        """Plain dequeue tensors (no staging), named as ``get()``'s: for tf.compat.v1 graphs and tensorpack-style code."""
+        return self._named(self._queue.queue.dequeue())
 
-    def as_dataset(self) -> tf.data.Dataset:
-        """An infinite ``tf.data.Dataset`` of ``(images, labels)`` for ``model.fit``.
+    def as_dataset(self, x: Optional[Selection] = None, y: Optional[Selection] = None) -> tf.data.Dataset:
+        """An infinite ``tf.data.Dataset`` of ``(x, y)`` batches for ``model.fit``.
 
-        Keras ends an epoch quietly when a dataset runs dry, so pair it with
-        ``keras_callback()``, which raises the input's error instead.
+        ``x`` and ``y`` each name one array, a sequence of arrays (a tuple) or a dict
+        ``{key: array name}``; default ``x="images", y="labels"`` when the batches have both.
+        ``y=()`` gives ``x`` alone. Keras ends an epoch quietly when a dataset runs dry, so pair
+        it with ``keras_callback()``, which raises the input's error instead.
         """
-        queue = self._queue.queue
-        batch_shape, batch_size = self.batch_shape, self.batch_size
+        names = self.spec.names
+        if x is None and y is None:
+            if "images" not in names or "labels" not in names:
+                raise ValueError(f"these batches have {', '.join(names)}: say which are inputs and which targets, "
+                                 "e.g. as_dataset(x='images', y=('boxes', 'boxes_len', 'classes'))")
+            x, y = "images", "labels"
+        if x is None:
+            raise ValueError("as_dataset needs x (the model's inputs) when y is given")
+        check_selection(x, names, "x")
+        if y is not None and y != ():
+            check_selection(y, names, "y")
+        queue, named = self._queue.queue, self._named
 
-        def take(_: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-            images, labels = queue.dequeue()
-            images.set_shape(batch_shape)
-            labels.set_shape([batch_size])
-            return images, labels
+        def take(_: tf.Tensor) -> Any:
+            batch = named(queue.dequeue()).as_dict()
+            return select(batch, x) if y is None or y == () else (select(batch, x), select(batch, y))
 
         return tf.data.Dataset.from_tensors(0).repeat().map(take, num_parallel_calls=1)
 
@@ -394,22 +429,11 @@ class ZMQInput:
 
     # ---- background threads -----------------------------------------------------------------
 
-    def _check(self, batch: Any) -> tuple[np.ndarray, np.ndarray]:
-        images, labels = batch.arrays.get("images"), batch.arrays.get("labels")
-        if images is None or labels is None:
-            raise BatchMismatchError(f"batch from {batch.header.producer} lacks 'images' or 'labels' "
-                                     f"(has {sorted(batch.arrays)})")
-        if images.dtype != np.uint8 or list(images.shape) != self.batch_shape:
-            fix = (f"start the producers with --batch-size {self.batch_size} --image-size {self.image_shape[0]}")
-            if images.ndim == 4 and images.shape[0] > 0:
-                fix += f", or the trainer with batch_size={images.shape[0]}, image_shape={tuple(images.shape[1:])}"
-            raise BatchMismatchError(
-                f"producer {batch.header.producer} sends images {images.dtype} {list(images.shape)}, this trainer "
-                f"declared uint8 {self.batch_shape}; {fix}")
-        if labels.dtype != np.int32 or list(labels.shape) != [self.batch_size]:
-            raise BatchMismatchError(f"batch from {batch.header.producer} has labels {labels.dtype} "
-                                     f"{list(labels.shape)}, expected int32 [{self.batch_size}]")
-        return images, labels
+    def _count(self, producer: str, arrays: Sequence[np.ndarray]) -> None:
+        with self._stats_lock:
+            self._stats.batches += 1
+            self._stats.bytes += sum(a.nbytes for a in arrays)
+            self._stats.per_producer[producer] = self._stats.per_producer.get(producer, 0) + 1
 
     def _reject(self, exc: ProtocolError) -> None:
         with self._stats_lock:
@@ -455,8 +479,11 @@ class ZMQInput:
         return message + "; " + "; ".join(causes)
 
     def _receive_loop(self) -> None:
-        sock = self._sock
+        sock, spec = self._sock, self.spec
         try:
+            if self._first is not None:
+                first, self._first = self._first, None
+                self._queue.enqueue(first)
             while not self._stop.is_set():
                 self._watch_connections()
                 # Checked on every turn, not only when the socket is idle: a stream of rejected
@@ -474,19 +501,15 @@ class ZMQInput:
                     continue
                 try:
                     batch = decode_batch(frames, self.limits)
-                    images, labels = self._check(batch)
+                    arrays = spec.check(batch)
                 except ProtocolError as exc:
                     self._reject(exc)
                     continue
                 self._last_batch_at = time.monotonic()
                 self._rejected_since_batch = 0
                 self._handshake_failures_at_batch = self._watcher.failures.count
-                self._queue.enqueue(images, labels)
-                with self._stats_lock:
-                    self._stats.batches += 1
-                    self._stats.bytes += sum(f.nbytes for f in (images, labels))
-                    producer = batch.header.producer
-                    self._stats.per_producer[producer] = self._stats.per_producer.get(producer, 0) + 1
+                self._queue.enqueue(arrays)
+                self._count(batch.header.producer, arrays)
         except (tf.errors.CancelledError, tf.errors.OutOfRangeError, tf.errors.AbortedError):
             pass  # the queue was closed: close() or a timeout
         except Exception as exc:  # never die silently: surface it to the training step

@@ -27,28 +27,30 @@ from typing import Any
 
 import numpy as np
 
-def batch_fields(image_size: int) -> tuple[tuple[str, str, tuple[int, ...]], ...]:
-    """The arrays of one batch, in wire order: (name, dtype, shape after the batch dimension)."""
-    return (
-        ("images", "uint8", (image_size, image_size, 3)),
-        ("labels", "int32", ()),
-        ("index", "int64", ()),
-        ("epoch", "int32", ()),
-    )
+
+ArrayLayout = tuple[tuple[str, str, tuple[int, ...]], ...]
 
 
 @dataclass(frozen=True)
 class SlotLayout:
-    """Where each array of each slot lives inside one worker's shared buffer."""
+    """Where each array of each slot lives inside one worker's shared buffer.
 
+    ``arrays``: the batch's arrays in wire order, ``(name, dtype, per-sample shape)``
+    (``Pipeline.batch_arrays()``).
+    """
+
+    arrays: ArrayLayout
     batch_size: int
-    image_size: int
     slots: int
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(name for name, _, _ in self.arrays)
 
     @property
     def slot_bytes(self) -> int:
         total = 0
-        for _, dtype, shape in batch_fields(self.image_size):
+        for _, dtype, shape in self.arrays:
             total = _align(total) + self.batch_size * int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
         return _align(total)
 
@@ -60,7 +62,7 @@ class SlotLayout:
         out = []
         for slot in range(self.slots):
             offset, arrays = slot * self.slot_bytes, {}
-            for name, dtype, shape in batch_fields(self.image_size):
+            for name, dtype, shape in self.arrays:
                 offset = _align(offset)
                 count = self.batch_size * int(np.prod(shape, dtype=np.int64))
                 arrays[name] = flat[offset : offset + count * np.dtype(dtype).itemsize].view(dtype).reshape(
@@ -68,6 +70,12 @@ class SlotLayout:
                 offset += arrays[name].nbytes
             out.append(arrays)
         return out
+
+
+def sample_rows(arrays: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+    """Per sample of one slot: a dict of writable views of its row in every array (0-d for scalars)."""
+    batch = len(next(iter(arrays.values())))
+    return [{name: array[i, ...] for name, array in arrays.items()} for i in range(batch)]
 
 
 def _align(offset: int, to: int = 64) -> int:

@@ -37,6 +37,7 @@ from .batch_slots import SlotLayout, allocate
 from .dataset_format import LmdbDataset
 from .forwarder import SlotForwarder
 from .metrics import ProducerCollector
+from .pipeline import load_pipeline
 from .peer_security import HandshakeFailureLog, RefusalLoggingAuthenticator
 from .sharding import ShardSpec
 from .stage_stats import StageStats, rate_report
@@ -71,6 +72,8 @@ class ProducerConfig:
     batch_size: int = 64
     image_size: int = 224
     mode: str = "train"
+    pipeline: str = "imagenet"
+    pipeline_args: tuple[tuple[str, str], ...] = ()
     shard: ShardSpec = ShardSpec()
     seed: Optional[int] = None
     sndhwm: int = 2
@@ -84,7 +87,11 @@ class ProducerConfig:
 
 
 class ProducerDaemon:
-    """Validates the dataset and binds at construction (errors surface before any worker starts)."""
+    """Validates the dataset and the pipeline, and binds, at construction (errors surface before any worker starts).
+
+    Raises PipelineError (a ValueError) for a pipeline that cannot be loaded or declares something
+    invalid, DatasetError for an unusable dataset, BindError for an address that cannot be bound.
+    """
 
     def __init__(self, config: ProducerConfig) -> None:
         if config.mode not in ("train", "eval"):
@@ -92,6 +99,10 @@ class ProducerDaemon:
         if config.workers < 1 or config.batch_size < 1 or config.image_size < 8:
             raise ValueError("--workers and --batch-size must be >= 1 and --image-size >= 8")
         self.config = config
+        self.pipeline_standard = (("mode", config.mode), ("image_size", config.image_size),
+                                  ("fast_dct", config.fast_dct))
+        # Built here to fail fast (and for the layout); each worker builds its own from the same reference.
+        self.pipeline = load_pipeline(config.pipeline, dict(config.pipeline_args), dict(self.pipeline_standard))
         with LmdbDataset(config.lmdb_path) as dataset:
             self.meta = dataset.meta
         shard_size = len(config.shard.records(self.meta.count))
@@ -130,7 +141,7 @@ class ProducerDaemon:
         self.handshakes = HandshakeFailureLog(self._out, self.endpoint, curve=config.curve is not None)
         self.producer_id = config.producer_id or f"{socket.gethostname()}:{self.endpoint.rsplit(':', 1)[-1]}#{config.shard}"
         self.stats = StageStats(config.workers, mp.get_context("spawn"))
-        self.layout = SlotLayout(config.batch_size, config.image_size, slots=config.sndhwm + 1)
+        self.layout = SlotLayout(self.pipeline.batch_arrays(), config.batch_size, slots=config.sndhwm + 1)
 
     def run(self, stop: threading.Event) -> None:
         """Serve until ``stop`` is set; then stop everything and return. Never returns early on bad data."""
@@ -149,9 +160,10 @@ class ProducerDaemon:
         worker_stop = spawn.Event()
         worker_cfg = WorkerConfig(
             lmdb_path=str(cfg.lmdb_path), endpoint=internal, producer_id=self.producer_id, shard=cfg.shard,
-            batch_size=cfg.batch_size, image_size=cfg.image_size, mode=cfg.mode, seed=self.seed,
-            workers=cfg.workers, slots=self.layout.slots, log_level=logging.getLogger().getEffectiveLevel(),
-            log_format=cfg.log_format, repeat_batches=cfg.repeat_batches, fast_dct=cfg.fast_dct,
+            batch_size=cfg.batch_size, seed=self.seed, workers=cfg.workers, pipeline=cfg.pipeline,
+            pipeline_args=cfg.pipeline_args, pipeline_standard=self.pipeline_standard, slots=self.layout.slots,
+            log_level=logging.getLogger().getEffectiveLevel(), log_format=cfg.log_format,
+            repeat_batches=cfg.repeat_batches, layout_arrays=self.layout.arrays,
         )
 
         def start(w: int) -> mp.process.BaseProcess:
@@ -166,16 +178,17 @@ class ProducerDaemon:
         procs = [start(w) for w in range(cfg.workers)]
         metrics = None
         if cfg.metrics_port is not None:
-            batch_bytes = cfg.batch_size * (cfg.image_size * cfg.image_size * 3 + 4 + 8 + 4)
+            batch_bytes = self.layout.slot_bytes
             collector = ProducerCollector(self.stats, batch_bytes, self.producer_id,
                                           lambda: sum(p.is_alive() for p in procs),
                                           handshake_failures=lambda: self.handshakes.failed)
             metrics = MetricsServer(cfg.metrics_port, collector)
             log.info("metrics on http://0.0.0.0:%d/metrics", metrics.port)
         log.info(
-            "serving %s on %s: %d records in shard %s of %d, %s mode, batch %d x %dpx, %d workers, seed %d",
+            "serving %s on %s: %d records in shard %s of %d, pipeline %s (%s mode): batches of %d x {%s}, "
+            "%d workers, seed %d",
             cfg.lmdb_path, self.endpoint, len(cfg.shard.records(self.meta.count)), cfg.shard, self.meta.count,
-            cfg.mode, cfg.batch_size, cfg.image_size, cfg.workers, self.seed,
+            self.pipeline.name, cfg.mode, cfg.batch_size, self.pipeline.describe(), cfg.workers, self.seed,
         )
         try:
             last, last_t = self.stats.totals(), time.monotonic()

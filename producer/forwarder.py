@@ -26,7 +26,7 @@ from typing import Any
 
 import zmq
 
-from .batch_slots import GRANT, HELLO, READY, SlotLayout, SlotState, batch_fields, parse_slot, slot_frame
+from .batch_slots import GRANT, HELLO, READY, SlotLayout, SlotState, parse_slot, slot_frame
 
 log = logging.getLogger("stoker.producer")
 
@@ -40,7 +40,7 @@ class SlotForwarder:
     def __init__(self, control: zmq.Socket, out: zmq.Socket, layout: SlotLayout, buffers: list[Any]) -> None:
         self.control, self.out, self.layout = control, out, layout
         self.views = [layout.views(b) for b in buffers]
-        self.names = [name for name, _, _ in batch_fields(layout.image_size)]
+        self.names = list(layout.names)
         self.state = [[SlotState.AT_WORKER] * layout.slots for _ in buffers]
         self.granted_to: list[list[bytes]] = [[b""] * layout.slots for _ in buffers]
         self._routing_ids: list[bytes] = [b""] * len(buffers)  # written by register_worker, read here

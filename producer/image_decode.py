@@ -173,3 +173,18 @@ def decode_rgb(data: bytes, fast_dct: bool = False, info: Optional[ImageInfo] = 
                               f"says {info.width}x{info.height}")
         return rgb
     raise DecodeError(f"cannot decode the {len(data)} image bytes as {info.format.upper()} ({'; '.join(errors)})")
+
+
+def check_encoded_image(data: bytes) -> Optional[str]:
+    """None if a producer can decode ``data``, else the reason it cannot (the builders' check).
+
+    Same rules as decoding (format by content, pixel limit from the header), plus: a JPEG must end
+    with its end-of-image marker (a truncated file often decodes to a half-grey image).
+    """
+    if sniff_format(data) == "jpeg" and bytes(data).rfind(b"\xff\xd9") < 0:
+        return "truncated JPEG (no end-of-image marker)"
+    try:
+        decode_rgb(data, info=read_image_info(data))
+    except DecodeError as exc:
+        return str(exc)
+    return None

@@ -1,53 +1,38 @@
-"""Build a Stoker LMDB from an image folder (one sub-folder per class) or a list file.
+"""Build a Stoker LMDB from an image folder (one sub-folder per class), a list file or JSON lines.
 
-Every file is checked before it is stored, by content, not by file name: it must
+Every image is checked before it is stored, by content, not by file name: it must
 be an image the producers decode (``image_decode``: JPEG, PNG, WebP, BMP, GIF,
 TIFF), within the pixel limit (read from the header, so a decompression bomb is
 refused without decoding it), decode with the producers' own decoder, and (for
-JPEG) carry its end-of-image marker. Nothing is lost silently: every file that is
-not stored (not an image, too large, corrupt, unreadable, a broken link, outside
-any class folder) is reported by path with the reason, and counted; the build
-still publishes the good ones. Checks run on a thread pool (the decoders release
-the GIL).
+JPEG) carry its end-of-image marker. Nothing is lost silently: every file or line
+that is not stored (not an image, too large, corrupt, unreadable, a broken link,
+outside any class folder, a JSON line that does not parse) is reported with the
+reason, and counted; the build still publishes the good ones. Checks run on a
+thread pool with bounded read-ahead (the decoders release the GIL).
+
+Sources:
+- a folder ``SRC/<class>/<files>``: records ``{"image", "label"}``, classes in sorted order;
+- a list file of ``path label`` lines: the same fields, classes ``"0"``, ``"1"``, ...;
+- JSON lines (``--jsonl``): one object per line; fields named by ``image_fields`` hold image
+  paths (relative to the file's folder) and are stored as the images' bytes, every other
+  field as its JSON value (numbers, strings, lists such as boxes ``[[x1, y1, x2, y2], ...]``).
 """
 
 from __future__ import annotations
 
+import json
 import os
-from collections import deque
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from tqdm import tqdm
+from .dataset_writer import DatasetWriter, WriteReport, write_records
+from .image_decode import check_encoded_image  # noqa: F401  (re-exported: the builders' check)
 
-from .dataset_format import DatasetMeta
-from .dataset_writer import DatasetWriter
-from .image_decode import DecodeError, decode_rgb, read_image_info, sniff_format
+BuildReport = WriteReport
 
 
 class SourceError(ValueError):
-    """The build source (folder or list file) cannot be used; the message says why."""
-
-
-@dataclass
-class BuildReport:
-    """What a build did: records written, files skipped with the reason for each."""
-
-    meta: DatasetMeta | None = None
-    skipped: list[tuple[str, str]] = field(default_factory=list)
-
-
-def check_encoded_image(data: bytes) -> str | None:
-    """Return None if a producer can decode ``data``, else the reason it cannot (see the module doc)."""
-    if sniff_format(data) == "jpeg" and data.rfind(b"\xff\xd9") < 0:
-        return "truncated JPEG (no end-of-image marker)"
-    try:
-        decode_rgb(data, info=read_image_info(data))
-    except DecodeError as exc:
-        return str(exc)
-    return None
+    """The build source (folder, list file or JSON lines) cannot be used; the message says why."""
 
 
 def scan_folder(src: Path) -> tuple[list[tuple[Path, int]], list[str], list[tuple[str, str]]]:
@@ -96,31 +81,32 @@ def scan_list_file(src: Path) -> tuple[list[tuple[Path, int]], list[str]]:
     return items, [str(c) for c in range(num_classes)]
 
 
-def _load_and_check(path: Path) -> tuple[bytes | None, str | None]:
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        return None, f"unreadable ({exc.strerror or exc})"
-    reason = check_encoded_image(data)
-    return (None, reason) if reason else (data, None)
+def _image_record(path: Path, label: int) -> Callable[[], Mapping[str, Any]]:
+    return lambda: {"image": path.read_bytes(), "label": label}
 
 
-def _checked(items: Sequence[tuple[Path, int]], threads: int) -> Iterator[tuple[Path, int, bytes | None, str | None]]:
-    """Items with their bytes (or the reason they are unusable), in source order (deterministic indices).
+def jsonl_records(src: Path, image_fields: Sequence[str]) -> Iterator[tuple[str, Callable[[], Mapping[str, Any]]]]:
+    """``(FILE:LINE, load)`` per non-empty line; ``load`` parses it and reads its image files."""
+    with open(src) as lines:
+        for lineno, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
 
-    At most ``4 * threads`` files are read ahead, so memory stays bounded however many there are.
-    """
-    window = 4 * threads
-    with ThreadPoolExecutor(max_workers=threads) as pool:
-        pending: deque = deque()
-        for path, label in items:
-            pending.append((path, label, pool.submit(_load_and_check, path)))
-            if len(pending) >= window:
-                done_path, done_label, future = pending.popleft()
-                yield done_path, done_label, *future.result()
-        while pending:
-            done_path, done_label, future = pending.popleft()
-            yield done_path, done_label, *future.result()
+            def load(line: str = line, lineno: int = lineno) -> Mapping[str, Any]:
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"not a JSON object ({exc.msg} at column {exc.colno})") from None
+                if not isinstance(record, dict):
+                    raise ValueError(f"expected a JSON object, got {type(record).__name__}")
+                for name in image_fields:
+                    if not isinstance(record.get(name), str):
+                        raise ValueError(f"field {name!r} must be an image path, got {record.get(name)!r}")
+                    path = Path(record[name])
+                    record[name] = (path if path.is_absolute() else src.parent / path).read_bytes()
+                return record
+
+            yield f"{src}:{lineno}", load
 
 
 def build_lmdb(
@@ -129,28 +115,35 @@ def build_lmdb(
     overwrite: bool = False,
     threads: int | None = None,
     progress: bool = True,
-) -> BuildReport:
-    """Build ``out`` from folder or list file ``src``; see the module doc for checks."""
+    jsonl: bool = False,
+    image_fields: Sequence[str] = ("image",),
+    task: str = "",
+) -> WriteReport:
+    """Build ``out`` from a folder, list file or (``jsonl``) JSON-lines file ``src``; see the module doc."""
     src = Path(src)
-    left_out: list[tuple[str, str]] = []
-    if src.is_dir():
-        items, classes, left_out = scan_folder(src)
-    elif src.is_file():
-        items, classes = scan_list_file(src)
+    threads = threads or os.cpu_count() or 1
+    classes: list[str] = []
+    report = WriteReport()
+    if jsonl:
+        if not src.is_file():
+            raise SourceError(f"{src} does not exist; --jsonl expects a file of JSON objects, one per line")
+        items: Iterator[tuple[str, Callable[[], Mapping[str, Any]]]] = jsonl_records(src, image_fields)
+        total = None
     else:
-        raise SourceError(f"{src} does not exist; pass an image folder or a `path label` list file")
-    if not items:
-        raise SourceError(f"{src} holds no files in its class folders")
-    report = BuildReport(skipped=list(left_out))
+        if src.is_dir():
+            paths, classes, left_out = scan_folder(src)
+            report.skipped.extend(left_out)
+        elif src.is_file():
+            paths, classes = scan_list_file(src)
+        else:
+            raise SourceError(f"{src} does not exist; pass an image folder, a `path label` list file or --jsonl FILE")
+        if not paths:
+            raise SourceError(f"{src} holds no files in its class folders")
+        items = ((str(path), _image_record(path, label)) for path, label in paths)
+        total = len(paths)
+        task = task or "classification"
     with DatasetWriter(out, overwrite=overwrite) as writer:
-        bar = tqdm(total=len(items), desc="build", unit="img", disable=not progress)
-        for path, label, data, reason in _checked(items, threads or os.cpu_count() or 1):
-            if data is None:
-                report.skipped.append((str(path), reason or "unknown"))
-                bar.write(f"skipped {path}: {reason}")
-            else:
-                writer.add(label, data)
-            bar.update(1)
-        bar.close()
-        report.meta = writer.finish(classes)
+        write_records(writer, items, report, threads, progress, total, check_images=True,
+                      label_classes=len(classes))
+        report.meta = writer.finish(classes=classes, task=task)
     return report

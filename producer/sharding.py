@@ -56,3 +56,27 @@ def worker_stream(shard_records: np.ndarray, seed: int, worker: int, workers: in
         for index in order[worker::workers]:
             yield epoch, int(index)
         epoch += 1
+
+
+class RecordRng:
+    """The random generator for one record: a function of (seed, epoch, record index) alone.
+
+    A counter-based Philox generator whose key is the seed and whose counter starts at
+    ``(0, 0, index, epoch)``: every record of every epoch gets its own stream, so a record's
+    augmentation does not depend on which worker made it, in which batch, or how often it was
+    sent. ``for_record`` resets one reused generator (about 3 us, against 15 us to build one):
+    use the returned generator for that record only.
+    """
+
+    _SALT = 0x53544F4B4552  # "STOKER": the key's second word
+
+    def __init__(self, seed: int) -> None:
+        self._key = np.array([int(seed) % 2**64, self._SALT], np.uint64)
+        self._bits = np.random.Philox(key=self._key)
+        self._generator = np.random.Generator(self._bits)
+
+    def for_record(self, epoch: int, index: int) -> np.random.Generator:
+        self._bits.state = {"bit_generator": "Philox",
+                            "state": {"counter": np.array([0, 0, index, epoch], np.uint64), "key": self._key},
+                            "buffer": np.zeros(4, np.uint64), "buffer_pos": 4, "has_uint32": 0, "uinteger": 0}
+        return self._generator

@@ -1,12 +1,17 @@
-"""One producer worker process: read records, decode, augment into shared memory, hand off.
+"""One producer worker process: read records, run the pipeline into shared memory, hand off.
 
 Runs in a child process started with the ``spawn`` method (no fork surprises:
-LMDB and ZMQ handles are opened here, fresh). Each batch is decoded straight
-into a free slot of the worker's shared buffer (``batch_slots``); the worker then
-tells the daemon "slot S is ready" with the batch header, and the daemon sends
-the slot's memory to the trainer. With no free slot the worker waits: that is
-the backpressure, and it bounds memory. Bad records are logged with their key,
-counted and skipped; the worker never dies of bad data. It exits when ``stop``
+LMDB and ZMQ handles are opened here, fresh; the pipeline is built here from its
+reference, so user code is imported in the worker). Each sample is written
+straight into a free slot of the worker's shared buffer (``batch_slots``); the
+worker then tells the daemon "slot S is ready" with the batch header, and the
+daemon sends the slot's memory to the trainer. With no free slot the worker
+waits: that is the backpressure, and it bounds memory.
+
+Bad records and bad samples (corrupt record, undecodable image, a pipeline
+function that raises or returns the wrong dtype or shape) are skipped, counted
+and logged with their key (the first ten one by one, then a summary every
+10 s): the worker never dies of bad data or user code. It exits when ``stop``
 is set (checked between records and every 100 ms while waiting) or when its
 parent dies (PR_SET_PDEATHSIG on Linux, plus a parent-pid check).
 """
@@ -20,7 +25,7 @@ import signal
 import sys
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import numpy as np
@@ -28,14 +33,17 @@ import zmq
 
 from stoker.protocol import encode_batch
 
-from .augment import DecodeError, decode_rgb, decode_train_crop, eval_transform, resize_flip_into
-from .batch_slots import GRANT, HELLO, READY, SlotLayout, parse_slot, slot_frame
+from .batch_slots import GRANT, HELLO, READY, SlotLayout, parse_slot, sample_rows, slot_frame
 from .dataset_format import LmdbDataset, RecordError, record_key
 from .logs import configure_logging
-from .sharding import ShardSpec, worker_stream
+from .pipeline import SampleError, load_pipeline
+from .sharding import RecordRng, ShardSpec, worker_stream
 from .stage_stats import StageStats
 
 log = logging.getLogger("stoker.producer.worker")
+
+_LOG_EACH_SKIP = 10
+_SKIP_SUMMARY_EVERY_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -47,15 +55,16 @@ class WorkerConfig:
     producer_id: str
     shard: ShardSpec
     batch_size: int
-    image_size: int
-    mode: str
     seed: int
     workers: int
+    pipeline: str = "imagenet"
+    pipeline_args: tuple[tuple[str, str], ...] = ()
+    pipeline_standard: tuple[tuple[str, Any], ...] = ()
     slots: int = 3
     log_level: int = logging.INFO
     log_format: str = "text"
     repeat_batches: int = 0
-    fast_dct: bool = False
+    layout_arrays: tuple = field(default=())
 
 
 def _die_with_parent() -> None:
@@ -88,9 +97,30 @@ class _SlotPool:
         return self.free.popleft()
 
 
+class _SkipLog:
+    """Logs skipped records by key: the first few one by one, then a summary every interval."""
+
+    def __init__(self, worker: int) -> None:
+        self.worker, self.count, self.unlogged, self.last = worker, 0, 0, 0.0
+        self.last_reason = ""
+
+    def skip(self, index: int, reason: str) -> None:
+        self.count += 1
+        self.unlogged += 1
+        self.last_reason = f"record {record_key(index).decode()}: {reason}"
+        now = time.monotonic()
+        if self.count <= _LOG_EACH_SKIP:
+            log.warning("skipping record %s: %s", record_key(index).decode(), reason)
+            self.unlogged, self.last = 0, now
+        elif now - self.last >= _SKIP_SUMMARY_EVERY_S:
+            log.warning("worker %d skipped %d more records in the last %.0f s (%d in all); the last: skipping %s",
+                        self.worker, self.unlogged, now - self.last, self.count, self.last_reason)
+            self.unlogged, self.last = 0, now
+
+
 def run_worker(worker: int, config: WorkerConfig, stats: StageStats, stop: Any, parent_pid: int,
                buffer: Any, routing_id: bytes) -> None:
-    """Process entry point. Returns when stopped; never raises on bad records.
+    """Process entry point. Returns when stopped; never raises on bad records or bad samples.
 
     ``buffer`` is this worker's shared memory (``batch_slots.allocate``); ``routing_id``
     names this process to the daemon, fresh for every (re)start.
@@ -99,12 +129,20 @@ def run_worker(worker: int, config: WorkerConfig, stats: StageStats, stop: Any, 
     # The daemon owns shutdown: Ctrl-C in a terminal reaches the whole process group.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     configure_logging(config.log_level, config.log_format)
+    pipeline = load_pipeline(config.pipeline, dict(config.pipeline_args), dict(config.pipeline_standard))
+    layout = SlotLayout(pipeline.batch_arrays(), config.batch_size, config.slots)
+    if layout.arrays != tuple(config.layout_arrays):
+        raise RuntimeError(f"pipeline {config.pipeline} declares {layout.arrays} in this worker but "
+                           f"{config.layout_arrays} in the daemon: it must not depend on the process it runs in")
     dataset = LmdbDataset(config.lmdb_path)
     records = config.shard.records(len(dataset))
     stream = worker_stream(records, config.seed, worker, config.workers, shuffle=True)
-    train = config.mode == "train"
-    size, batch_size = config.image_size, config.batch_size
-    views = SlotLayout(batch_size, size, config.slots).views(buffer)
+    batch_size = config.batch_size
+    views = layout.views(buffer)
+    rows = [sample_rows(arrays) for arrays in views]
+    rngs = RecordRng(config.seed)
+    skips = _SkipLog(worker)
+    stage_times = pipeline.stage_times
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.ROUTING_ID, routing_id)
@@ -138,30 +176,23 @@ def run_worker(worker: int, config: WorkerConfig, stats: StageStats, stop: Any, 
                     stats.add(worker, name, value)
                 batch_no += 1
                 continue
-            images, labels, indices, epochs = (arrays[k] for k in ("images", "labels", "index", "epoch"))
-            rng = np.random.default_rng([config.seed, worker, batch_no])
-            t_read = t_decode = t_augment = 0.0
+            indices, epochs = arrays["index"], arrays["epoch"]
+            t_read = t_transform = 0.0
             filled = 0
             while filled < batch_size and not stop.is_set():
                 epoch, index = next(stream)
                 t0 = time.perf_counter()
                 try:
-                    label, data = dataset.read(index)
+                    record = dataset.read(index)
                     t1 = time.perf_counter()
-                    # train: only the random crop window is decoded, where the decoder can
-                    pixels = decode_train_crop(data, rng, config.fast_dct) if train else decode_rgb(data, config.fast_dct)
+                    pipeline.write(record, rngs.for_record(epoch, index), rows[slot][filled])
                     t2 = time.perf_counter()
-                except (RecordError, DecodeError) as exc:
+                except (RecordError, SampleError) as exc:
                     stats.add(worker, "skipped", 1)
-                    log.warning("skipping record %s: %s", record_key(index).decode(), exc)
+                    skips.skip(index, str(exc))
                     continue
-                if train:
-                    resize_flip_into(pixels, size, rng, images[filled])
-                else:
-                    eval_transform(pixels, size, images[filled])
-                t3 = time.perf_counter()
-                t_read, t_decode, t_augment = t_read + t1 - t0, t_decode + t2 - t1, t_augment + t3 - t2
-                labels[filled], indices[filled], epochs[filled] = label, index, epoch
+                t_read, t_transform = t_read + t1 - t0, t_transform + t2 - t1
+                indices[filled], epochs[filled] = index, epoch
                 filled += 1
             if filled < batch_size:
                 break
@@ -169,8 +200,9 @@ def run_worker(worker: int, config: WorkerConfig, stats: StageStats, stop: Any, 
             if len(made) < config.repeat_batches:
                 made.append({name: array.copy() for name, array in arrays.items()})
             hand_off(slot, arrays, batch_no)
+            t_decode = stage_times().get("decode", 0.0) if stage_times is not None else 0.0
             for name, value in (
-                ("read_s", t_read), ("decode_s", t_decode), ("augment_s", t_augment),
+                ("read_s", t_read), ("decode_s", t_decode), ("augment_s", max(0.0, t_transform - t_decode)),
                 ("serialize_s", time.perf_counter() - t4), ("send_s", t_wait), ("images", batch_size), ("batches", 1),
             ):
                 stats.add(worker, name, value)

@@ -56,7 +56,15 @@ def record_by_checksum(synth_lmdb: Path) -> dict[int, tuple[int, int]]:
     table = {}
     with LmdbDataset(synth_lmdb) as ds:
         for index in range(len(ds)):
-            label, data = ds.read(index)
+            record = ds.read(index)
+            label, data = record["label"], record["image"]
             table[image_checksums(expected_eval_image(data)[None])[0]] = (index, label)
     assert len(table) == SYNTH_COUNT, "checksums must identify records"
     return table
+
+
+def stoker_batch(images: np.ndarray, labels: np.ndarray, first_index: int = 0) -> dict[str, np.ndarray]:
+    """What a Stoker imagenet producer sends: images, labels, and the index and epoch of each row."""
+    n = len(labels)
+    return {"images": images, "labels": np.asarray(labels, np.int32),
+            "index": np.arange(first_index, first_index + n, dtype=np.int64), "epoch": np.zeros(n, np.int32)}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -51,10 +52,10 @@ def test_folder_build_keeps_encoded_bytes_and_skips_corrupt_files_by_path(image_
     assert sorted(Path(p).name for p, _ in report.skipped) == ["garbage.jpg", "notes.txt", "truncated.jpg"]
     with LmdbDataset(out) as ds:
         assert ds.meta.count == 7 and ds.meta.classes == ("cat", "dog")
-        labels = [ds.read(i)[0] for i in range(len(ds))]
+        labels = [ds.read(i)["label"] for i in range(len(ds))]
         assert labels == [0, 0, 0, 1, 1, 1, 1]
         # Records are the source files byte for byte (sorted order within a class).
-        assert ds.read(0)[1] == (image_folder / "cat" / "0.jpg").read_bytes()
+        assert ds.read(0)["image"] == (image_folder / "cat" / "0.jpg").read_bytes()
 
 
 def test_cli_build_reports_skipped_files_and_counts(image_folder, tmp_path):
@@ -101,7 +102,7 @@ def test_folder_build_takes_every_format_by_content_and_names_every_file_it_leav
     with LmdbDataset(tmp_path / "out") as ds:
         assert ds.meta.count == len(FORMATS) + 2 and ds.meta.classes == ("a", "b")
         for index in range(len(ds)):
-            decoded = decode_rgb(ds.read(index)[1])
+            decoded = decode_rgb(ds.read(index)["image"])
             assert decoded.shape == rgb.shape and np.abs(decoded.astype(int) - rgb).mean() < 40
     result = _stoker("lmdb", "build", str(src), str(tmp_path / "out2"), "--quiet")
     assert f"skipped {len(leave_out)} files" in result.stdout
@@ -126,7 +127,7 @@ def test_failed_build_leaves_no_dataset_that_looks_complete(tmp_path):
     out = tmp_path / "out"
     with pytest.raises(RuntimeError):
         with DatasetWriter(out) as writer:
-            writer.add(0, _jpeg(1))
+            writer.add({"image": _jpeg(1), "label": 0})
             raise RuntimeError("simulated crash mid-build")
     assert not out.exists() and not (tmp_path / "out.partial").exists()
     # A partial directory from a hard crash has no metadata and is refused clearly.
@@ -143,9 +144,9 @@ def test_other_format_version_is_refused_with_a_clear_message(tmp_path):
     build_synthetic(tmp_path / "ds", 2, progress=False)
     env = lmdb.open(str(tmp_path / "ds"), map_size=1 << 30)
     with env.begin(write=True) as txn:
-        txn.put(META_KEY, msgpack.packb({"format": "stoker-lmdb", "version": 2, "count": 2, "classes": ["a"]}))
+        txn.put(META_KEY, msgpack.packb({"format": "stoker-lmdb", "version": 3, "count": 2, "classes": ["a"]}))
     env.close()
-    with pytest.raises(DatasetError, match="format version 2, this Stoker reads version 1"):
+    with pytest.raises(DatasetError, match="format version 3, this Stoker reads versions 1, 2"):
         LmdbDataset(tmp_path / "ds")
 
 
@@ -181,7 +182,8 @@ def test_synthetic_dataset_is_deterministic_and_photo_sized():
 def test_info_prints_count_classes_version_and_samples(synth_lmdb):
     result = _stoker("lmdb", "info", str(synth_lmdb), "--samples", "3")
     assert result.returncode == 0, result.stderr
-    assert "records:  96" in result.stdout and "version 1" in result.stdout
+    assert "records:  96" in result.stdout and "version 2" in result.stdout
+    assert "fields:   image (image), label (int)" in result.stdout
     assert result.stdout.count("jpeg") == 3
 
 
@@ -200,3 +202,105 @@ def test_stage_benchmark_skips_undecodable_records_as_the_workers_do(synth_lmdb,
     rates = measure_stages(str(ds), image_size=32, batch_size=4, seconds=0.05, records=8)
     assert rates.skipped == 2 and rates.pipeline > 0
     assert "2 corrupt or undecodable records skipped" in rates.table()
+
+
+def test_write_lmdb_stores_any_fields_and_reports_bad_records_by_position(tmp_path):
+    from stoker.producer.dataset_writer import write_lmdb
+
+    jpeg = _jpeg(1)
+
+    def records():
+        for i in range(6):
+            record = {"image": jpeg, "boxes": np.full((i % 3, 4), i, np.float32), "classes": [i, i + 1],
+                      "score": 0.5 * i, "name": f"r{i}", "ok": i % 2 == 0, "raw": b"\x00\x01"}
+            if i == 2:
+                record["boxes"] = record["boxes"].astype(np.float64)  # wrong dtype for the schema
+            if i == 3:
+                record["image"] = b"not an image"
+            if i == 4:
+                del record["name"]
+            yield record
+
+    report = write_lmdb(tmp_path / "ds", records(), progress=False, task="detection", info={"source": "test"})
+    assert [p for p, _ in report.skipped] == ["record 2", "record 3", "record 4"]
+    reasons = dict(report.skipped)
+    assert "field 'boxes' is float64 rank 2, the dataset's schema says array float32 rank 2" in reasons["record 2"]
+    assert "not a JPEG, PNG" in reasons["record 3"] and "missing ['name']" in reasons["record 4"]
+    with LmdbDataset(tmp_path / "ds") as ds:
+        assert len(ds) == 3 and ds.meta.task == "detection" and ds.meta.info == {"source": "test"}
+        assert {n: str(k) for n, k in ds.meta.fields.items()} == {
+            "image": "image", "boxes": "array float32 rank 2", "classes": "list", "score": "float", "name": "str",
+            "ok": "bool", "raw": "bytes"}
+        record = ds.read(2)  # the sixth record
+        assert record["boxes"].dtype == np.float32 and record["boxes"].shape == (2, 4) and (record["boxes"] == 5).all()
+        assert record["classes"] == [5, 6] and record["name"] == "r5" and record["raw"] == b"\x00\x01"
+
+
+def test_write_lmdb_publishes_nothing_when_the_records_fail_midway(tmp_path):
+    from stoker.producer.dataset_writer import write_lmdb
+
+    def records():
+        yield {"image": _jpeg(1), "label": 0}
+        raise RuntimeError("the source broke")
+
+    with pytest.raises(RuntimeError, match="the source broke"):
+        write_lmdb(tmp_path / "ds", records(), progress=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_arrays_in_records_are_validated_when_read_never_unpickled(tmp_path):
+    from stoker.producer.dataset_format import ARRAY_EXT
+    from stoker.producer.dataset_writer import write_lmdb
+
+    write_lmdb(tmp_path / "ds", [{"a": np.arange(6, dtype=np.int32).reshape(2, 3)}] * 3, progress=False)
+    bad = {
+        1: msgpack.ExtType(ARRAY_EXT, msgpack.packb(["object", [2]]) + b"\x00" * 16),
+        2: msgpack.ExtType(ARRAY_EXT, msgpack.packb(["int32", [2, 3]]) + b"\x00" * 5),  # short
+    }
+    env = lmdb.open(str(tmp_path / "ds"), map_size=1 << 30)
+    with env.begin(write=True) as txn:
+        for index, value in bad.items():
+            txn.put(b"%08d" % index, msgpack.packb({"a": value}))
+    env.close()
+    with LmdbDataset(tmp_path / "ds") as ds:
+        assert ds.read(0)["a"].tolist() == [[0, 1, 2], [3, 4, 5]]
+        with pytest.raises(RecordError, match="dtype 'object' is not one of"):
+            ds.read(1)
+        with pytest.raises(RecordError, match=r"needs 24 bytes, the record holds 5"):
+            ds.read(2)
+
+
+def test_jsonl_build_reads_image_paths_and_keeps_json_values(tmp_path):
+    (tmp_path / "img").mkdir()
+    lines = []
+    for i in range(3):
+        (tmp_path / "img" / f"{i}.png").write_bytes(encode("png", pattern_image()))
+        lines.append(json.dumps({"image": f"img/{i}.png", "boxes": [[1, 2, 10, 20]] * (i + 1), "classes": [i] * (i + 1)}))
+    lines.insert(1, "{not json")
+    lines.append(json.dumps({"image": "img/missing.png", "boxes": [], "classes": []}))
+    (tmp_path / "train.jsonl").write_text("\n".join(lines) + "\n")
+    result = _stoker("lmdb", "build", "--jsonl", str(tmp_path / "train.jsonl"), str(tmp_path / "out"), "--quiet",
+                     "--task", "detection")
+    assert result.returncode == 0, result.stderr
+    assert "wrote 3 records to" in result.stdout and "skipped 2 lines" in result.stdout
+    assert f"{tmp_path / 'train.jsonl'}:2: not a JSON object" in result.stdout
+    assert f"{tmp_path / 'train.jsonl'}:5: unreadable" in result.stdout
+    info = _stoker("lmdb", "info", str(tmp_path / "out"), "--samples", "3")
+    assert "task:     detection" in info.stdout and "fields:   image (image), boxes (list), classes (list)" in info.stdout
+    assert "boxes: [[1, 2, 10, 20], [1, 2, 10, 20]]" in info.stdout and "png" in info.stdout
+
+
+def test_a_version_1_dataset_is_still_read_as_image_and_label(tmp_path):
+    path = tmp_path / "v1"
+    env = lmdb.open(str(path), map_size=1 << 24)
+    with env.begin(write=True) as txn:
+        for i in range(3):
+            txn.put(b"%08d" % i, msgpack.packb({"label": i % 2, "image": _jpeg(i)}, use_bin_type=True))
+        txn.put(b"%08d" % 3, msgpack.packb({"label": 7, "image": _jpeg(3)}, use_bin_type=True))  # label out of range
+        txn.put(META_KEY, msgpack.packb({"format": "stoker-lmdb", "version": 1, "count": 4, "classes": ["a", "b"]}))
+    env.close()
+    with LmdbDataset(path) as ds:
+        assert ds.meta.version == 1 and list(ds.meta.fields) == ["image", "label"] and ds.meta.classes == ("a", "b")
+        assert ds.read(1) == {"label": 1, "image": _jpeg(1)}
+        with pytest.raises(RecordError, match=r"label 7, expected an integer in \[0, 2\)"):
+            ds.read(3)

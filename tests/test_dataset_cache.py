@@ -22,13 +22,13 @@ def test_two_writers_of_one_dataset_never_clobber_each_other(tmp_path):
     out = tmp_path / "ds"
     first, second = DatasetWriter(out), DatasetWriter(out)
     assert first.partial != second.partial
-    first.add(0, synthetic_jpeg(0, 0, 2)[0])
-    second.add(1, synthetic_jpeg(0, 1, 2)[0])
+    first.add({"image": synthetic_jpeg(0, 0, 2)[0], "label": 0})
+    second.add({"image": synthetic_jpeg(0, 1, 2)[0], "label": 1})
     first.finish(["a", "b"])
     with pytest.raises(DatasetError, match="published by another process while this build ran"):
         second.finish(["a", "b"])
     with LmdbDataset(out) as ds:
-        assert len(ds) == 1 and ds.read(0) == (0, synthetic_jpeg(0, 0, 2)[0])
+        assert len(ds) == 1 and ds.read(0) == {"image": synthetic_jpeg(0, 0, 2)[0], "label": 0}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ds"]
 
 
@@ -42,7 +42,7 @@ def test_a_build_removes_abandoned_partials_but_never_one_being_written(tmp_path
     removed = remove_abandoned_partials(out)
     assert sorted(p.name for p in removed) == ["ds.partial", "ds.partial-dead0001"]
     assert alive.partial.is_dir()
-    alive.add(0, synthetic_jpeg(0, 0, 2)[0])
+    alive.add({"image": synthetic_jpeg(0, 0, 2)[0], "label": 0})
     alive.finish(["a", "b"])
     assert len(LmdbDataset(out)) == 1
 

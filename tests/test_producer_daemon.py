@@ -77,7 +77,8 @@ def test_eval_mode_delivers_each_record_once_per_epoch_with_exact_images(synth_l
             assert batch["images"].shape == (8, size, size, 3) and batch["images"].dtype == np.uint8
             assert batch["labels"].dtype == np.int32
             for image, label, index in zip(batch["images"], batch["labels"], batch["index"]):
-                true_label, data = ds.read(int(index))
+                record = ds.read(int(index))
+                true_label, data = record["label"], record["image"]
                 assert label == true_label
                 np.testing.assert_array_equal(image, expected_eval_image(data, size))
 
@@ -174,7 +175,7 @@ def test_decompression_bombs_in_any_format_are_skipped_and_counted_by_workers(sy
 def _expected_eval_images(lmdb_path: Path, size: int) -> dict[int, np.ndarray]:
     """Record index -> its eval-mode image, computed independently of the producer."""
     with LmdbDataset(lmdb_path) as ds:
-        return {i: expected_eval_image(ds.read(i)[1], size) for i in range(len(ds))}
+        return {i: expected_eval_image(ds.read(i)["image"], size) for i in range(len(ds))}
 
 
 def _assert_exact_images(batch, expected: dict[int, np.ndarray]) -> int:

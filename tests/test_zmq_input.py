@@ -20,7 +20,7 @@ from stoker.protocol import encode_batch
 
 pytestmark = pytest.mark.timeout(180)
 
-from conftest import CHECKSUM_WEIGHTS as WEIGHTS, EVAL_SIZE as SIZE
+from conftest import CHECKSUM_WEIGHTS as WEIGHTS, EVAL_SIZE as SIZE, stoker_batch
 
 BATCH = 8
 
@@ -143,7 +143,7 @@ def test_producers_sending_another_batch_shape_fail_the_step_with_both_shapes_no
     message = str(failure.value)
     assert "no acceptable batch from any producer" in message
     assert f"sends images uint8 [16, {SIZE}, {SIZE}, 3]" in message
-    assert f"declared uint8 [32, {SIZE}, {SIZE}, 3]" in message
+    assert f"expects images uint8 [32, {SIZE}, {SIZE}, 3]" in message
     assert "--batch-size 32" in message and "batch_size=16" in message
 
 
@@ -193,8 +193,8 @@ def test_batches_of_the_wrong_shape_are_rejected_and_counted_not_fed(synth_lmdb)
     port = push.bind_to_random_port("tcp://127.0.0.1")
     try:
         with ZMQInput([f"tcp://127.0.0.1:{port}"], batch_size=BATCH, image_shape=(SIZE, SIZE, 3), recv_timeout=30) as inp:
-            wrong = {"images": np.zeros((BATCH, 16, 16, 3), np.uint8), "labels": np.zeros(BATCH, np.int32)}
-            good = {"images": np.full((BATCH, SIZE, SIZE, 3), 7, np.uint8), "labels": np.arange(BATCH, dtype=np.int32)}
+            wrong = stoker_batch(np.zeros((BATCH, 16, 16, 3), np.uint8), np.zeros(BATCH, np.int32))
+            good = stoker_batch(np.full((BATCH, SIZE, SIZE, 3), 7, np.uint8), np.arange(BATCH, dtype=np.int32))
             # get() returns the batch staged before while staging the next, so it needs two good ones.
             for frames in (encode_batch(wrong, producer="p", seq=0), [b"junk"], encode_batch(good, producer="p", seq=1),
                            encode_batch(good, producer="p", seq=2)):

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import zmq
 
+from conftest import stoker_batch
 from stoker.consumer import ZMQInput
 from stoker.protocol import PROTOCOL_VERSION, encode_batch
 
@@ -62,7 +63,7 @@ def test_100k_malformed_messages_are_all_rejected_and_counted_while_good_batches
     push.setsockopt(zmq.SNDHWM, 1_000)  # the receiver paces us: the RSS below is the receiver's, not our send queue
     port = push.bind_to_random_port("tcp://127.0.0.1")
     rng = np.random.default_rng(0)
-    template = {"images": np.zeros((B, S, S, 3), np.uint8), "labels": np.zeros(B, np.int32)}
+    template = stoker_batch(np.zeros((B, S, S, 3), np.uint8), np.zeros(B, np.int32))
     good = [bytes(memoryview(f)) for f in encode_batch(template, producer="good", seq=0)]
     try:
         with ZMQInput([f"tcp://127.0.0.1:{port}"], batch_size=B, image_shape=(S, S, 3), queue_capacity=200,
@@ -72,8 +73,8 @@ def test_100k_malformed_messages_are_all_rejected_and_counted_while_good_batches
             for i in range(FUZZ_MESSAGES):
                 push.send_multipart(next(bad))
                 if i % GOOD_EVERY == 0:
-                    marked = {"images": np.full((B, S, S, 3), sent_good % 250, np.uint8),
-                              "labels": np.full(B, sent_good, np.int32)}
+                    marked = stoker_batch(np.full((B, S, S, 3), sent_good % 250, np.uint8),
+                                          np.full(B, sent_good, np.int32))
                     push.send_multipart(encode_batch(marked, producer="good", seq=sent_good))
                     sent_good += 1
                 if i % 20_000 == 0:
@@ -114,7 +115,7 @@ def test_message_over_the_socket_limit_never_reaches_python_and_the_peer_recover
         with ZMQInput([f"tcp://127.0.0.1:{port}"], batch_size=B, image_shape=(S, S, 3), recv_timeout=30,
                       max_message_bytes=64 * 1024) as inp:
             push.send_multipart([b"x", bytes(1 << 20)])  # 1 MiB frame: ZMQ_MAXMSGSIZE drops it and the connection
-            ok = {"images": np.ones((B, S, S, 3), np.uint8), "labels": np.arange(B, dtype=np.int32)}
+            ok = stoker_batch(np.ones((B, S, S, 3), np.uint8), np.arange(B, dtype=np.int32))
             deadline = time.monotonic() + 30
             while inp.stats.batches < 2 and time.monotonic() < deadline:
                 try:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import zmq
 
-from conftest import EVAL_SIZE, image_checksums
+from conftest import EVAL_SIZE, image_checksums, stoker_batch
 from stoker.cli.local_cluster import ClusterError, LocalCluster, check_available
 from stoker.consumer import InputTimeoutError, ZMQInput
 from stoker.producer.process import ProducerProcess
@@ -92,7 +92,7 @@ def test_slow_producer_does_not_hold_back_a_fast_one(synth_lmdb):
     ctx = zmq.Context()
     slow = ctx.socket(zmq.PUSH)  # a real peer that sends only when the test says so
     slow_port = slow.bind_to_random_port("tcp://127.0.0.1")
-    batch = {"images": np.zeros((B, EVAL_SIZE, EVAL_SIZE, 3), np.uint8), "labels": np.zeros(B, np.int32)}
+    batch = stoker_batch(np.zeros((B, EVAL_SIZE, EVAL_SIZE, 3), np.uint8), np.zeros(B, np.int32))
     try:
         with ProducerProcess(synth_lmdb, extra_args=EVAL) as fast, \
                 ZMQInput([fast.endpoint, f"tcp://127.0.0.1:{slow_port}"], batch_size=B, queue_capacity=8,
