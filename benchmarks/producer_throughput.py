@@ -26,13 +26,13 @@ from pathlib import Path
 
 import cv2
 import numpy as np
-import zmq
 
 from stoker.producer.augment import decode_train_crop, resize_flip_into
 from stoker.producer.dataset_format import LmdbDataset
 from stoker.producer.process import ProducerProcess
 from stoker.producer.synthetic import build_synthetic
-from stoker.protocol import decode_batch
+
+from delivery import delivered_rate
 
 
 def decoder_limit(lmdb_path: Path, size: int, seconds: float) -> float:
@@ -41,7 +41,7 @@ def decoder_limit(lmdb_path: Path, size: int, seconds: float) -> float:
     rng = np.random.default_rng(0)
     out = np.empty((size, size, 3), np.uint8)
     with LmdbDataset(lmdb_path) as ds:
-        records = [ds.read(i)[1] for i in range(len(ds))]
+        records = [ds.read(i)["image"] for i in range(len(ds))]
     n, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         resize_flip_into(decode_train_crop(records[n % len(records)], rng), size, rng, out)
@@ -73,23 +73,12 @@ def parallel_decoder_limit(lmdb_path: Path, size: int, seconds: float, processes
 def delivered(lmdb_path: Path, workers: int, batch: int, size: int, warmup: int, batches: int) -> float:
     """Images/s that reach this process from a `stoker produce` daemon with ``workers`` workers."""
     args = ["--workers", str(workers), "--batch-size", str(batch), "--image-size", str(size), "--seed", "0"]
+
+    def check(decoded) -> None:
+        assert decoded["images"].shape == (batch, size, size, 3)
+
     with ProducerProcess(lmdb_path, extra_args=args) as producer:
-        ctx = zmq.Context()
-        sock = ctx.socket(zmq.PULL)
-        sock.setsockopt(zmq.RCVHWM, 4)
-        sock.connect(producer.endpoint)
-        try:
-            for i in range(warmup + batches):
-                if not sock.poll(60_000):
-                    raise RuntimeError("producer sent nothing for 60 s:\n" + producer.log_text()[-2000:])
-                decoded = decode_batch(sock.recv_multipart(copy=False))
-                assert decoded["images"].shape == (batch, size, size, 3)
-                if i == warmup - 1:
-                    t0 = time.perf_counter()
-            return batches * batch / (time.perf_counter() - t0)
-        finally:
-            sock.close(0)
-            ctx.term()
+        return delivered_rate(producer, warmup, batches, check)
 
 
 def main() -> None:

@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""Run every benchmark of the throughput issue in one go; each prints its table and writes JSON.
+"""Run every benchmark in one go; each prints its table and writes JSON.
 
     python benchmarks/run_all.py [--tensorpack-python /tmp/tpvenv/bin/python] [--skip link,soak]
 
 Order: decoders (OpenCV / simplejpeg / PyTurboJPEG / crop-window, reduced DCT), producer
-throughput (decoder limit, 1 and 2 workers), transport (protocol v1 vs bare pyzmq),
+throughput (decoder limit, 1 and 2 workers), pipeline overhead (the imagenet path through the
+pipeline interface vs the loop before it), user pipeline scaling (a pure-Python transform on 1
+and 2 workers), transport (protocol v1 vs bare pyzmq),
 trainer latency hiding (constant / ZMQInput / feed_dict), peers (tf.data, tensorpack),
 link (shaped veth links; needs root), soak (memory over 20,000 batches; about 3
 minutes) and soak_full_queue (memory with 9.6 MB batches and a full queue; 2 minutes).
@@ -23,6 +25,8 @@ HERE = Path(__file__).parent
 BENCHMARKS = {
     "decoders": ("decoders", []),
     "producer_throughput": ("producer_throughput", []),
+    "pipeline_overhead": ("pipeline_overhead", []),
+    "user_pipeline_scaling": ("user_pipeline_scaling", []),
     "transport": ("transport", []),
     "trainer_latency": ("trainer_latency", []),
     "peers": ("peers", ["--batches", "150"]),
