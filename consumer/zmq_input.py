@@ -93,6 +93,10 @@ class ZMQInput:
             the receive thread's, and ``rcvhwm + 1`` per producer address.
         device: where the StagingArea lives (default: ``/GPU:0`` when TensorFlow sees a GPU,
             else ``/CPU:0``).
+        devices, strategy: several training devices, e.g. ``["/GPU:0", "/GPU:1"]``, or the devices
+            of a ``tf.distribute`` strategy (``MirroredStrategy``): one StagingArea per device,
+            each pre-filled, and inside ``strategy.run(replica_fn)`` ``get()`` returns that
+            replica's own whole producer batch, already staged on its device.
         recv_timeout: seconds without an acceptable batch before the step fails with
             InputTimeoutError saying why (default 60).
         nr_stage: batches kept staged on the device (default 1, as tensorpack).
@@ -133,6 +137,8 @@ class ZMQInput:
         curve: Optional[CurveClientKeys] = None,
         name: str = "stoker_input",
         spec: Optional[BatchSpec | Mapping[str, tuple[Any, Sequence[int]]]] = None,
+        devices: Optional[Sequence[str]] = None,
+        strategy: Optional[tf.distribute.Strategy] = None,
     ) -> None:
         if isinstance(addresses, str):
             addresses = [a.strip() for a in addresses.split(",") if a.strip()]
@@ -150,9 +156,17 @@ class ZMQInput:
         self.name = name
         self.limits = DecodeLimits(max_message_bytes=max_message_bytes)
         self.eager = tf.executing_eagerly()
-        if device is None:
-            device = "/GPU:0" if tf.config.list_logical_devices("GPU") else "/CPU:0"
-        self.device = device
+        if sum(x is not None for x in (device, devices, strategy)) > 1:
+            raise ValueError("give one of device, devices or strategy")
+        if strategy is not None:
+            devices = list(strategy.extended.worker_devices)
+        if devices is not None:
+            if not devices:
+                raise ValueError("devices must name at least one device, e.g. ['/GPU:0', '/GPU:1']")
+            self.devices = list(devices)
+        else:
+            self.devices = [device or ("/GPU:0" if tf.config.list_logical_devices("GPU") else "/CPU:0")]
+        self.device = self.devices[0]
         self._stats = InputStats()
         self._stats_lock = threading.Lock()
         self._error: Optional[InputError] = None
@@ -209,8 +223,9 @@ class ZMQInput:
         self._unpacked = self.spec.pipeline_fields()
         queue = make_fifo_queue(self.spec, queue_capacity, name)
         self._queue: EagerQueue | GraphQueue = EagerQueue(queue) if self.eager else GraphQueue(queue, self.spec)
-        self._staging = StagingArea([tf.as_dtype(a.dtype) for a in self.spec.arrays], device,
-                                    capacity=nr_stage + 1, name=f"{name}_staging")
+        dtypes = [tf.as_dtype(a.dtype) for a in self.spec.arrays]
+        self._stagings = [StagingArea(dtypes, d, capacity=nr_stage + 1, name=f"{name}_staging{i}")
+                          for i, d in enumerate(self.devices)]
         if self.eager:
             self.start()
 
@@ -306,35 +321,53 @@ class ZMQInput:
 
     @tf.autograph.experimental.do_not_convert
     def get(self) -> BatchTensors:
-        """This step's batch, staged on ``device``: unpacks to the pipeline's fields, ``batch[name]`` for any array.
+        """This step's batch, staged on the device: unpacks to the pipeline's fields, ``batch[name]`` for any array.
 
         ``images, labels = inp.get()`` for the imagenet pipeline; ``batch["boxes"]``,
         ``batch["boxes_len"]``, ``batch["index"]``, ``batch["epoch"]`` for the rest. Call it inside
         your ``tf.function`` step (recommended: unstage, dequeue and stage run in the step's graph,
-        the copy overlapping the computation) or eagerly. The first call pre-fills the
-        StagingArea (waits for data).
+        the copy overlapping the computation) or eagerly; with several devices, inside
+        ``strategy.run(replica_fn)``, where each replica gets its own batch. The first call
+        pre-fills the StagingAreas (waits for data).
         """
         self.raise_if_failed()
+        replica = self._replica()
         with tf.init_scope():
             self._prefill()
         if tf.executing_eagerly():
             try:
-                return self._swap()
+                return self._swap(replica)
             except (tf.errors.OutOfRangeError, tf.errors.CancelledError, tf.errors.InvalidArgumentError) as exc:
                 raise (self._error or InputError(str(exc))) from exc
-        return self._swap()
+        return self._swap(replica)
 
-    def _swap(self) -> BatchTensors:
-        tensors = self._staging.get()
-        self._staging.put(self._queue.queue.dequeue())
+    def _replica(self) -> int:
+        """Which StagingArea the caller's replica reads: 0 with one device, else its replica id."""
+        if len(self._stagings) == 1:
+            return 0
+        context = tf.distribute.get_replica_context()
+        replica = None
+        if context is not None and context.num_replicas_in_sync == len(self._stagings):
+            replica = tf.get_static_value(context.replica_id_in_sync_group)
+        if replica is None:
+            raise ValueError(f"this ZMQInput stages on {len(self._stagings)} devices ({', '.join(self.devices)}): call "
+                             "get() inside strategy.run(replica_fn) of a strategy over those devices, which tells "
+                             "each replica's batch apart")
+        return int(replica)
+
+    def _swap(self, replica: int = 0) -> BatchTensors:
+        staging = self._stagings[replica]
+        tensors = staging.get()
+        staging.put(self._queue.queue.dequeue())
         return self._named(tensors)
 
     def _prefill(self) -> None:
         if self._prefilled or not self.eager:
             return
         try:
-            for _ in range(self.nr_stage):
-                self._staging.put(self._queue.queue.dequeue())
+            for staging in self._stagings:
+                for _ in range(self.nr_stage):
+                    staging.put(self._queue.queue.dequeue())
         except (tf.errors.OutOfRangeError, tf.errors.CancelledError) as exc:
             raise (self._error or InputError(str(exc))) from exc
         self._prefilled = True
@@ -343,13 +376,18 @@ class ZMQInput:
         """Plain dequeue tensors (no staging), named as ``get()``'s: for tf.compat.v1 graphs and tensorpack-style code."""
         return self._named(self._queue.queue.dequeue())
 
-    def as_dataset(self, x: Optional[Selection] = None, y: Optional[Selection] = None) -> tf.data.Dataset:
+    def as_dataset(self, x: Optional[Selection] = None, y: Optional[Selection] = None,
+                   combine: int = 1) -> tf.data.Dataset:
         """An infinite ``tf.data.Dataset`` of ``(x, y)`` batches for ``model.fit``.
 
         ``x`` and ``y`` each name one array, a sequence of arrays (a tuple) or a dict
         ``{key: array name}``; default ``x="images", y="labels"`` when the batches have both.
-        ``y=()`` gives ``x`` alone. Keras ends an epoch quietly when a dataset runs dry, so pair
-        it with ``keras_callback()``, which raises the input's error instead.
+        ``y=()`` gives ``x`` alone. ``combine=k`` makes each element k producer batches joined
+        (``k * batch_size`` rows): under ``MirroredStrategy`` over k replicas Keras splits an
+        element evenly, so each replica trains on one whole producer batch (global batch
+        ``k * batch_size``, per replica ``batch_size``); with ``combine=1`` each replica gets
+        ``batch_size / k`` rows. Keras ends an epoch quietly when a dataset runs dry, so pair it
+        with ``keras_callback()``, which raises the input's error instead.
         """
         names = self.spec.names
         if x is None and y is None:
@@ -359,13 +397,22 @@ class ZMQInput:
             x, y = "images", "labels"
         if x is None:
             raise ValueError("as_dataset needs x (the model's inputs) when y is given")
+        if combine < 1:
+            raise ValueError(f"combine must be >= 1, got {combine}")
         check_selection(x, names, "x")
         if y is not None and y != ():
             check_selection(y, names, "y")
-        queue, named = self._queue.queue, self._named
+        queue, named, spec = self._queue.queue, self._named, self.spec
+
+        def dequeue() -> list[tf.Tensor]:
+            if combine == 1:
+                return queue.dequeue()
+            stacked = queue.dequeue_many(combine)  # [combine, B, ...] per array -> [combine * B, ...]
+            return [tf.reshape(t, [combine * a.shape[0], *a.shape[1:]]) for t, a in zip(stacked, spec.arrays)]
 
         def take(_: tf.Tensor) -> Any:
-            batch = named(queue.dequeue()).as_dict()
+            tensors = dequeue()
+            batch = named(tensors).as_dict() if combine == 1 else dict(zip(spec.names, tensors))
             return select(batch, x) if y is None or y == () else (select(batch, x), select(batch, y))
 
         return tf.data.Dataset.from_tensors(0).repeat().map(take, num_parallel_calls=1)
@@ -381,12 +428,13 @@ class ZMQInput:
     def max_batches_held(self) -> int:
         """The most batches this input holds at once, its memory bound in batches.
 
-        The FIFOQueue (``queue_capacity``), the StagingArea (``nr_stage + 1`` while a step swaps),
-        the batch the step is using, the receive thread's (the received frame and its copy
+        The FIFOQueue (``queue_capacity``), per device the StagingArea (``nr_stage + 1`` while a
+        step swaps) and the batch the step is using, the receive thread's (the received frame and its copy
         waiting to enter a full queue), and per producer ZMQ's receive buffer (``rcvhwm``) plus
         the message libzmq is assembling from the TCP stream.
         """
-        return self.queue_capacity + (self.nr_stage + 1) + 1 + 2 + (self.rcvhwm + 1) * len(self.addresses)
+        return (self.queue_capacity + (self.nr_stage + 1 + 1) * len(self._stagings) + 2
+                + (self.rcvhwm + 1) * len(self.addresses))
 
     def queue_size(self) -> int:
         """Batches in the FIFOQueue right now."""
