@@ -183,7 +183,7 @@ def cmd_produce(args: argparse.Namespace) -> int:
         sndhwm=args.sndhwm, log_interval=args.log_interval, producer_id=args.id,
         metrics_port=args.metrics_port, log_format=getattr(args, "log_format", "text"),
         repeat_batches=args.repeat_batches,
-        fast_dct=args.fast_dct,
+        fast_dct=args.fast_dct, exact=args.exact, epochs=args.epochs, trainer_timeout=args.trainer_timeout,
     )
     stop = stop_event_on_signals()
     ProducerDaemon(config).run(stop)
@@ -408,6 +408,14 @@ def build_parser() -> argparse.ArgumentParser:
                    "(benchmarks/decoders.py), pixels differ by ~3 levels on average (like tf.image INTEGER_FAST); "
                    "off: exact decode")
     p.add_argument("--shard", default="0/1", help="serve shard I of N (records with index %% N == I)")
+    p.add_argument("--exact", action="store_true",
+                   help="exact epochs: each record once per epoch through producer crashes and trainer restarts "
+                   "(trainers must use ZMQInput(..., exact=True) / stoker train --exact; see README)")
+    p.add_argument("--epochs", type=_positive_int, default=None,
+                   help="serve exactly this many epochs, then stop (implies --exact); none: endless")
+    p.add_argument("--trainer-timeout", type=float, default=10.0,
+                   help="exact mode: seconds without a message before a trainer is taken for dead and the records "
+                   "it held are served again")
     p.add_argument("--seed", type=int, default=None, help="seed for epoch order and augmentation (default: random, logged)")
     p.add_argument("--sndhwm", type=_positive_int, default=2,
                    help="batches queued on the trainer-facing socket before backpressure; each worker decodes into "

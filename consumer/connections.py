@@ -31,6 +31,9 @@ MONITOR_EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNE
 _HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
                      zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 _REVIVE_LOG_EVERY_S = 60.0
+MODE_MISMATCH = ("the producer closed the connection before any handshake: most likely one side runs in exact mode "
+                 "and the other does not; start the producers with --exact (or --epochs N) exactly when the trainer "
+                 "uses ZMQInput(..., exact=True) (stoker train --exact)")
 
 
 def explain_handshake_failure(event: int, value: int, curve: bool) -> str:
@@ -86,7 +89,9 @@ class ConnectionWatcher:
         self.revive_after = revive_after
         self.monitor = sock.get_monitor_socket(MONITOR_EVENTS)
         self.connected: set[str] = set()
+        self.handshakes = 0  # successful ones: each is a new connection (exact mode says hello on it)
         self.failures = HandshakeFailures()
+        self._tcp_only: set[str] = set()  # connected over TCP, no ZMTP handshake yet
         self.reconnects = 0
         self._disconnected_at: dict[str, float] = {}
         self._revive_logged_at: dict[str, float] = {}
@@ -101,8 +106,11 @@ class ConnectionWatcher:
             endpoint = event["endpoint"].decode(errors="replace")
             if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self.connected.add(endpoint)
+                self.handshakes += 1
+                self._tcp_only.discard(endpoint)
                 self._disconnected_at.pop(endpoint, None)
             elif kind in _HANDSHAKE_FAILED:
+                self._tcp_only.discard(endpoint)
                 self.failures.count += 1
                 # A hang-up races with the greeting and only suggests a cause: it never replaces a known one.
                 if _is_definitive(kind, value) or endpoint not in self._definitive:
@@ -115,8 +123,15 @@ class ConnectionWatcher:
             elif kind == zmq.EVENT_DISCONNECTED:
                 self.connected.discard(endpoint)
                 self._disconnected_at[endpoint] = time.monotonic()
+                if endpoint in self._tcp_only:  # closed on us before any handshake event: wrong socket type
+                    self._tcp_only.discard(endpoint)
+                    self.failures.count += 1
+                    self.failures.endpoint = endpoint
+                    self.failures.reason = MODE_MISMATCH
             elif kind in (zmq.EVENT_CONNECT_RETRIED, zmq.EVENT_CONNECT_DELAYED, zmq.EVENT_CONNECTED):
                 self._disconnected_at.pop(endpoint, None)  # libzmq is retrying by itself
+                if kind == zmq.EVENT_CONNECTED:
+                    self._tcp_only.add(endpoint)
             changed = True
         self._revive()
         return changed

@@ -15,4 +15,12 @@ class InputClosedError(InputError):
     """The ZMQInput was closed (``close()``, Ctrl-C) while a step waited for data."""
 
 
-__all__ = ["BatchMismatchError", "InputClosedError", "InputError", "InputTimeoutError"]
+class InputFinished(InputError):
+    """Exact mode, a finite run: every producer finished its epochs and every record was delivered.
+
+    Not a failure: ``as_dataset()`` simply ends; a step inside ``tf.function`` sees TensorFlow's
+    own ``tf.errors.OutOfRangeError``; an eager ``get()`` raises this.
+    """
+
+
+__all__ = ["BatchMismatchError", "InputClosedError", "InputError", "InputFinished", "InputTimeoutError"]

@@ -33,13 +33,19 @@ import numpy as np
 import tensorflow as tf
 import zmq
 
+import secrets
+
+import msgpack
+
 from stoker.protocol import DEFAULT_MAX_MESSAGE_BYTES, DecodeLimits, ProtocolError, decode_batch
 from stoker.protocol.batch_spec import BatchSpec
 from stoker.protocol.curve import CurveClientKeys
+from stoker.protocol.input_state import InputState
 
 from .batch_tensors import BatchTensors, Selection, check_selection, select
 from .connections import ConnectionWatcher
-from .errors import BatchMismatchError, InputClosedError, InputError, InputTimeoutError
+from .errors import BatchMismatchError, InputClosedError, InputError, InputFinished, InputTimeoutError
+from .exact_transport import ExactTransport
 from .staging import StagingArea
 from .tf_queue import EagerQueue, GraphQueue, make_fifo_queue
 
@@ -48,6 +54,7 @@ log = logging.getLogger("stoker.consumer")
 _POLL_MS = 100
 _SAMPLE_EVERY_S = 0.05
 _REJECT_LOG_EVERY_S = 10.0
+_STATE_FORMAT = "stoker-zmqinput-state"
 
 
 @dataclass
@@ -74,7 +81,7 @@ class InputStats:
         return self.occupancy_sum / self.occupancy_samples if self.occupancy_samples else 0.0
 
 
-class ZMQInput:
+class ZMQInput(tf.train.experimental.PythonState):
     """Feed a TensorFlow training step from Stoker producers, for any pipeline.
 
     Args:
@@ -105,6 +112,15 @@ class ZMQInput:
             (``ZMQ_MAXMSGSIZE``) and by the decoder (default 512 MiB).
         curve: optional CurveZMQ client keys (``stoker.protocol.curve.load_client_keys``):
             traffic is encrypted and only producers holding the matching server key talk to us.
+        exact: exact epochs (producers started with ``--exact`` or ``--epochs N``): each record once
+            per epoch through producer crashes and trainer restarts. This input then owns the
+            state of what its steps consumed: ``save_state()`` / ``resume_state=``, or pass it to
+            ``tf.train.Checkpoint(model=..., input=inp)``. Rows that are padding (a finite run's last
+            batch) are cut off: batches have their true size. A finite run ends: ``as_dataset()``
+            stops, a ``tf.function`` step raises ``tf.errors.OutOfRangeError`` and an eager
+            ``get()`` InputFinished, once every producer has finished (docs/decisions.md).
+        resume_state, trainer_id: exact mode: start from a ``save_state()`` (its trainer id comes
+            with it); ``trainer_id`` names this trainer to producers (default: random).
 
     Three ways in (runnable versions in README.md)::
 
@@ -139,6 +155,9 @@ class ZMQInput:
         spec: Optional[BatchSpec | Mapping[str, tuple[Any, Sequence[int]]]] = None,
         devices: Optional[Sequence[str]] = None,
         strategy: Optional[tf.distribute.Strategy] = None,
+        exact: bool = False,
+        resume_state: Optional[bytes] = None,
+        trainer_id: Optional[str] = None,
     ) -> None:
         if isinstance(addresses, str):
             addresses = [a.strip() for a in addresses.split(",") if a.strip()]
@@ -181,10 +200,18 @@ class ZMQInput:
         self._last_reject_log = -_REJECT_LOG_EVERY_S
         self._unlogged_rejects = 0
         self._first: Optional[list[np.ndarray]] = None  # the batch a spec was learned from, enqueued first
+        self.exact = exact
+        self._combine_max = 1
+        self._finished = False
+        if (resume_state is not None or trainer_id is not None) and not exact:
+            raise ValueError("resume_state and trainer_id belong to exact mode: pass exact=True (and start the "
+                             "producers with --exact)")
+        self.trainer_id, state = trainer_id or f"trainer-{secrets.token_hex(4)}", InputState()
+        if resume_state:
+            self.trainer_id, state = _parse_state(resume_state)
 
         self._ctx = zmq.Context()
-        self._sock = self._ctx.socket(zmq.PULL)
-        for option, value in (
+        options = (
             (zmq.RCVHWM, rcvhwm),
             (zmq.MAXMSGSIZE, max_message_bytes),
             (zmq.LINGER, 0),
@@ -193,27 +220,39 @@ class ZMQInput:
             # Heartbeats find a dead peer (network cut, killed host) and force a reconnect.
             (zmq.HEARTBEAT_IVL, 1000),
             (zmq.HEARTBEAT_TIMEOUT, 5000),
-        ):
+        )
+        self._exact: Optional[ExactTransport] = None
+        if exact:
+            try:
+                self._exact = ExactTransport(self._ctx, self.addresses, self.trainer_id, state, rcvhwm, options, curve)
+            except zmq.ZMQError as exc:
+                self._ctx.destroy(linger=0)
+                raise ValueError(f"cannot connect to the producer addresses {self.addresses}: {exc.strerror}; "
+                                 "expected e.g. tcp://host:5555") from None
+        self._sock = self._ctx.socket(zmq.PULL)
+        for option, value in options:
             self._sock.setsockopt(option, value)
         if curve is not None:
             self._sock.curve_publickey = curve.public
             self._sock.curve_secretkey = curve.secret
             self._sock.curve_serverkey = curve.server_public
         try:
-            for address in self.addresses:
+            for address in [] if exact else self.addresses:
                 self._sock.connect(address)
         except zmq.ZMQError as exc:
             self._sock.close(0)
             self._ctx.term()
             raise ValueError(f"cannot connect to producer address {address!r}: {exc.strerror}; "
                              "expected e.g. tcp://host:5555") from None
-        self._watcher = ConnectionWatcher(self._sock, self.addresses, curve=curve is not None)
+        self._watcher = ConnectionWatcher(self._sock, [] if exact else self.addresses, curve=curve is not None)
         self._last_batch_at = time.monotonic()
         try:
             self.spec = self._resolve_spec(spec, batch_size, image_shape)
         except BaseException:
             self._watcher.close()
             self._sock.close(linger=0)
+            if self._exact is not None:
+                self._exact.close()
             self._ctx.term()
             raise
         self.batch_size = self.spec.batch_size
@@ -221,9 +260,16 @@ class ZMQInput:
             self.image_shape = tuple(self.spec["images"].shape[1:])
             self.batch_shape = list(self.spec["images"].shape)
         self._unpacked = self.spec.pipeline_fields()
-        queue = make_fifo_queue(self.spec, queue_capacity, name)
-        self._queue: EagerQueue | GraphQueue = EagerQueue(queue) if self.eager else GraphQueue(queue, self.spec)
-        dtypes = [tf.as_dtype(a.dtype) for a in self.spec.arrays]
+        # Exact mode: each batch also carries which producer it came from, to report its records there.
+        self._queue_spec = self.spec if not exact else BatchSpec.from_dict(
+            {**{a.name: (a.dtype, a.shape) for a in self.spec.arrays}, "stoker_source": ("int32", [self.batch_size])})
+        queue = make_fifo_queue(self._queue_spec, queue_capacity, name)
+        self._queue: EagerQueue | GraphQueue = (EagerQueue(queue) if self.eager
+                                                else GraphQueue(queue, self._queue_spec))
+        if exact:  # dequeuing from it raises OutOfRangeError: how get() ends a finite run at a terminator
+            self._end_queue = tf.queue.FIFOQueue(1, [tf.int32], shapes=[[]], name=f"{name}_end")
+            self._end_close = self._end_queue.close()
+        dtypes = [tf.as_dtype(a.dtype) for a in self._queue_spec.arrays]
         self._stagings = [StagingArea(dtypes, d, capacity=nr_stage + 1, name=f"{name}_staging{i}")
                           for i, d in enumerate(self.devices)]
         if self.eager:
@@ -232,14 +278,39 @@ class ZMQInput:
     def _resolve_spec(self, spec: Any, batch_size: Optional[int], image_shape: Optional[Sequence[int]]) -> BatchSpec:
         if spec is not None:
             declared = spec if isinstance(spec, BatchSpec) else BatchSpec.from_dict(spec)
-            extra = {n: d for n, d in (("index", "int64"), ("epoch", "int32")) if n not in declared}
-            if extra:
-                declared = BatchSpec.from_dict({**{a.name: (a.dtype, a.shape) for a in declared.arrays},
-                                                **{n: (d, [declared.batch_size]) for n, d in extra.items()}})
-            return declared
-        if batch_size is not None or image_shape is not None:
-            return BatchSpec.classification(batch_size or 64, tuple(int(d) for d in (image_shape or (224, 224, 3))))
-        return self._learn_spec()
+        elif batch_size is not None or image_shape is not None:
+            declared = BatchSpec.classification(batch_size or 64, tuple(int(d) for d in (image_shape or (224, 224, 3))))
+        elif self.exact:
+            return self._describe_spec()
+        else:
+            return self._learn_spec()
+        bookkeeping = [("index", "int64"), ("epoch", "int32")] + ([("mask", "bool")] if self.exact else [])
+        extra = {n: d for n, d in bookkeeping if n not in declared}
+        if extra:
+            declared = BatchSpec.from_dict({**{a.name: (a.dtype, a.shape) for a in declared.arrays},
+                                            **{n: (d, [declared.batch_size]) for n, d in extra.items()}})
+        return declared
+
+    def _describe_spec(self) -> BatchSpec:
+        """Exact mode: ask the producers to describe their batches (bounded by recv_timeout); nothing is received."""
+        assert self._exact is not None
+        started = time.monotonic()
+        while True:
+            self._watch_connections()
+            for i in self._exact.poll(_POLL_MS):
+                try:
+                    self._exact.receive(i)  # before a hello only status can come
+                except ProtocolError as exc:
+                    self._reject(exc)
+            described = self._exact.spec()
+            if described is not None:
+                learned = BatchSpec.from_dict({n: (d, shape) for n, d, shape in described})
+                log.info("producers describe their batches: %s", learned)
+                return learned
+            silent = time.monotonic() - started
+            if silent > self.recv_timeout:
+                raise InputTimeoutError(self._timeout_message(silent) + "; no batch spec was given, so the trainer "
+                                        "asked the producers to describe their batches")
 
     def _learn_spec(self) -> BatchSpec:
         """Receive the first acceptable batch (bounded by recv_timeout) and take its spec."""
@@ -266,15 +337,24 @@ class ZMQInput:
     # ---- lifecycle --------------------------------------------------------------------------
 
     def start(self, session: Any = None) -> None:
-        """Start receiving. Eager mode starts in the constructor; graph mode needs the Session here."""
+        """Start receiving. Eager mode starts in the constructor; graph mode needs the Session here.
+
+        Exact mode receives nothing until the first ``get()``, ``as_dataset()`` or (graph mode) this
+        call, so a checkpoint restored before then decides what is served.
+        """
+        if not self.eager:
+            self._activate()
         if self._threads:
             return
         if not self.eager:
             if session is None:
                 raise ValueError("in tf.compat.v1 graph mode call inp.start(session) once the Session exists")
             self._queue.session = session  # type: ignore[union-attr]
+            if self.exact:
+                session.run(self._end_close)
         self._last_batch_at = time.monotonic()
-        for target, name in ((self._receive_loop, "stoker-receive"), (self._sample_loop, "stoker-occupancy")):
+        receive = self._exact_receive_loop if self.exact else self._receive_loop
+        for target, name in ((receive, "stoker-receive"), (self._sample_loop, "stoker-occupancy")):
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
             self._threads.append(thread)
@@ -297,7 +377,38 @@ class ZMQInput:
             self._metrics.close()
         self._watcher.close()
         self._sock.close(linger=0)
+        if self._exact is not None:
+            self._exact.close()
         self._ctx.term()
+
+    def _activate(self) -> None:
+        if self._exact is not None and not self._exact.active:
+            self._exact.activate()  # the receive thread says hello on every connection from now on
+
+    # ---- exact mode: the input state ------------------------------------------------------------
+
+    def save_state(self) -> bytes:
+        """Exact mode: this trainer's id and every record its steps consumed, as bytes for a checkpoint."""
+        if self._exact is None:
+            raise ValueError("save_state() is for exact mode: ZMQInput(..., exact=True) with producers --exact")
+        return msgpack.packb({"format": _STATE_FORMAT, "trainer": self.trainer_id,
+                              "state": self._exact.snapshot().to_wire()}, use_bin_type=True)
+
+    def restore_state(self, data: bytes) -> None:
+        """Exact mode: continue from ``save_state()`` bytes; before the first get() / as_dataset() / start()."""
+        if self._exact is None:
+            raise ValueError("restore_state() is for exact mode: ZMQInput(..., exact=True)")
+        trainer_id, state = _parse_state(data)
+        self._exact.restore(state)
+        self.trainer_id = self._exact.trainer_id = trainer_id
+
+    # tf.train.Checkpoint(input=inp): saved with the model, restored by checkpoint.restore()
+    def serialize(self) -> bytes:
+        return self.save_state() if self._exact is not None else b""
+
+    def deserialize(self, string_value: bytes) -> None:
+        if string_value:
+            self.restore_state(string_value)
 
     def __enter__(self) -> "ZMQInput":
         return self
@@ -312,12 +423,31 @@ class ZMQInput:
 
     # ---- the three ways in ------------------------------------------------------------------
 
-    def _named(self, tensors: Sequence[tf.Tensor]) -> BatchTensors:
+    def _named(self, tensors: Sequence[tf.Tensor], end_raises: bool = True) -> BatchTensors:
+        """The batch by name; exact mode: rows reported consumed, padding cut off, and (``end_raises``)
+        OutOfRangeError for a terminator, the end of a finite run."""
         by_name = {}
         for tensor, array in zip(tensors, self.spec.arrays):
             tensor.set_shape(array.shape)
             by_name[array.name] = tensor
+        if self._exact is not None:  # these rows are consumed now; padding rows are cut off
+            done = tf.py_function(self._consumed, [tensors[-1], by_name["epoch"], by_name["index"], by_name["mask"]],
+                                  tf.int32, name="stoker_consumed")
+            deps = [done]
+            if end_raises:
+                deps.append(tf.cond(tf.equal(tensors[-1][0], -1), self._end_queue.dequeue,
+                                    lambda: tf.constant(0, tf.int32)))
+            with tf.control_dependencies(deps):
+                mask = tf.identity(by_name["mask"])
+            full = tf.reduce_all(mask)  # nearly always: then no copy at all
+            by_name = {name: tf.cond(full, lambda t=t: tf.identity(t), lambda t=t: tf.boolean_mask(t, mask))
+                       for name, t in by_name.items()}
         return BatchTensors(by_name=by_name, unpacked=self._unpacked)
+
+    def _consumed(self, source: tf.Tensor, epochs: tf.Tensor, indices: tf.Tensor, mask: tf.Tensor) -> int:
+        self._exact.record_consumed(int(source.numpy()[0]), epochs.numpy(), indices.numpy(),  # type: ignore[union-attr]
+                                    mask.numpy())
+        return 0
 
     @tf.autograph.experimental.do_not_convert
     def get(self) -> BatchTensors:
@@ -332,14 +462,21 @@ class ZMQInput:
         """
         self.raise_if_failed()
         replica = self._replica()
+        self._activate()
         with tf.init_scope():
             self._prefill()
         if tf.executing_eagerly():
             try:
                 return self._swap(replica)
             except (tf.errors.OutOfRangeError, tf.errors.CancelledError, tf.errors.InvalidArgumentError) as exc:
-                raise (self._error or InputError(str(exc))) from exc
+                raise (self._error or self._end(exc)) from exc
         return self._swap(replica)
+
+    def _end(self, exc: Exception) -> InputError:
+        if self._finished:
+            return InputFinished(f"the producers at {', '.join(self.addresses)} finished their epochs: every record "
+                                 "was delivered")
+        return InputError(str(exc))
 
     def _replica(self) -> int:
         """Which StagingArea the caller's replica reads: 0 with one device, else its replica id."""
@@ -357,9 +494,11 @@ class ZMQInput:
 
     def _swap(self, replica: int = 0) -> BatchTensors:
         staging = self._stagings[replica]
-        tensors = staging.get()
+        # Name (and in exact mode report as consumed) this step's batch before staging the next: at the
+        # end of a finite run the next dequeue waits until the producers have heard of this one.
+        named = self._named(staging.get())
         staging.put(self._queue.queue.dequeue())
-        return self._named(tensors)
+        return named
 
     def _prefill(self) -> None:
         if self._prefilled or not self.eager:
@@ -369,11 +508,13 @@ class ZMQInput:
                 for _ in range(self.nr_stage):
                     staging.put(self._queue.queue.dequeue())
         except (tf.errors.OutOfRangeError, tf.errors.CancelledError) as exc:
-            raise (self._error or InputError(str(exc))) from exc
+            raise (self._error or self._end(exc)) from exc
         self._prefilled = True
 
     def dequeue(self) -> BatchTensors:
         """Plain dequeue tensors (no staging), named as ``get()``'s: for tf.compat.v1 graphs and tensorpack-style code."""
+        if self.eager:
+            self._activate()
         return self._named(self._queue.queue.dequeue())
 
     def as_dataset(self, x: Optional[Selection] = None, y: Optional[Selection] = None,
@@ -402,20 +543,37 @@ class ZMQInput:
         check_selection(x, names, "x")
         if y is not None and y != ():
             check_selection(y, names, "y")
-        queue, named, spec = self._queue.queue, self._named, self.spec
+        self._activate()
+        self._combine_max = max(self._combine_max, combine)
+        queue, named, spec = self._queue.queue, self._named, self._queue_spec
+        exact = self._exact is not None
 
-        def dequeue() -> list[tf.Tensor]:
+        def take(_: tf.Tensor) -> tuple[dict[str, tf.Tensor], tf.Tensor]:
+            """The next element and whether it is the end (exact mode: nothing but terminators)."""
             if combine == 1:
-                return queue.dequeue()
-            stacked = queue.dequeue_many(combine)  # [combine, B, ...] per array -> [combine * B, ...]
-            return [tf.reshape(t, [combine * a.shape[0], *a.shape[1:]]) for t, a in zip(stacked, spec.arrays)]
+                tensors = queue.dequeue()
+                parts = [tensors]
+            else:
+                stacked = queue.dequeue_many(combine)  # [combine, B, ...] per array
+                parts = [[t[j] for t in stacked] for j in range(combine)]
+            end = tf.reduce_all(tf.stack([p[-1][0] < 0 for p in parts])) if exact else tf.constant(False)
+            if combine == 1:
+                return named(parts[0], end_raises=False).as_dict(), end
+            if not exact:  # [combine, B, ...] -> [combine * B, ...]
+                return {a.name: tf.reshape(t, [combine * a.shape[0], *a.shape[1:]])
+                        for t, a in zip(stacked, spec.arrays)}, end
+            named_parts = [named(p, end_raises=False).as_dict() for p in parts]  # each reports to its own producer
+            return {n: tf.concat([p[n] for p in named_parts], 0) for n in named_parts[0]}, end
 
-        def take(_: tf.Tensor) -> Any:
-            tensors = dequeue()
-            batch = named(tensors).as_dict() if combine == 1 else dict(zip(spec.names, tensors))
+        def pick(batch: dict[str, tf.Tensor], end: tf.Tensor) -> Any:
             return select(batch, x) if y is None or y == () else (select(batch, x), select(batch, y))
 
-        return tf.data.Dataset.from_tensors(0).repeat().map(take, num_parallel_calls=1)
+        dataset = tf.data.Dataset.from_tensors(0).repeat().map(take, num_parallel_calls=1)
+        if exact:  # a finite run ends at the terminators; a batch whose records all failed has no rows: skip it
+            first = self.spec.names[0]
+            dataset = dataset.take_while(lambda batch, end: tf.logical_not(end))
+            dataset = dataset.filter(lambda batch, end: tf.shape(batch[first])[0] > 0)
+        return dataset.map(pick, num_parallel_calls=1)
 
     def keras_callback(self, log_every: int = 50, logdir: Optional[str] = None) -> "tf.keras.callbacks.Callback":
         """A Keras callback: occupancy log line/TensorBoard scalar every ``log_every`` batches; raises input errors."""
@@ -500,13 +658,28 @@ class ZMQInput:
             self._last_reject_log, self._unlogged_rejects = now, 0
 
     def _watch_connections(self) -> None:
-        if self._watcher.poll():
+        if self._exact is not None:
+            changed = self._exact.watch()
+            connected, (failures, _, reason) = self._exact.connected(), self._exact.failures()
+            reconnects = sum(w.reconnects for w in self._exact.watchers)
+        else:
+            changed = self._watcher.poll()
+            connected, failures, reason = self._watcher.connected, self._watcher.failures.count, \
+                self._watcher.failures.reason
+            reconnects = self._watcher.reconnects
+        if changed:
             with self._stats_lock:
-                self._stats.connected_producers = len(self._watcher.connected)
-                self._stats.connected_endpoints = tuple(sorted(self._watcher.connected))
-                self._stats.handshake_failures = self._watcher.failures.count
-                self._stats.last_handshake_error = self._watcher.failures.reason
-                self._stats.reconnects = self._watcher.reconnects
+                self._stats.connected_producers = len(connected)
+                self._stats.connected_endpoints = tuple(sorted(connected))
+                self._stats.handshake_failures = failures
+                self._stats.last_handshake_error = reason
+                self._stats.reconnects = reconnects
+
+    def _failures(self) -> tuple[int, str, str]:
+        if self._exact is not None:
+            return self._exact.failures()
+        f = self._watcher.failures
+        return f.count, f.endpoint, f.reason
 
     def _timeout_message(self, silent: float) -> str:
         """Why no acceptable batch arrived: rejected batches, failed handshakes, or silence."""
@@ -516,11 +689,10 @@ class ZMQInput:
         if self._rejected_since_batch:
             causes.append(f"{self._rejected_since_batch} message(s) arrived and were rejected, the last one because: "
                           f"{self.stats.last_error}")
-        failures = self._watcher.failures
-        handshakes = failures.count - self._handshake_failures_at_batch
+        count, endpoint, reason = self._failures()
+        handshakes = count - self._handshake_failures_at_batch
         if handshakes:
-            causes.append(f"{handshakes} connection handshake(s) failed, the last with {failures.endpoint}: "
-                          f"{failures.reason}")
+            causes.append(f"{handshakes} connection handshake(s) failed, the last with {endpoint}: {reason}")
         if not causes:
             causes.append("nothing arrived: check the producers run (`stoker produce`) and that this host can reach "
                           "those addresses")
@@ -553,16 +725,79 @@ class ZMQInput:
                 except ProtocolError as exc:
                     self._reject(exc)
                     continue
-                self._last_batch_at = time.monotonic()
                 self._rejected_since_batch = 0
                 self._handshake_failures_at_batch = self._watcher.failures.count
-                self._queue.enqueue(arrays)
+                self._queue.enqueue(arrays)  # may block on a full queue: that is not silence from the producers
+                self._last_batch_at = time.monotonic()
                 self._count(batch.header.producer, arrays)
         except (tf.errors.CancelledError, tf.errors.OutOfRangeError, tf.errors.AbortedError):
             pass  # the queue was closed: close() or a timeout
         except Exception as exc:  # never die silently: surface it to the training step
             log.exception("receive thread failed")
             self._fail(InputError(f"receive thread failed: {exc!r}"))
+
+    def _exact_receive_loop(self) -> None:
+        """Exact mode: receive only while the queue has room (no blocking, so heartbeats keep going)."""
+        transport, spec = self._exact, self.spec
+        assert transport is not None
+        try:
+            while not self._stop.is_set():
+                self._watch_connections()
+                transport.flush()
+                if transport.finished:
+                    self._finish()
+                    return
+                now = time.monotonic()
+                queued = self._queue.size() if transport.active else 0
+                if not transport.active or queued > 0:
+                    self._last_batch_at = now  # the step is not waiting for data: not silence
+                if not transport.active or queued >= self.queue_capacity:
+                    self._stop.wait(0.02)
+                    continue
+                silent = now - self._last_batch_at
+                if silent > self.recv_timeout:
+                    self._fail(InputTimeoutError(self._timeout_message(silent)))
+                    return
+                for i in transport.poll(_POLL_MS):
+                    try:
+                        frames = transport.receive(i)
+                        if frames is None:  # a status: the producer is alive, perhaps waiting for steps to report
+                            self._last_batch_at = time.monotonic()
+                            continue
+                        batch = decode_batch(frames, self.limits)
+                        if not transport.accept(i, batch.header.stream, batch.header.session):
+                            continue  # sent before our latest hello: its records are served again
+                        arrays = spec.check(batch)
+                    except ProtocolError as exc:
+                        self._reject(exc)
+                        continue
+                    except zmq.ZMQError as exc:
+                        self._reject(ProtocolError(f"receive failed: {exc}"))
+                        continue
+                    self._rejected_since_batch = 0
+                    self._handshake_failures_at_batch = transport.failures()[0]
+                    self._queue.enqueue([*arrays, np.full(self.batch_size, i, np.int32)])
+                    self._last_batch_at = time.monotonic()
+                    transport.queued(i, batch["epoch"], batch["index"], batch["mask"])
+                    self._count(batch.header.producer, arrays)
+                    if self._queue.size() >= self.queue_capacity:
+                        break
+        except (tf.errors.CancelledError, tf.errors.OutOfRangeError, tf.errors.AbortedError):
+            pass  # the queue was closed: close() or a timeout
+        except Exception as exc:  # never die silently: surface it to the training step
+            log.exception("receive thread failed")
+            self._fail(InputError(f"receive thread failed: {exc!r}"))
+
+    def _finish(self) -> None:
+        """Every producer finished: let the last batches through the staging areas, then end the input."""
+        self._finished = True
+        blank = [np.zeros(a.shape, a.dtype) for a in self._queue_spec.arrays]
+        blank[-1][...] = -1  # no source: no records to report
+        # What get() stages ahead of the last real batch, and (as_dataset(combine=k)) a whole group of k.
+        for _ in range(self.nr_stage * len(self._stagings) + 2 * self._combine_max):
+            self._queue.enqueue(blank)
+        log.info("every producer finished its epochs: the input ends after the last batch")
+        self._queue.close(cancel=False)
 
     def _fail(self, error: InputError) -> None:
         if self._error is None:
@@ -582,3 +817,14 @@ class ZMQInput:
             with self._stats_lock:
                 self._stats.occupancy_sum += size / self.queue_capacity
                 self._stats.occupancy_samples += 1
+
+
+def _parse_state(data: bytes) -> tuple[str, InputState]:
+    """``(trainer id, input state)`` from ``save_state()`` bytes; ValueError naming what is wrong."""
+    try:
+        body = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except Exception as exc:
+        raise ValueError(f"not a ZMQInput state: invalid msgpack ({exc})") from None
+    if not isinstance(body, dict) or body.get("format") != _STATE_FORMAT or not isinstance(body.get("trainer"), str):
+        raise ValueError(f"not a ZMQInput state (format {_STATE_FORMAT!r} and a trainer id expected)")
+    return body["trainer"], InputState.from_wire(body.get("state"))

@@ -13,7 +13,8 @@ slot is never written while ZMQ may still read it. Memory is bounded by
 
 The control messages between worker and daemon travel on a local ipc socket as a
 few plain frames: ``[b"hello"]``, ``[b"ready", slot, header]`` from the
-worker, ``[b"grant", slot]`` from the daemon, each prefixed by ZMQ with the
+worker, ``[b"grant", slot]`` from the daemon (``[b"grant", slot, work]`` in exact
+mode: the records to make, chosen by the daemon), each prefixed by ZMQ with the
 worker's routing id. A restarted worker gets a fresh routing id, so messages of
 a dead worker are recognised as stale and ignored.
 """
@@ -25,6 +26,7 @@ import multiprocessing as mp
 from dataclasses import dataclass
 from typing import Any
 
+import msgpack
 import numpy as np
 
 
@@ -95,6 +97,19 @@ class SlotState(enum.Enum):
 
 
 HELLO, READY, GRANT = b"hello", b"ready", b"grant"
+
+
+def encode_work(epochs: list[int], indices: list[int]) -> bytes:
+    """The records a worker makes into its next batch (exact mode), sent with the slot grant."""
+    return msgpack.packb([list(map(int, epochs)), list(map(int, indices))])
+
+
+def decode_work(frame: bytes, batch_size: int) -> list[tuple[int, int]]:
+    """``[(epoch, record index)]`` from a grant's work frame; ValueError if it is not one."""
+    body = msgpack.unpackb(frame)
+    if not (isinstance(body, list) and len(body) == 2 and len(body[0]) == len(body[1]) <= batch_size):
+        raise ValueError(f"work frame must be [epochs, indices] of at most {batch_size} rows")
+    return [(int(e), int(i)) for e, i in zip(*body)]
 
 
 def slot_frame(slot: int) -> bytes:

@@ -25,16 +25,19 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import zmq
 
 from stoker.protocol.curve import CurveServerKeys
+from stoker.protocol.input_state import StreamKey
 from stoker.protocol.metrics_server import MetricsServer
 
 from .batch_slots import SlotLayout, allocate
 from .dataset_format import LmdbDataset
+from .exact_forwarder import ExactForwarder
+from .exact_server import ExactServer
 from .forwarder import SlotForwarder
 from .metrics import ProducerCollector
 from .pipeline import load_pipeline
@@ -84,6 +87,9 @@ class ProducerConfig:
     log_format: str = "text"
     repeat_batches: int = 0
     fast_dct: bool = False
+    exact: bool = False
+    epochs: Optional[int] = None
+    trainer_timeout: float = 10.0
 
 
 class ProducerDaemon:
@@ -98,6 +104,12 @@ class ProducerDaemon:
             raise ValueError(f"--mode must be train or eval, got {config.mode!r}")
         if config.workers < 1 or config.batch_size < 1 or config.image_size < 8:
             raise ValueError("--workers and --batch-size must be >= 1 and --image-size >= 8")
+        if config.epochs is not None and config.epochs < 1:
+            raise ValueError(f"--epochs must be >= 1, got {config.epochs}")
+        if config.epochs is not None and not config.exact:
+            config = replace(config, exact=True)  # a finite run is exact: it ends when every record is consumed
+        if config.repeat_batches and config.exact:
+            raise ValueError("--repeat-batches is a benchmark of the plain mode; it does not combine with --exact")
         self.config = config
         self.pipeline_standard = (("mode", config.mode), ("image_size", config.image_size),
                                   ("fast_dct", config.fast_dct))
@@ -112,9 +124,12 @@ class ProducerDaemon:
             )
         self.seed = config.seed if config.seed is not None else secrets.randbits(31)
         self._ctx = zmq.Context()
-        self._out = self._ctx.socket(zmq.PUSH)
+        # Exact mode: a ROUTER, so each batch goes to one trainer with credit and we know which.
+        self._out = self._ctx.socket(zmq.ROUTER if config.exact else zmq.PUSH)
         self._out.setsockopt(zmq.SNDHWM, config.sndhwm)
         self._out.setsockopt(zmq.LINGER, 0)
+        if config.exact:
+            self._out.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self._auth: Optional[RefusalLoggingAuthenticator] = None
         if config.curve is not None:
             # Only trainers whose public key is in the authorised folder get through the handshake;
@@ -141,7 +156,9 @@ class ProducerDaemon:
         self.handshakes = HandshakeFailureLog(self._out, self.endpoint, curve=config.curve is not None)
         self.producer_id = config.producer_id or f"{socket.gethostname()}:{self.endpoint.rsplit(':', 1)[-1]}#{config.shard}"
         self.stats = StageStats(config.workers, mp.get_context("spawn"))
-        self.layout = SlotLayout(self.pipeline.batch_arrays(), config.batch_size, slots=config.sndhwm + 1)
+        self.layout = SlotLayout(self.pipeline.batch_arrays(exact=config.exact), config.batch_size,
+                                 slots=config.sndhwm + 1)
+        self.stream = StreamKey(config.shard.index, config.shard.count, self.meta.count, self.seed)
 
     def run(self, stop: threading.Event) -> None:
         """Serve until ``stop`` is set; then stop everything and return. Never returns early on bad data."""
@@ -153,7 +170,13 @@ class ProducerDaemon:
         control.setsockopt(zmq.LINGER, 0)
         control.bind(internal)
         buffers = allocate(self.layout, cfg.workers, spawn)
-        forwarder = SlotForwarder(control, self._out, self.layout, buffers)
+        forwarder: SlotForwarder
+        if cfg.exact:
+            spec = [(name, dtype, [cfg.batch_size, *shape]) for name, dtype, shape in self.layout.arrays]
+            server = ExactServer(self.stream, self.producer_id, cfg.epochs, cfg.trainer_timeout, spec)
+            forwarder = ExactForwarder(control, self._out, self.layout, buffers, server)
+        else:
+            forwarder = SlotForwarder(control, self._out, self.layout, buffers)
         forwarding_stop = threading.Event()
         sender = threading.Thread(target=forwarder.run, args=(forwarding_stop,), name="stoker-forwarder", daemon=True)
         sender.start()
@@ -163,7 +186,7 @@ class ProducerDaemon:
             batch_size=cfg.batch_size, seed=self.seed, workers=cfg.workers, pipeline=cfg.pipeline,
             pipeline_args=cfg.pipeline_args, pipeline_standard=self.pipeline_standard, slots=self.layout.slots,
             log_level=logging.getLogger().getEffectiveLevel(), log_format=cfg.log_format,
-            repeat_batches=cfg.repeat_batches, layout_arrays=self.layout.arrays,
+            repeat_batches=cfg.repeat_batches, layout_arrays=self.layout.arrays, exact=cfg.exact,
         )
 
         def start(w: int) -> mp.process.BaseProcess:
@@ -184,16 +207,24 @@ class ProducerDaemon:
                                           handshake_failures=lambda: self.handshakes.failed)
             metrics = MetricsServer(cfg.metrics_port, collector)
             log.info("metrics on http://0.0.0.0:%d/metrics", metrics.port)
+        exact = (f"exact, {cfg.epochs} epochs" if cfg.epochs else "exact, endless") if cfg.exact else "plain"
         log.info(
             "serving %s on %s: %d records in shard %s of %d, pipeline %s (%s mode): batches of %d x {%s}, "
-            "%d workers, seed %d",
+            "%d workers, seed %d, %s (stream %s)",
             cfg.lmdb_path, self.endpoint, len(cfg.shard.records(self.meta.count)), cfg.shard, self.meta.count,
-            self.pipeline.name, cfg.mode, cfg.batch_size, self.pipeline.describe(), cfg.workers, self.seed,
+            self.pipeline.name, cfg.mode, cfg.batch_size, self.pipeline.describe(), cfg.workers, self.seed, exact,
+            self.stream,
         )
         try:
             last, last_t = self.stats.totals(), time.monotonic()
             while not stop.wait(min(0.5, cfg.log_interval)):
                 self.handshakes.drain()
+                if cfg.exact and forwarder.finished:  # type: ignore[attr-defined]
+                    log.info("finished: %d exact epochs of shard %s consumed; %d records skipped, %d served again "
+                             "after a loss", cfg.epochs, cfg.shard, server.skipped_total, server.reserved_total)
+                    time.sleep(0.5)  # the forwarder's last status reaches the trainers
+                    self._out.setsockopt(zmq.LINGER, 1000)
+                    break
                 if not sender.is_alive():
                     raise RuntimeError("the forwarding thread stopped (see the error above); stopping the producer")
                 for w, p in enumerate(procs):

@@ -163,14 +163,18 @@ class Pipeline:
             raise PipelineError(f"the pipeline's {'sample' if self.sample else 'fill'} must be callable, got {fn!r}")
         self._by_name = {f.name: f for f in self.fields}
 
-    def batch_arrays(self) -> tuple[tuple[str, str, tuple[int, ...]], ...]:
-        """Every array of a batch, in wire order: ``(name, dtype, per-sample shape)``."""
+    def batch_arrays(self, exact: bool = False) -> tuple[tuple[str, str, tuple[int, ...]], ...]:
+        """Every array of a batch, in wire order: ``(name, dtype, per-sample shape)``.
+
+        ``exact``: batches also carry ``mask`` (bool per row): rows that are padding or failed are False.
+        """
         out = []
         for f in self.fields:
             out.append((f.name, f.dtype, f.max_shape))
             if f.variable:
                 out.append((f.name + LENGTH_SUFFIX, "int32", ()))
-        return (*out, ("index", "int64", ()), ("epoch", "int32", ()))
+        tail = (("index", "int64", ()), ("epoch", "int32", ()))
+        return (*out, *tail, ("mask", "bool", ())) if exact else (*out, *tail)
 
     def describe(self) -> str:
         return ", ".join(str(f) for f in self.fields)
@@ -259,7 +263,7 @@ def check_fields(fields: Sequence[Field]) -> None:
         if not _NAME_RE.match(f.name):
             raise PipelineError(f"field name {f.name!r} must match {_NAME_RE.pattern}")
         if f.name in BOOKKEEPING:
-            raise PipelineError(f"field name {f.name!r} is reserved: Stoker adds {' and '.join(BOOKKEEPING)} itself")
+            raise PipelineError(f"field name {f.name!r} is reserved: Stoker adds {', '.join(BOOKKEEPING)} itself")
         if f.name in seen:
             raise PipelineError(f"field {f.name!r} is declared twice")
         seen.add(f.name)

@@ -33,7 +33,7 @@ import zmq
 
 from stoker.protocol import encode_batch
 
-from .batch_slots import GRANT, HELLO, READY, SlotLayout, parse_slot, sample_rows, slot_frame
+from .batch_slots import GRANT, HELLO, READY, SlotLayout, decode_work, parse_slot, sample_rows, slot_frame
 from .dataset_format import LmdbDataset, RecordError, record_key
 from .logs import configure_logging
 from .pipeline import SampleError, load_pipeline
@@ -65,6 +65,7 @@ class WorkerConfig:
     log_format: str = "text"
     repeat_batches: int = 0
     layout_arrays: tuple = field(default=())
+    exact: bool = False  # the daemon says which records go into each batch (with each slot grant)
 
 
 def _die_with_parent() -> None:
@@ -77,23 +78,28 @@ def _die_with_parent() -> None:
 
 
 class _SlotPool:
-    """The slots the daemon has granted this worker; ``acquire`` waits for one, honouring ``stop``."""
+    """The slots the daemon has granted this worker; ``acquire`` waits for one, honouring ``stop``.
 
-    def __init__(self, sock: zmq.Socket, slots: int, stop: Any, parent_pid: int) -> None:
+    In exact mode each grant carries the records to make (``work``); otherwise it is None.
+    """
+
+    def __init__(self, sock: zmq.Socket, slots: int, stop: Any, parent_pid: int, batch_size: int) -> None:
         self.sock, self.slots, self.stop, self.parent_pid = sock, slots, stop, parent_pid
-        self.free: deque[int] = deque()
+        self.batch_size = batch_size
+        self.free: deque[tuple[int, Optional[list[tuple[int, int]]]]] = deque()
 
-    def acquire(self) -> Optional[int]:
-        """A slot this worker may write, or None once stopped or orphaned."""
+    def acquire(self) -> Optional[tuple[int, Optional[list[tuple[int, int]]]]]:
+        """``(slot, work)`` this worker may write, or None once stopped or orphaned."""
         while not self.free:
             if self.stop.is_set() or os.getppid() != self.parent_pid:
                 return None
             if self.sock.poll(100):
                 message = self.sock.recv_multipart()
-                if len(message) == 2 and message[0] == GRANT:
+                if len(message) in (2, 3) and message[0] == GRANT:
                     slot = parse_slot(message[1], self.slots)
-                    if slot not in self.free:
-                        self.free.append(slot)
+                    work = decode_work(message[2], self.batch_size) if len(message) == 3 else None
+                    if all(slot != held for held, _ in self.free):
+                        self.free.append((slot, work))
         return self.free.popleft()
 
 
@@ -130,7 +136,7 @@ def run_worker(worker: int, config: WorkerConfig, stats: StageStats, stop: Any, 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     configure_logging(config.log_level, config.log_format)
     pipeline = load_pipeline(config.pipeline, dict(config.pipeline_args), dict(config.pipeline_standard))
-    layout = SlotLayout(pipeline.batch_arrays(), config.batch_size, config.slots)
+    layout = SlotLayout(pipeline.batch_arrays(exact=config.exact), config.batch_size, config.slots)
     if layout.arrays != tuple(config.layout_arrays):
         raise RuntimeError(f"pipeline {config.pipeline} declares {layout.arrays} in this worker but "
                            f"{config.layout_arrays} in the daemon: it must not depend on the process it runs in")
@@ -149,7 +155,7 @@ def run_worker(worker: int, config: WorkerConfig, stats: StageStats, stop: Any, 
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(config.endpoint)
     sock.send(HELLO)
-    pool = _SlotPool(sock, config.slots, stop, parent_pid)
+    pool = _SlotPool(sock, config.slots, stop, parent_pid, batch_size)
 
     def hand_off(slot: int, arrays: dict[str, np.ndarray], batch_no: int) -> None:
         """Tell the daemon ``slot`` holds a finished batch: only its header crosses the ipc socket."""
@@ -162,9 +168,10 @@ def run_worker(worker: int, config: WorkerConfig, stats: StageStats, stop: Any, 
     try:
         while not stop.is_set() and os.getppid() == parent_pid:
             t_wait = time.perf_counter()
-            slot = pool.acquire()
-            if slot is None:
+            granted = pool.acquire()
+            if granted is None:
                 break
+            slot, work = granted
             t_wait = time.perf_counter() - t_wait
             arrays = views[slot]
             if config.repeat_batches and len(made) == config.repeat_batches:
@@ -178,7 +185,12 @@ def run_worker(worker: int, config: WorkerConfig, stats: StageStats, stop: Any, 
                 continue
             indices, epochs = arrays["index"], arrays["epoch"]
             t_read = t_transform = 0.0
-            filled = 0
+            if work is not None:  # exact mode: the daemon chose the records; failed rows are masked out
+                t_read, t_transform, samples = _make_chosen(work, dataset, pipeline, rngs, rows[slot], arrays, skips)
+                stats.add(worker, "skipped", len(work) - samples)
+                filled = batch_size
+            else:
+                filled, samples = 0, batch_size
             while filled < batch_size and not stop.is_set():
                 epoch, index = next(stream)
                 t0 = time.perf_counter()
@@ -203,7 +215,7 @@ def run_worker(worker: int, config: WorkerConfig, stats: StageStats, stop: Any, 
             t_decode = stage_times().get("decode", 0.0) if stage_times is not None else 0.0
             for name, value in (
                 ("read_s", t_read), ("decode_s", t_decode), ("augment_s", max(0.0, t_transform - t_decode)),
-                ("serialize_s", time.perf_counter() - t4), ("send_s", t_wait), ("images", batch_size), ("batches", 1),
+                ("serialize_s", time.perf_counter() - t4), ("send_s", t_wait), ("images", samples), ("batches", 1),
             ):
                 stats.add(worker, name, value)
             batch_no += 1
@@ -211,3 +223,35 @@ def run_worker(worker: int, config: WorkerConfig, stats: StageStats, stop: Any, 
         sock.close(linger=0)
         ctx.term()
         dataset.close()
+
+
+def _make_chosen(work: list[tuple[int, int]], dataset: LmdbDataset, pipeline: Any, rngs: RecordRng,
+                 rows: list[dict[str, np.ndarray]], arrays: dict[str, np.ndarray], skips: _SkipLog) -> tuple[float, float, int]:
+    """Make the batch the daemon chose (exact mode): ``(read seconds, transform seconds, samples made)``.
+
+    A row that fails keeps its record index with ``mask`` False (the daemon counts it as skipped);
+    rows past the chosen records are padding: zeroed, index and epoch -1, ``mask`` False.
+    """
+    t_read = t_transform = 0.0
+    mask, indices, epochs = arrays["mask"], arrays["index"], arrays["epoch"]
+    made = 0
+    for row, (epoch, index) in enumerate(work):
+        indices[row], epochs[row] = index, epoch
+        t0 = time.perf_counter()
+        try:
+            record = dataset.read(index)
+            t1 = time.perf_counter()
+            pipeline.write(record, rngs.for_record(epoch, index), rows[row])
+            t2 = time.perf_counter()
+        except (RecordError, SampleError) as exc:
+            skips.skip(index, str(exc))
+            mask[row] = False
+            continue
+        t_read, t_transform = t_read + t1 - t0, t_transform + t2 - t1
+        mask[row] = True
+        made += 1
+    for row in range(len(work), len(mask)):
+        for name, array in arrays.items():
+            array[row] = 0
+        indices[row], epochs[row], mask[row] = -1, -1, False
+    return t_read, t_transform, made

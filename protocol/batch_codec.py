@@ -89,6 +89,8 @@ class BatchHeader:
     arrays: tuple[ArraySpec, ...]
     worker: int = 0
     sent_at: float = 0.0
+    stream: str = ""  # exact mode: the stream (shard) the batch belongs to
+    session: int = -1  # exact mode: the receiving trainer's session it was sent under
 
 
 @dataclass
@@ -190,6 +192,10 @@ def decode_header(frame: Any, limits: DecodeLimits = DecodeLimits()) -> BatchHea
     _require(_is_int(worker) and 0 <= worker < 2**31, f"header field 'worker' must be a small integer >= 0, got {worker!r}")
     sent_at = header.get("sent_at", 0.0)
     _require(isinstance(sent_at, (int, float)) and not isinstance(sent_at, bool), f"header field 'sent_at' must be a number, got {sent_at!r}")
+    stream = header.get("stream", "")
+    _require(isinstance(stream, str) and len(stream) <= 64, f"header field 'stream' must be a short string, got {stream!r}")
+    session = header.get("session", -1)
+    _require(_is_int(session) and -1 <= session < 2**31, f"header field 'session' must be an integer, got {session!r}")
     specs_raw = header.get("arrays")
     _require(isinstance(specs_raw, list), "header field 'arrays' is missing or not a list")
     _require(len(specs_raw) <= limits.max_arrays, f"header lists {len(specs_raw)} arrays, more than the {limits.max_arrays} allowed")
@@ -205,7 +211,8 @@ def decode_header(frame: Any, limits: DecodeLimits = DecodeLimits()) -> BatchHea
         _require(isinstance(shape, list) and len(shape) <= MAX_RANK, f"array {name!r} shape must be a list of at most {MAX_RANK} dims, got {shape!r}")
         _require(all(_is_int(d) and d >= 0 for d in shape), f"array {name!r} shape must hold integers >= 0, got {shape!r}")
         specs.append(ArraySpec(name=name, dtype=dtype, shape=tuple(shape)))
-    return BatchHeader(version=version, producer=producer, seq=seq, arrays=tuple(specs), worker=worker, sent_at=float(sent_at))
+    return BatchHeader(version=version, producer=producer, seq=seq, arrays=tuple(specs), worker=worker,
+                       sent_at=float(sent_at), stream=stream, session=session)
 
 
 def decode_batch(frames: Sequence[Any], limits: DecodeLimits = DecodeLimits()) -> Batch:

@@ -17,8 +17,9 @@ import numpy as np
 from .batch_codec import ALLOWED_DTYPES, Batch
 from .errors import ProtocolError
 
-#: Arrays every Stoker producer adds to a batch: which record each row is, and from which epoch.
-BOOKKEEPING = ("index", "epoch")
+#: Arrays Stoker producers add to a batch: which record each row is, from which epoch, and (exact
+#: mode) whether the row is a real sample.
+BOOKKEEPING = ("index", "epoch", "mask")
 LENGTH_SUFFIX = "_len"
 
 

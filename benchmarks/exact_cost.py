@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""What exact epochs cost: the same job with the control channel off (plain) and on (--exact), one run.
+
+A producer (2 workers, random-resized-crop 224 px, batches of 64) feeds a trainer on the same
+machine whose ``tf.function`` step only takes the batch (``get()``): the end-to-end rate is then
+the input's, and every cost of exact mode shows (credit and consumed-record messages, the
+producer choosing each batch's records, the trainer reporting each step's records through a
+``tf.py_function`` and cutting padding off). Interleaved rounds, best of each kept.
+Target: exact / plain >= 0.97. Also prints the input state's size per million records.
+
+Prints a table and writes JSON (default benchmarks/results/exact_cost.json).
+Run:  python benchmarks/exact_cost.py [--batches 150] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def rate(lmdb_path: Path, exact: bool, batch: int, size: int, workers: int, warmup: int, batches: int) -> float:
+    import tensorflow as tf
+
+    from stoker.consumer import ZMQInput
+    from stoker.producer.process import ProducerProcess
+
+    args = ["--workers", str(workers), "--batch-size", str(batch), "--image-size", str(size), "--seed", "0",
+            *(["--exact"] if exact else [])]
+    with ProducerProcess(lmdb_path, extra_args=args) as producer:
+        shape = dict(batch_size=batch, image_shape=(size, size, 3))
+        with ZMQInput([producer.endpoint], exact=exact, recv_timeout=120, **shape) as inp:
+            @tf.function
+            def step():
+                return tf.shape(inp.get()["images"])[0]
+
+            for _ in range(warmup):
+                int(step())
+            t0, images = time.perf_counter(), 0
+            for _ in range(batches):
+                images += int(step())
+            return images / (time.perf_counter() - t0)
+
+
+def state_sizes() -> dict[str, int]:
+    """Bytes of the input state of one million-record shard at the start, middle and end of an epoch."""
+    from stoker.protocol.input_state import InputState
+
+    key, order = "0/1:1000000:0", np.random.default_rng(0).permutation(1_000_000)
+    sizes = {}
+    for label, fraction in (("start", 0.0), ("middle", 0.5), ("end", 1.0)):
+        state = InputState()
+        state.progress(key)
+        state.mark(key, [0] * int(fraction * len(order)), order[: int(fraction * len(order))])
+        state.progress(key).close_complete()
+        sizes[label] = len(state.to_bytes())
+    return sizes
+
+
+def main() -> None:
+    from stoker.producer.synthetic import build_synthetic
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--records", type=int, default=512)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--batches", type=int, default=150)
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the best of each is kept")
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "exact_cost.json"))
+    args = parser.parse_args()
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "bench"
+        build_synthetic(path, args.records, seed=0, progress=False)
+        rounds: dict[str, list[float]] = {"plain": [], "exact": []}
+        for _ in range(args.rounds):
+            for mode in ("plain", "exact"):
+                rounds[mode].append(rate(path, mode == "exact", args.batch_size, args.image_size, args.workers,
+                                         args.warmup, args.batches))
+    plain, exact = max(rounds["plain"]), max(rounds["exact"])
+    sizes = state_sizes()
+    print(f"end to end, {args.workers} workers, {args.image_size} px, batches of {args.batch_size}, "
+          f"best of {args.rounds} interleaved rounds")
+    print(f"{'mode':>6} | {'images/s':>9} | {'x plain':>8}")
+    print("-" * 30)
+    print(f"{'plain':>6} | {plain:>9.0f} | {1.0:>8.3f}")
+    print(f"{'exact':>6} | {exact:>9.0f} | {exact / plain:>8.3f}")
+    print("input state per million records: " + ", ".join(f"{k} of an epoch {v} bytes" for k, v in sizes.items()))
+    result = {"benchmark": "exact_cost", "plain_images_per_s": plain, "exact_images_per_s": exact,
+              "ratio": exact / plain, "target_ratio": 0.97, "rounds": rounds,
+              "state_bytes_per_million_records": sizes, "batch_size": args.batch_size,
+              "image_size": args.image_size, "workers": args.workers, "cpus": os.cpu_count(),
+              "machine": platform.machine(), "python": platform.python_version()}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,186 @@
+"""The control messages of exact mode (docs/protocol.md), trainer DEALER <-> producer ROUTER.
+
+In exact mode one connection carries both directions. Trainer to producer, one
+msgpack frame each:
+
+- ``hello``: who the trainer is (a stable id), its session (bumped on every hello;
+  batches sent under an older session are dropped), how many batches it can take
+  (credit), its whole input state (consumed records) and the records it holds
+  (received, not yet consumed), by stream.
+- ``credit``: ``n`` more batches may come; the records consumed since the last
+  message, by epoch. Sent after each batch is queued and as a heartbeat.
+- ``describe``: asks for the producer's status (with its batch spec) without joining.
+
+Producer to trainer: batches (protocol v1 with ``stream`` and ``session`` header
+fields) and ``status``: the stream key, epochs completed, the run's length and
+whether the producer has finished. Every field is validated; anything else raises
+ProtocolError naming it. Nothing is unpickled.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import msgpack
+
+from .errors import ProtocolError
+from .input_state import InputState
+
+_ID_RE = re.compile(r"^[\x21-\x7e]{1,128}$")
+MAX_CONTROL_BYTES = 256 * 1024 * 1024
+MAX_ROWS = 1 << 20
+
+Records = list[tuple[int, list[int]]]  # [(epoch, [record indices])]
+
+
+@dataclass
+class Hello:
+    trainer: str
+    session: int
+    credit: int
+    state: InputState
+    held: dict[str, Records] = field(default_factory=dict)  # stream key -> records received, not consumed
+
+
+@dataclass
+class Credit:
+    session: int
+    n: int
+    consumed: Records = field(default_factory=list)
+
+
+@dataclass
+class Describe:
+    """Asks a producer for its status, batch spec included, without joining (no state, no credit)."""
+
+
+@dataclass
+class Status:
+    stream: str
+    producer: str
+    completed: int
+    epochs: Optional[int]
+    finished: bool
+    spec: list[tuple[str, str, list[int]]] = field(default_factory=list)  # the batches' arrays: name, dtype, shape
+
+
+def _int(value: Any, what: str, low: int = 0, high: int = 2**31) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value < high:
+        raise ProtocolError(f"{what} must be an integer in [{low}, {high}), got {value!r}")
+    return value
+
+
+def _records(value: Any, what: str) -> Records:
+    if not isinstance(value, list) or len(value) > 64:
+        raise ProtocolError(f"{what} must be a list of at most 64 [epoch, indices] pairs")
+    out = []
+    total = 0
+    for item in value:
+        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[1], list)):
+            raise ProtocolError(f"{what}: each entry must be [epoch, [indices]]")
+        total += len(item[1])
+        if total > MAX_ROWS:
+            raise ProtocolError(f"{what} lists more than {MAX_ROWS} records")
+        out.append((_int(item[0], f"{what} epoch"), [_int(i, f"{what} index", 0, 10**8) for i in item[1]]))
+    return out
+
+
+def _unpack(frame: Any) -> dict:
+    raw = memoryview(frame)
+    if raw.nbytes > MAX_CONTROL_BYTES:
+        raise ProtocolError(f"control message of {raw.nbytes} bytes is larger than {MAX_CONTROL_BYTES}")
+    try:
+        body = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+    except Exception as exc:
+        raise ProtocolError(f"control message is not valid msgpack ({exc})") from None
+    if not isinstance(body, dict):
+        raise ProtocolError("control message must be a msgpack map")
+    return body
+
+
+def encode_hello(hello: Hello) -> bytes:
+    return msgpack.packb({"t": "hello", "v": 1, "trainer": hello.trainer, "session": hello.session,
+                          "credit": hello.credit, "state": hello.state.to_wire(),
+                          "held": {k: [[e, list(map(int, i))] for e, i in v] for k, v in hello.held.items()}},
+                         use_bin_type=True)
+
+
+def encode_credit(credit: Credit) -> bytes:
+    return msgpack.packb({"t": "credit", "session": credit.session, "n": credit.n,
+                          "consumed": [[e, list(map(int, i))] for e, i in credit.consumed]}, use_bin_type=True)
+
+
+def encode_status(status: Status) -> bytes:
+    return msgpack.packb({"t": "status", "stream": status.stream, "producer": status.producer,
+                          "completed": status.completed, "epochs": status.epochs, "finished": status.finished,
+                          "spec": [[n, d, list(shape)] for n, d, shape in status.spec]}, use_bin_type=True)
+
+
+def encode_describe() -> bytes:
+    return msgpack.packb({"t": "describe", "v": 1}, use_bin_type=True)
+
+
+def decode_trainer_message(frame: Any) -> Hello | Credit | Describe:
+    """A trainer's hello, credit or describe; ProtocolError naming what is wrong."""
+    body = _unpack(frame)
+    kind = body.get("t")
+    if kind == "describe":
+        return Describe()
+    if kind == "hello":
+        if body.get("v") != 1:
+            raise ProtocolError(f"hello version {body.get('v')!r}: this producer speaks exact-mode version 1; run the "
+                                "same Stoker release on producers and trainers")
+        trainer = body.get("trainer")
+        if not isinstance(trainer, str) or not _ID_RE.match(trainer):
+            raise ProtocolError(f"hello 'trainer' must be 1-128 printable characters, got {trainer!r}")
+        try:
+            state = InputState.from_wire(body.get("state"))
+        except ValueError as exc:
+            raise ProtocolError(f"hello 'state': {exc}") from None
+        held_raw = body.get("held", {})
+        if not isinstance(held_raw, dict) or len(held_raw) > 4096:
+            raise ProtocolError("hello 'held' must map stream keys to records")
+        held = {str(k): _records(v, "hello 'held'") for k, v in held_raw.items()}
+        return Hello(trainer, _int(body.get("session"), "hello 'session'"), _int(body.get("credit"), "hello 'credit'",
+                                                                                  0, 1 << 16), state, held)
+    if kind == "credit":
+        return Credit(_int(body.get("session"), "credit 'session'"), _int(body.get("n"), "credit 'n'", 0, 1 << 16),
+                      _records(body.get("consumed", []), "credit 'consumed'"))
+    raise ProtocolError(f"unknown control message type {kind!r} (expected hello, credit or describe)")
+
+
+def decode_status(body: dict) -> Status:
+    """A producer's status (``body`` is the unpacked map); ProtocolError naming what is wrong."""
+    stream, producer = body.get("stream"), body.get("producer")
+    if not isinstance(stream, str) or not isinstance(producer, str) or not _ID_RE.match(producer):
+        raise ProtocolError("status needs 'stream' and 'producer' strings")
+    epochs = body.get("epochs")
+    if epochs is not None:
+        epochs = _int(epochs, "status 'epochs'", 1)
+    finished = body.get("finished")
+    if not isinstance(finished, bool):
+        raise ProtocolError("status 'finished' must be true or false")
+    raw_spec = body.get("spec", [])
+    if not isinstance(raw_spec, list) or len(raw_spec) > 64:
+        raise ProtocolError("status 'spec' must be a list of at most 64 arrays")
+    spec = []
+    for item in raw_spec:
+        if not (isinstance(item, list) and len(item) == 3 and isinstance(item[0], str) and isinstance(item[1], str)
+                and isinstance(item[2], list) and len(item[2]) <= 9):
+            raise ProtocolError("status 'spec' entries must be [name, dtype, shape]")
+        spec.append((item[0], item[1], [_int(d, "status spec dimension", 0, 2**31) for d in item[2]]))
+    return Status(stream, producer, _int(body.get("completed"), "status 'completed'"), epochs, finished, spec)
+
+
+def unpack_producer_frame(frame: Any) -> Optional[dict]:
+    """The map of a producer's first frame if it is a status message, else None (a batch header)."""
+    raw = memoryview(frame)
+    if raw.nbytes > 4096:
+        return None
+    try:
+        body = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+    except Exception:
+        return None
+    return body if isinstance(body, dict) and body.get("t") == "status" else None

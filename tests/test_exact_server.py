@@ -1,0 +1,132 @@
+"""The exact-mode serving logic on its own: no sockets, no processes, every decision checked."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+
+from stoker.producer.exact_server import ExactServer
+from stoker.protocol.exact_messages import Credit, Hello
+from stoker.protocol.input_state import InputState, StreamKey
+
+KEY = StreamKey(1, 2, 41, seed=5)  # records 1, 3, ..., 39: 20 of them
+RECORDS = list(range(1, 41, 2))
+
+
+def _hello(trainer="t", session=1, credit=100, state=None, held=None) -> Hello:
+    return Hello(trainer, session, credit, state or InputState(), held or {})
+
+
+def _serve(server, routing=b"a", n=6, limit=100):
+    """Chunks sent to ``routing`` until nothing more is served: [(epochs, indices)]."""
+    sent = []
+    for _ in range(limit):
+        chunk = server.next_chunk(n)
+        if chunk is None:
+            return sent
+        server.on_sent(routing, chunk.epochs, chunk.indices)
+        sent.append((chunk.epochs, chunk.indices))
+    raise AssertionError("never stopped serving")
+
+
+def _consume(server, routing, batches, session=1, now=None):
+    for epochs, indices in batches:
+        server.on_credit(routing, Credit(session, 1, [(e, [i for ee, i in zip(epochs, indices) if ee == e])
+                                                      for e in sorted(set(epochs))]), now=now)
+
+
+def test_one_epoch_is_served_once_in_its_order_and_the_run_finishes():
+    server = ExactServer(KEY, "p", epochs=1)
+    assert server.next_chunk(6) is None  # nothing before a trainer says hello
+    server.on_hello(b"a", _hello())
+    sent = _serve(server)
+    assert [len(i) for _, i in sent] == [6, 6, 6, 2]  # the last batch partial
+    served = [i for _, indices in sent for i in indices]
+    assert sorted(served) == RECORDS and len(served) == len(set(served))
+    assert not server.finished
+    _consume(server, b"a", sent)
+    assert server.finished and server.completed == 1 and server.status().finished
+
+
+def test_the_next_epoch_opens_without_waiting_for_the_last_to_be_consumed():
+    server = ExactServer(KEY, "p")
+    server.on_hello(b"a", _hello())
+    first = [server.next_chunk(10) for _ in range(3)]
+    assert [set(c.epochs) for c in first] == [{0}, {0}, {1}]
+
+
+def test_a_dead_trainers_records_go_to_the_survivor_and_nothing_is_served_twice_to_the_living():
+    server = ExactServer(KEY, "p", epochs=1, trainer_timeout=5)
+    server.on_hello(b"a", _hello("A"), now=0)
+    server.on_hello(b"b", _hello("B"), now=0)
+    to_a = [server.next_chunk(5) for _ in range(2)]
+    to_b = [server.next_chunk(5) for _ in range(2)]
+    for c in to_a:
+        server.on_sent(b"a", c.epochs, c.indices)
+    for c in to_b:
+        server.on_sent(b"b", c.epochs, c.indices)
+    _consume(server, b"a", [(to_a[0].epochs, to_a[0].indices)], now=1)  # A consumed one batch, then died
+    server.on_credit(b"b", Credit(1, 0, []), now=7)  # B stays alive; A has been silent for more than 5 s
+    assert server.expire(now=7) == ["A"]
+    again = _serve(server, b"b")
+    assert sorted(i for _, idx in again for i in idx) == sorted(to_a[1].indices)
+    _consume(server, b"b", [(c.epochs, c.indices) for c in to_b] + again)
+    assert server.finished and server.reserved_total == 5
+
+
+def test_a_trainer_restarted_from_an_older_state_gets_what_it_consumed_since():
+    server = ExactServer(KEY, "p", epochs=1)
+    server.on_hello(b"a", _hello("T"))
+    sent = _serve(server)
+    checkpoint = InputState()
+    checkpoint.mark(str(KEY), sent[0][0], sent[0][1])  # saved after the first batch
+    _consume(server, b"a", sent[:3])  # then consumed two more and died
+    server.on_hello(b"a2", _hello("T", session=1, state=checkpoint))  # restarted from the checkpoint
+    again = _serve(server, b"a2")
+    served_again = Counter(i for _, idx in again for i in idx)
+    assert set(served_again) == set(RECORDS) - set(sent[0][1]) and set(served_again.values()) == {1}
+
+
+def test_a_restarted_producer_resumes_the_epoch_without_what_is_consumed_or_held():
+    first = ExactServer(KEY, "p")
+    first.on_hello(b"a", _hello())
+    sent = []
+    for _ in range(3):  # sent 3 batches, then the producer died
+        chunk = first.next_chunk(6)
+        first.on_sent(b"a", chunk.epochs, chunk.indices)
+        sent.append((chunk.epochs, chunk.indices))
+    state = InputState()
+    state.mark(str(KEY), sent[0][0], sent[0][1])
+    held = {str(KEY): [(0, sent[1][1])]}  # the trainer still has batch 1 queued; batch 2 was lost in transit
+    second = ExactServer(KEY, "p")
+    second.on_hello(b"a", _hello(session=2, state=state, held=held))
+    rest = sorted(set(RECORDS) - set(sent[0][1]) - set(sent[1][1]))
+    chunk = second.next_chunk(len(rest))
+    assert set(chunk.epochs) == {0} and sorted(chunk.indices) == rest
+
+
+def test_skipped_records_count_as_done_and_a_worker_that_died_returns_its_chunk():
+    server = ExactServer(KEY, "p", epochs=1)
+    server.on_hello(b"a", _hello())
+    lost_with_worker = server.next_chunk(5)
+    server.on_unsent(lost_with_worker)
+    sent = _serve(server)
+    served = sorted(i for _, idx in sent for i in idx)
+    assert served == RECORDS  # the dead worker's chunk was handed out again
+    bad = sent[0][1][0]
+    server.on_skipped([0], [bad])
+    good = [i for i in served if i != bad]
+    _consume(server, b"a", [([0] * len(good), good)])
+    assert server.finished and server.skipped_total == 1
+
+
+def test_credit_is_needed_to_send_and_old_sessions_are_ignored():
+    server = ExactServer(KEY, "p")
+    server.on_hello(b"a", _hello(credit=1))
+    assert server.pick_trainer() == b"a"
+    chunk = server.next_chunk(4)
+    server.on_sent(b"a", chunk.epochs, chunk.indices)
+    assert server.pick_trainer() is None  # no credit left
+    assert not server.on_credit(b"a", Credit(0, 3, []))  # an old session's credit
+    assert server.on_credit(b"a", Credit(1, 1, [])) and server.pick_trainer() == b"a"
