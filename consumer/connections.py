@@ -80,7 +80,13 @@ class HandshakeFailures:
 
 
 class ConnectionWatcher:
-    """Tracks connected producers and failed handshakes of one socket; see the module doc."""
+    """Tracks connected producers and failed handshakes of one socket; see the module doc.
+
+    Connects ``sock`` to ``addresses`` itself, after its monitor is running: an event
+    emitted before the monitor exists is lost, and a handshake missed that way would
+    leave exact mode waiting forever for a connection it never saw. Raises
+    ``zmq.ZMQError`` for an address libzmq cannot parse.
+    """
 
     def __init__(self, sock: zmq.Socket, addresses: Sequence[str], curve: bool, revive_after: float = 1.0) -> None:
         self.sock = sock
@@ -96,6 +102,12 @@ class ConnectionWatcher:
         self._disconnected_at: dict[str, float] = {}
         self._revive_logged_at: dict[str, float] = {}
         self._definitive: set[str] = set()  # endpoints whose failure cause is known for sure
+        try:
+            for address in self.addresses:
+                sock.connect(address)
+        except zmq.ZMQError:
+            self.close()
+            raise
 
     def poll(self) -> bool:
         """Handle pending monitor events and revive dropped endpoints; True if anything changed."""

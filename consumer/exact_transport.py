@@ -37,6 +37,7 @@ from .connections import ConnectionWatcher
 log = logging.getLogger("stoker.consumer")
 
 HEARTBEAT_S = 0.5
+DESCRIBE_RETRY_S = 1.0
 
 
 class ExactTransport:
@@ -55,9 +56,8 @@ class ExactTransport:
             if curve is not None:
                 sock.curve_publickey, sock.curve_secretkey, sock.curve_serverkey = curve.public, curve.secret, \
                     curve.server_public
-            sock.connect(address)
             self.sockets.append(sock)
-            self.watchers.append(ConnectionWatcher(sock, [address], curve=curve is not None))
+            self.watchers.append(ConnectionWatcher(sock, [address], curve=curve is not None))  # connects it
         n = len(self.sockets)
         self.active = False
         self.session = [0] * n
@@ -70,7 +70,7 @@ class ExactTransport:
         self._held: list[dict[int, set[int]]] = [defaultdict(set) for _ in range(n)]  # epoch -> indices
         self._reports: list[list[tuple[int, int]]] = [[] for _ in range(n)]  # (epoch, index) consumed, unsent
         self._last_sent = [0.0] * n
-        self._described = [False] * n
+        self._described_at = [-DESCRIBE_RETRY_S] * n
 
     # ---- state ------------------------------------------------------------------------------
 
@@ -111,13 +111,13 @@ class ExactTransport:
         changed = False
         for i, watcher in enumerate(self.watchers):
             changed |= watcher.poll()
-            if watcher.handshakes > self._said_hello[i]:
-                if self.active:
-                    self._hello(i)
-                    self._said_hello[i] = watcher.handshakes
-                elif not self._described[i]:
-                    self._send(i, encode_describe())
-                    self._described[i] = True
+            if self.active and watcher.handshakes > self._said_hello[i]:
+                self._hello(i)
+                self._said_hello[i] = watcher.handshakes
+            if not self.active and self.status[i] is None and watcher.connected \
+                    and time.monotonic() - self._described_at[i] >= DESCRIBE_RETRY_S:
+                self._send(i, encode_describe())  # asked again until answered: a request is never taken as delivered
+                self._described_at[i] = time.monotonic()
         return changed
 
     def _hello(self, i: int) -> None:

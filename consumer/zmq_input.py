@@ -193,6 +193,12 @@ class ZMQInput(tf.train.experimental.PythonState):
         self._closed = False
         self._prefilled = False
         self._threads: list[threading.Thread] = []
+        # Sockets are closed by whoever last may use them: close() once the receive thread has ended,
+        # else that thread on its way out (closing a socket another thread is inside aborts libzmq).
+        self._socket_owner = threading.Lock()
+        self._receiver_ended = True  # until a receive thread starts
+        self._sockets_abandoned = False
+        self._sockets_closed = False
         self._metrics: Any = None
         # What went wrong since the last accepted batch, for the timeout's message.
         self._rejected_since_batch = 0
@@ -236,15 +242,15 @@ class ZMQInput(tf.train.experimental.PythonState):
             self._sock.curve_publickey = curve.public
             self._sock.curve_secretkey = curve.secret
             self._sock.curve_serverkey = curve.server_public
-        try:
-            for address in [] if exact else self.addresses:
-                self._sock.connect(address)
+        try:  # the watcher connects, after its monitor runs: no handshake goes unseen
+            self._watcher = ConnectionWatcher(self._sock, [] if exact else self.addresses, curve=curve is not None)
         except zmq.ZMQError as exc:
             self._sock.close(0)
+            if self._exact is not None:
+                self._exact.close()
             self._ctx.term()
-            raise ValueError(f"cannot connect to producer address {address!r}: {exc.strerror}; "
+            raise ValueError(f"cannot connect to the producer addresses {self.addresses}: {exc.strerror}; "
                              "expected e.g. tcp://host:5555") from None
-        self._watcher = ConnectionWatcher(self._sock, [] if exact else self.addresses, curve=curve is not None)
         self._last_batch_at = time.monotonic()
         try:
             self.spec = self._resolve_spec(spec, batch_size, image_shape)
@@ -353,7 +359,18 @@ class ZMQInput(tf.train.experimental.PythonState):
             if self.exact:
                 session.run(self._end_close)
         self._last_batch_at = time.monotonic()
-        receive = self._exact_receive_loop if self.exact else self._receive_loop
+        loop = self._exact_receive_loop if self.exact else self._receive_loop
+        self._receiver_ended = False
+
+        def receive() -> None:
+            try:
+                loop()
+            finally:
+                with self._socket_owner:
+                    self._receiver_ended = True
+                    if self._sockets_abandoned:
+                        self._close_sockets()
+
         for target, name in ((receive, "stoker-receive"), (self._sample_loop, "stoker-occupancy")):
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
@@ -375,6 +392,18 @@ class ZMQInput(tf.train.experimental.PythonState):
             thread.join(2.0)
         if self._metrics is not None:
             self._metrics.close()
+        with self._socket_owner:
+            if not self._receiver_ended:
+                # Still inside a libzmq call: it closes the sockets when it returns (within _POLL_MS).
+                log.warning("the receive thread did not stop within 2 s; it closes its sockets when it does")
+                self._sockets_abandoned = True
+                return
+            self._close_sockets()
+
+    def _close_sockets(self) -> None:
+        if self._sockets_closed:
+            return
+        self._sockets_closed = True
         self._watcher.close()
         self._sock.close(linger=0)
         if self._exact is not None:
