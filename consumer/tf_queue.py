@@ -2,8 +2,8 @@
 
 ``EagerQueue`` runs enqueue ops directly; ``GraphQueue`` builds placeholders and
 ops once and runs them in the user's Session (set before the first enqueue).
-Both enqueue numpy arrays (the "copy to TF" happens here, on the receive
-thread) and close with or without cancelling pending enqueues.
+Both enqueue numpy arrays (the "copy to TF", once per byte, happens here, on the
+receive thread) and close with or without cancelling pending enqueues.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import tensorflow as tf
 
 from stoker.protocol.batch_spec import BatchSpec
 
+from .tensor_import import TensorImporter
+
 
 def make_fifo_queue(spec: BatchSpec, capacity: int, name: str) -> tf.queue.FIFOQueue:
     return tf.queue.FIFOQueue(capacity, [tf.as_dtype(a.dtype) for a in spec.arrays],
@@ -22,13 +24,14 @@ def make_fifo_queue(spec: BatchSpec, capacity: int, name: str) -> tf.queue.FIFOQ
 
 
 class EagerQueue:
-    """FIFOQueue operations in TF2 eager mode."""
+    """FIFOQueue operations in TF2 eager mode; arrays enter with one copy (``TensorImporter``)."""
 
     def __init__(self, queue: tf.queue.FIFOQueue) -> None:
         self.queue = queue
+        self.importer = TensorImporter()
 
     def enqueue(self, arrays: Sequence[np.ndarray]) -> None:
-        self.queue.enqueue(list(arrays))
+        self.queue.enqueue([self.importer.to_tensor(a) for a in arrays])
 
     def size(self) -> int:
         return int(self.queue.size())

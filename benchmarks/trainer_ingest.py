@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""What the trainer takes in: ZMQInput against a bare pyzmq receive loop, same producers, one run.
+
+Producers serve pre-made batches (``--repeat-batches``: 64 x 224 x 224 x 3 uint8 plus labels,
+index, epoch; decoding out of the way) on loopback. This process receives them:
+
+- bare: a PULL socket connected to every producer, ``recv_multipart(copy=False)`` and
+  ``stoker.protocol.decode_batch`` (zero-copy views), nothing else: the ceiling;
+- ZMQInput: the real input, feeding a trivial ``tf.function`` step that takes each batch
+  from ``get()`` (dequeue, StagingArea) without computing on it.
+
+For each: images/s, GB/s, and this process's CPU-seconds per GB taken in (user + system),
+with 1 and 4 producers, interleaved rounds, the best kept. Target: ZMQInput >= 0.90 of bare.
+Prints a table and writes JSON (default benchmarks/results/trainer_ingest.json).
+Run:  python benchmarks/trainer_ingest.py [--batches 300] [--rounds 3] [--producers 1,4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+
+def _cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def bare(endpoints: list[str], warmup: int, batches: int) -> tuple[float, float, float]:
+    """(images/s, bytes/s, cpu s per GB) of a bare receive loop."""
+    import zmq
+
+    from stoker.protocol import decode_batch
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PULL)
+    sock.setsockopt(zmq.RCVHWM, 4)
+    for e in endpoints:
+        sock.connect(e)
+    try:
+        images = nbytes = 0
+        for i in range(warmup + batches):
+            if not sock.poll(60_000):
+                raise RuntimeError("no batch for 60 s")
+            batch = decode_batch(sock.recv_multipart(copy=False))
+            if i == warmup - 1:
+                t0, c0 = time.perf_counter(), _cpu()
+            elif i >= warmup:
+                images += len(batch["labels"])
+                nbytes += sum(a.nbytes for a in batch.arrays.values())
+        seconds, cpu = time.perf_counter() - t0, _cpu() - c0
+        return images / seconds, nbytes / seconds, cpu / (nbytes / 1e9)
+    finally:
+        sock.close(0)
+        ctx.term()
+
+
+def zmq_input(endpoints: list[str], batch: int, size: int, warmup: int, batches: int) -> tuple[float, float, float]:
+    """(images/s, bytes/s, cpu s per GB) of ZMQInput feeding a step that only takes each batch."""
+    import tensorflow as tf
+
+    from stoker.consumer import ZMQInput
+
+    with ZMQInput(endpoints, batch_size=batch, image_shape=(size, size, 3), recv_timeout=60) as inp:
+        @tf.function
+        def step():
+            images, labels = inp.get()
+            return tf.shape(images)[0]
+
+        for _ in range(warmup):
+            int(step())
+        t0, c0, images = time.perf_counter(), _cpu(), 0
+        for _ in range(batches):
+            images += int(step())
+        seconds, cpu = time.perf_counter() - t0, _cpu() - c0
+        nbytes = images * (size * size * 3 + 4 + 8 + 4)  # pixels, label, index, epoch per sample
+        return images / seconds, nbytes / seconds, cpu / (nbytes / 1e9)
+
+
+def main() -> None:
+    from stoker.producer.process import ProducerProcess
+    from stoker.producer.synthetic import build_synthetic
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--batches", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the best of each is kept")
+    parser.add_argument("--producers", default="1,4", help="comma-separated producer counts")
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "trainer_ingest.json"))
+    args = parser.parse_args()
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "bench"
+        build_synthetic(path, 64, seed=0, progress=False)
+        for count in (int(c) for c in args.producers.split(",")):
+            flags = ["--workers", "1", "--batch-size", str(args.batch_size), "--image-size", str(args.image_size),
+                     "--repeat-batches", "2", "--seed", "0"]
+            with ExitStack() as stack:
+                producers = [stack.enter_context(ProducerProcess(path, extra_args=[*flags, "--shard", f"{i}/{count}"]))
+                             for i in range(count)]
+                endpoints = [p.endpoint for p in producers]
+                results = {"bare": [], "zmq_input": []}
+                for _ in range(args.rounds):
+                    results["bare"].append(bare(endpoints, args.warmup, args.batches))
+                    results["zmq_input"].append(zmq_input(endpoints, args.batch_size, args.image_size, args.warmup,
+                                                          args.batches))
+            best = {k: max(v, key=lambda r: r[0]) for k, v in results.items()}
+            rows.append({"producers": count, "bare_images_per_s": best["bare"][0], "bare_gb_per_s": best["bare"][1] / 1e9,
+                         "bare_cpu_s_per_gb": best["bare"][2], "zmq_images_per_s": best["zmq_input"][0],
+                         "zmq_gb_per_s": best["zmq_input"][1] / 1e9, "zmq_cpu_s_per_gb": best["zmq_input"][2],
+                         "ratio": best["zmq_input"][0] / best["bare"][0],
+                         "rounds": {k: [list(r) for r in v] for k, v in results.items()}})
+    print(f"trainer ingest, {args.batch_size} x {args.image_size} px batches from --repeat-batches producers on "
+          f"loopback, best of {args.rounds} interleaved rounds")
+    print(f"{'producers':>9} | {'bare img/s':>10} | {'bare GB/s':>9} | {'bare CPU s/GB':>13} | {'ZMQInput img/s':>14} | "
+          f"{'GB/s':>5} | {'CPU s/GB':>8} | {'ratio':>6}")
+    print("-" * 97)
+    for r in rows:
+        print(f"{r['producers']:>9} | {r['bare_images_per_s']:>10.0f} | {r['bare_gb_per_s']:>9.2f} | "
+              f"{r['bare_cpu_s_per_gb']:>13.3f} | {r['zmq_images_per_s']:>14.0f} | {r['zmq_gb_per_s']:>5.2f} | "
+              f"{r['zmq_cpu_s_per_gb']:>8.3f} | {r['ratio']:>6.3f}")
+    result = {"benchmark": "trainer_ingest", "rows": rows, "batch_size": args.batch_size, "image_size": args.image_size,
+              "batches_timed": args.batches, "target_ratio": 0.90, "cpus": os.cpu_count(),
+              "machine": platform.machine(), "python": platform.python_version()}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
