@@ -11,10 +11,12 @@ from stoker.producer.process import ProducerProcess
 from stoker.protocol import Batch, decode_batch
 
 
-def delivered_rate(producer: ProducerProcess, warmup: int, batches: int, check: Callable[[Batch], None]) -> float:
+def delivered_rate(producer: ProducerProcess, warmup: int, batches: int, check: Callable[[Batch], None],
+                   on_clock_start: Callable[[], None] = lambda: None) -> float:
     """Samples/s received and decoded here over ``batches`` batches after ``warmup`` (>= 1) batches.
 
-    ``check`` sees every batch. RuntimeError (with the producer's log tail) if nothing arrives for 120 s.
+    ``check`` sees every batch; ``on_clock_start`` runs when timing starts. RuntimeError (with the
+    producer's log tail) if nothing arrives for 120 s.
     """
     if warmup < 1 or batches < 1:
         raise ValueError("warmup and batches must be >= 1: the clock starts at the last warm-up batch")
@@ -30,6 +32,7 @@ def delivered_rate(producer: ProducerProcess, warmup: int, batches: int, check: 
             batch = decode_batch(sock.recv_multipart(copy=False))
             check(batch)
             if i == warmup - 1:
+                on_clock_start()
                 t0 = time.perf_counter()
             elif i >= warmup:
                 samples += len(batch["index"])

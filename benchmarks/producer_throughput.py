@@ -3,14 +3,16 @@
 
 1. decoder limit: a bare single-process loop of the producer's decode + random-resized-crop
    + flip (one thread, the same functions the workers call): images/s per core;
-2. `stoker produce` with 1 and 2 workers -> this process (another process) over
-   tcp://127.0.0.1, protocol decode included: images/s delivered, and the ratio to
-   workers x decoder limit;
+2. `stoker produce` with each of ``--workers`` (default 1,2) -> this process (another
+   process) over tcp://127.0.0.1, protocol decode included: images/s delivered, and the
+   ratio to workers x decoder limit;
 3. the machine's own ceiling for N workers: N bare decoder loops in N processes at once
-   (shared caches and memory bandwidth make it less than N x the single-loop limit).
+   (shared caches and memory bandwidth make it less than N x the single-loop limit);
+4. where the CPU goes while delivering: cores used by the workers, the daemon (forwarding
+   and TCP send) and this receiving process, from /proc and getrusage over the timed batches.
 
 Prints a table and writes JSON (default benchmarks/results/producer_throughput.json).
-Run:  python benchmarks/producer_throughput.py [--records 512] [--batches 60]
+Run:  python benchmarks/producer_throughput.py [--records 512] [--batches 200] [--workers 1,2,4,8,14]
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import json
 import multiprocessing as mp
 import os
 import platform
+import resource
 import tempfile
 import time
 from pathlib import Path
@@ -70,15 +73,40 @@ def parallel_decoder_limit(lmdb_path: Path, size: int, seconds: float, processes
     return total
 
 
-def delivered(lmdb_path: Path, workers: int, batch: int, size: int, warmup: int, batches: int) -> float:
-    """Images/s that reach this process from a `stoker produce` daemon with ``workers`` workers."""
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (/proc; Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def delivered(lmdb_path: Path, workers: int, batch: int, size: int, warmup: int,
+              batches: int) -> tuple[float, dict[str, float]]:
+    """Images/s that reach this process from a `stoker produce` daemon with ``workers`` workers, and the
+    cores each part used meanwhile: ``workers``, ``daemon``, ``receiver`` (this process)."""
     args = ["--workers", str(workers), "--batch-size", str(batch), "--image-size", str(size), "--seed", "0"]
 
     def check(decoded) -> None:
         assert decoded["images"].shape == (batch, size, size, 3)
 
     with ProducerProcess(lmdb_path, extra_args=args) as producer:
-        return delivered_rate(producer, warmup, batches, check)
+        start: dict[str, float] = {}
+
+        def clock_start() -> None:
+            start["t"], start["me"] = time.perf_counter(), _own_cpu()
+            start["daemon"] = _cpu_seconds(producer.pid)
+            start["workers"] = sum(_cpu_seconds(p) for p in producer.child_pids())
+
+        rate = delivered_rate(producer, warmup, batches, check, on_clock_start=clock_start)
+        seconds = time.perf_counter() - start["t"]
+        cores = {"workers": (sum(_cpu_seconds(p) for p in producer.child_pids()) - start["workers"]) / seconds,
+                 "daemon": (_cpu_seconds(producer.pid) - start["daemon"]) / seconds,
+                 "receiver": (_own_cpu() - start["me"]) / seconds}
+        return rate, cores
 
 
 def main() -> None:
@@ -92,6 +120,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2,
                         help="interleaved rounds of every measurement; the best of each is kept (shared VMs drift)")
     parser.add_argument("--lmdb", default=None, help="use this LMDB instead of a fresh synthetic one")
+    parser.add_argument("--workers", default="1,2", help="comma-separated worker counts to sweep, e.g. 1,2,4,8,14")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "producer_throughput.json"))
     args = parser.parse_args()
 
@@ -99,33 +128,39 @@ def main() -> None:
         lmdb_path = Path(args.lmdb) if args.lmdb else Path(tmp) / "bench"
         if not args.lmdb:
             build_synthetic(lmdb_path, args.records, seed=0, progress=False)
+        sweep = [int(w) for w in args.workers.split(",")]
         limits: list[float] = []
-        rates: dict[int, list[float]] = {1: [], 2: []}
-        together: dict[int, list[float]] = {1: [], 2: []}
+        rates: dict[int, list[tuple[float, dict[str, float]]]] = {w: [] for w in sweep}
+        together: dict[int, list[float]] = {w: [] for w in sweep}
         for _ in range(args.rounds):
             limits.append(decoder_limit(lmdb_path, args.image_size, args.decoder_seconds))
-            for workers in (1, 2):
+            for workers in sweep:
                 rates[workers].append(delivered(lmdb_path, workers, args.batch_size, args.image_size, args.warmup,
                                                 args.batches))
                 together[workers].append(parallel_decoder_limit(lmdb_path, args.image_size, args.decoder_seconds,
                                                                 workers))
         limit = max(limits)
         rows = []
-        for workers in (1, 2):
-            rate, bare = max(rates[workers]), max(together[workers])
+        for workers in sweep:
+            (rate, cores), bare = max(rates[workers], key=lambda r: r[0]), max(together[workers])
             rows.append({"workers": workers, "images_per_s": rate, "ceiling": workers * limit,
                          "fraction_of_ceiling": rate / (workers * limit), "bare_loops_at_once": bare,
-                         "fraction_of_bare_loops_at_once": rate / bare,
-                         "rounds": {"delivered": rates[workers], "bare_loops_at_once": together[workers]}})
+                         "fraction_of_bare_loops_at_once": rate / bare, "cores": cores,
+                         "worker_images_per_cpu_s": rate / cores["workers"] if cores["workers"] else 0.0,
+                         "rounds": {"delivered": [r for r, _ in rates[workers]], "bare_loops_at_once": together[workers]}})
 
     print(f"best of {args.rounds} interleaved rounds; decoder limit (1 thread, decode + random-resized-crop "
           f"{args.image_size} + flip): {limit:.0f} images/s (rounds: {', '.join(f'{x:.0f}' for x in limits)})")
     print(f"{'workers':>7} | {'delivered img/s':>15} | {'workers x limit':>15} | {'fraction':>8} | "
-          f"{'N bare loops at once':>20} | {'fraction':>8}")
-    print("-" * 90)
+          f"{'N bare loops at once':>20} | {'fraction':>8} | {'cores: workers':>14} | {'daemon':>6} | "
+          f"{'receiver':>8} | {'img per worker CPU-s':>20}")
+    print("-" * 150)
     for r in rows:
+        c = r["cores"]
         print(f"{r['workers']:>7} | {r['images_per_s']:>15.0f} | {r['ceiling']:>15.0f} | {r['fraction_of_ceiling']:>8.2f} | "
-              f"{r['bare_loops_at_once']:>20.0f} | {r['fraction_of_bare_loops_at_once']:>8.2f}")
+              f"{r['bare_loops_at_once']:>20.0f} | {r['fraction_of_bare_loops_at_once']:>8.2f} | "
+              f"{c['workers']:>14.2f} | {c['daemon']:>6.2f} | {c['receiver']:>8.2f} | "
+              f"{r['worker_images_per_cpu_s']:>20.0f}")
     result = {"benchmark": "producer_throughput", "decoder_limit_images_per_s": limit, "rows": rows,
               "batch_size": args.batch_size, "image_size": args.image_size, "cpus": os.cpu_count(),
               "machine": platform.machine(), "python": platform.python_version(), "opencv": cv2.__version__,

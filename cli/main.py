@@ -184,6 +184,7 @@ def cmd_produce(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port, log_format=getattr(args, "log_format", "text"),
         repeat_batches=args.repeat_batches,
         fast_dct=args.fast_dct, exact=args.exact, epochs=args.epochs, trainer_timeout=args.trainer_timeout,
+        min_trainers=args.min_trainers,
     )
     stop = stop_event_on_signals()
     ProducerDaemon(config).run(stop)
@@ -219,6 +220,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         batch_size=args.batch_size, image_size=args.image_size, num_classes=args.classes,
         queue_capacity=args.queue_capacity, recv_timeout=args.recv_timeout, logdir=args.logdir,
         log_every=args.log_every, metrics_port=args.metrics_port, progress=not args.no_progress,
+        exact=args.exact, trainer_id=args.trainer_id, consumed_log=args.log_consumed, report=args.report,
     )
     from stoker.consumer import InputError
     from stoker.consumer.summaries import TensorBoardNotInstalledError
@@ -249,7 +251,9 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 
     run = ClusterRun(lmdb_path=args.lmdb, hosts=args.hosts, rate=args.rate, workers=args.workers,
                      batch_size=args.batch_size, image_size=args.image_size, model=args.model, steps=args.steps,
-                     queue_capacity=args.queue_capacity, seed=args.seed, train_args=["--no-progress"] if args.no_progress else [])
+                     queue_capacity=args.queue_capacity, seed=args.seed,
+                     train_args=["--no-progress"] if args.no_progress else [], trainers=args.trainers,
+                     epochs=args.epochs, mode=args.mode, log_consumed=args.log_consumed)
     try:
         return run_cluster(run)
     except ClusterError as exc:
@@ -301,7 +305,24 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         rates = measure_stages(args.lmdb, image_size=args.image_size, batch_size=args.batch_size)
         print(rates.table())
         pipeline = rates.pipeline
-    print("verdict: " + Diagnosis(link.images_per_s, train, link.mb_per_s, len(link.per_producer), pipeline).sentence())
+    verdict = Diagnosis(link.images_per_s, train, link.mb_per_s, len(link.per_producer), pipeline).sentence()
+    print("verdict: " + verdict)
+    if args.report:
+        from stoker.consumer.report import write_report
+        from stoker.consumer.training import TrainConfig, train as run_training
+
+        print(f"a real run of {args.report_steps} steps for the report ...", flush=True)
+        run = run_training(TrainConfig(addresses=_addresses(args.connect), model=args.model, steps=args.report_steps,
+                                       batch_size=args.batch_size, image_size=args.image_size,
+                                       num_classes=args.classes, progress=False, timeline=True,
+                                       warmup_steps=min(10, args.report_steps // 2)))
+        facts = {"input arriving (bare receive)": f"{link.images_per_s:.0f} images/s, {link.mb_per_s:.0f} MB/s",
+                 "trainer on constant input": f"{train:.0f} images/s ({args.model})", **run.facts()}
+        if pipeline:
+            facts["one producer worker (this host, stage bench)"] = f"{pipeline:.0f} images/s"
+        write_report(args.report, f"stoker doctor: {args.model}", f"{verdict} During the run: {run.bottleneck()}.",
+                     run.timeline, facts)  # type: ignore[arg-type]
+        print(f"wrote the report to {args.report}")
     return EXIT_OK
 
 
@@ -413,6 +434,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "(trainers must use ZMQInput(..., exact=True) / stoker train --exact; see README)")
     p.add_argument("--epochs", type=_positive_int, default=None,
                    help="serve exactly this many epochs, then stop (implies --exact); none: endless")
+    p.add_argument("--min-trainers", type=_positive_int, default=1,
+                   help="exact mode: serve nothing until this many trainers joined, so in a synchronous "
+                   "data-parallel job no trainer starts ahead of the others")
     p.add_argument("--trainer-timeout", type=float, default=10.0,
                    help="exact mode: seconds without a message before a trainer is taken for dead and the records "
                    "it held are served again")
@@ -449,6 +473,15 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--metrics-port", type=int, default=None,
                    help="serve Prometheus metrics on this port (none: off)")
     t.add_argument("--no-progress", action="store_true", help="log lines instead of a progress bar")
+    t.add_argument("--exact", action="store_true",
+                   help="exact epochs (producers run --exact or --epochs N); training ends early when a finite run "
+                   "of the producers does")
+    t.add_argument("--trainer-id", default=None, help="exact mode: this trainer's id for the producers (default: random)")
+    t.add_argument("--log-consumed", default=None, metavar="FILE",
+                   help="write each step's record indices and epochs as JSON lines, to verify coverage")
+    t.add_argument("--report", default=None, metavar="FILE.html",
+                   help="at the end, write the bottleneck report: the verdict and, over time, queue occupancy, step "
+                   "time, images/s per producer and producers' stage times (one self-contained HTML file)")
     t.add_argument("--curve-secret-key", default=None, metavar="FILE",
                    help="this trainer's NAME.key_secret: enables CurveZMQ (with --curve-server-key)")
     t.add_argument("--curve-server-key", default=None, metavar="FILE", help="the producers' public NAME.key")
@@ -467,14 +500,22 @@ def build_parser() -> argparse.ArgumentParser:
     kg.set_defaults(func=cmd_keys_generate)
 
     cl = sub.add_parser("cluster", parents=[common], formatter_class=_Formatter,
-                        help="producers on simulated hosts feeding a trainer, on this machine (root)",
-                        description="Build HOSTS data hosts and a trainer host on this machine with network "
-                        "namespaces and veth links (each host its own address, 10.213.0.0/16; links optionally "
-                        "shaped with tc tbf), run a producer with a disjoint shard on each data host and "
-                        "`stoker train` on the trainer host, then tear everything down, also after a failure or "
+                        help="producers on simulated hosts feeding trainers, on this machine (root)",
+                        description="Build HOSTS data hosts and TRAINERS trainer hosts on this machine with network "
+                        "namespaces joined by a switch (each host its own address in 10.213.0.0/24; data links "
+                        "optionally shaped with tc tbf), run a producer with a disjoint shard on each data host and "
+                        "`stoker train` on each trainer host, then tear everything down, also after a failure or "
                         "Ctrl-C. Needs root and iproute2.")
     cl.add_argument("--lmdb", required=True, help="Stoker LMDB every producer serves (a shard each)")
     cl.add_argument("--hosts", type=_positive_int, default=2, help="number of data hosts (1-64)")
+    cl.add_argument("--trainers", type=_positive_int, default=1,
+                    help="number of trainer hosts (1-16), each running `stoker train` against every producer")
+    cl.add_argument("--epochs", type=_positive_int, default=None,
+                    help="exact, finite epochs: producers stop after them (waiting for every trainer to join "
+                    "first), and the trainers with them; none: endless producers, --steps decides")
+    cl.add_argument("--mode", choices=("train", "eval"), default="train", help="producers' mode")
+    cl.add_argument("--log-consumed", default=None, metavar="DIR",
+                    help="each trainer writes DIR/<name>.jsonl: every step's record indices and epochs")
     cl.add_argument("--rate", default=None, help="shape each link, e.g. 1gbit or 10gbit (none: unshaped)")
     cl.add_argument("--workers", type=_positive_int, default=1, help="worker processes per producer")
     cl.add_argument("--batch-size", type=_positive_int, default=64, help="images per batch")
@@ -535,6 +576,10 @@ def build_parser() -> argparse.ArgumentParser:
     dr.add_argument("--steps", type=_positive_int, default=10, help="timed trainer steps")
     dr.add_argument("--seconds", type=float, default=5.0, help="seconds of link measurement")
     dr.add_argument("--lmdb", default=None, help="also time the producer stages on this LMDB (local copy)")
+    dr.add_argument("--report", default=None, metavar="FILE.html",
+                    help="also train for --report-steps steps and write the bottleneck report (verdict, and over "
+                    "time queue occupancy, step time, images/s per producer, producers' stage times)")
+    dr.add_argument("--report-steps", type=_positive_int, default=60, help="steps of the real run for --report")
     dr.set_defaults(func=cmd_doctor)
 
     d = sub.add_parser("demo", parents=[common], formatter_class=_Formatter, help="run the whole pipeline on this machine",

@@ -7,6 +7,8 @@ bar shows images/s and queue occupancy; TensorBoard scalars go to ``logdir``.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -19,7 +21,9 @@ from stoker.protocol.curve import CurveClientKeys
 
 from .interrupts import close_on_signal
 from .models import build_model
+from .report import write_report
 from .summaries import require_tensorboard
+from .timeline import Timeline
 from .zmq_input import InputStats, ZMQInput
 
 log = logging.getLogger("stoker.consumer")
@@ -49,6 +53,11 @@ class TrainConfig:
     progress: bool = True
     curve: Optional[CurveClientKeys] = None
     metrics_port: Optional[int] = None
+    exact: bool = False  # producers run --exact / --epochs N; a finite run ends training early
+    trainer_id: Optional[str] = None
+    consumed_log: Optional[str] = None  # JSON lines: each step's record indices and epochs
+    report: Optional[str] = None  # write the bottleneck report (HTML) here at the end
+    timeline: bool = False  # record a Timeline even without a report (stoker doctor writes its own)
 
 
 @dataclass
@@ -62,6 +71,7 @@ class TrainReport:
     final_loss: float
     final_accuracy: float
     input_stats: InputStats = field(default_factory=InputStats)
+    timeline: Optional[Timeline] = None
 
     def bottleneck(self) -> str:
         """One sentence: which side limited training, judged by queue occupancy."""
@@ -74,6 +84,15 @@ class TrainReport:
                     "not the limit, the model step is")
         return (f"balanced: mean queue occupancy {occ:.2f}; input and training run at about the same speed, "
                 "so more producers would help only a little")
+
+    def facts(self) -> dict[str, str]:
+        """The run's key figures, for the report's table."""
+        s = self.input_stats
+        return {"steps": str(self.steps), "images/s (after warm-up)": f"{self.images_per_s:.0f}",
+                "mean queue occupancy": f"{self.mean_queue_occupancy:.2f}",
+                "batches received": ", ".join(f"{p}: {n}" for p, n in sorted(s.per_producer.items())) or "none",
+                "batches rejected": str(s.protocol_errors + s.mismatched_batches),
+                "final loss / accuracy": f"{self.final_loss:.3f} / {self.final_accuracy:.2f}"}
 
     def summary(self) -> str:
         s = self.input_stats
@@ -101,30 +120,53 @@ def train(config: TrainConfig) -> TrainReport:
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     writer = tf.summary.create_file_writer(config.logdir) if config.logdir else tf.summary.create_noop_writer()
     warmup = min(config.warmup_steps, max(0, config.steps - 1))
-    with ZMQInput(config.addresses, batch_size=config.batch_size,
-                  image_shape=(config.image_size, config.image_size, 3), queue_capacity=config.queue_capacity,
-                  recv_timeout=config.recv_timeout, curve=config.curve) as inp, close_on_signal(inp.close):
+    with contextlib.ExitStack() as stack:
+        consumed_log = stack.enter_context(open(config.consumed_log, "w")) if config.consumed_log else None
+        inp = stack.enter_context(ZMQInput(
+            config.addresses, batch_size=config.batch_size, image_shape=(config.image_size, config.image_size, 3),
+            queue_capacity=config.queue_capacity, recv_timeout=config.recv_timeout, curve=config.curve,
+            exact=config.exact, trainer_id=config.trainer_id))
+        stack.enter_context(close_on_signal(inp.close))
         if config.metrics_port is not None:
             log.info("metrics on http://0.0.0.0:%d/metrics", inp.serve_metrics(config.metrics_port))
 
         @tf.function
-        def step() -> tuple[tf.Tensor, tf.Tensor]:
-            images, labels = inp.get()
+        def step() -> tuple[tf.Tensor, ...]:
+            batch = inp.get()
+            images, labels = batch["images"], batch["labels"]
             with tf.GradientTape() as tape:
                 logits = model(images, training=True)
                 loss = loss_fn(labels, logits)
             grads = tape.gradient(loss, model.trainable_variables)
             optimizer.apply_gradients(zip(grads, model.trainable_variables))
             accuracy = tf.reduce_mean(tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels), tf.float32))
-            return loss, accuracy
+            return loss, accuracy, batch["index"], batch["epoch"]
 
         log.info("waiting for the first batches from %s (pre-filling the queue)", ", ".join(config.addresses))
+        timeline = Timeline(inp).start() if config.report or config.timeline else None
+        if timeline is not None:
+            stack.callback(timeline.stop)  # also on errors; a second stop() does nothing
         bar = tqdm(total=config.steps, unit="step", disable=not config.progress, dynamic_ncols=True)
         t_start, stats_start = time.perf_counter(), inp.stats
         t_window, loss, accuracy = time.perf_counter(), None, None
+        steps_run = 0
         with writer.as_default():
             for i in range(1, config.steps + 1):
-                loss, accuracy = step()
+                try:
+                    t_step = time.perf_counter()
+                    loss, accuracy, index, epoch = step()
+                    if timeline is not None:  # the step's own time: wait for its result (costs a sync)
+                        float(loss)
+                        timeline.step(time.perf_counter() - t_step)
+                except tf.errors.OutOfRangeError:
+                    if not inp.finished:
+                        raise
+                    log.info("the producers finished their epochs after %d steps", i - 1)
+                    break
+                steps_run = i
+                if consumed_log is not None:
+                    consumed_log.write(json.dumps({"step": i, "index": index.numpy().tolist(),
+                                                   "epoch": epoch.numpy().tolist()}) + "\n")
                 if i == warmup:
                     float(loss)  # wait for the step to finish before the clock starts
                     t_start, stats_start = time.perf_counter(), inp.stats
@@ -142,14 +184,24 @@ def train(config: TrainConfig) -> TrainReport:
                         tf.summary.scalar("train/accuracy", accuracy, step=i)
                         tf.summary.scalar("stoker/images_per_s", rate, step=i)
                 bar.update(1)
-            final_loss, final_accuracy = float(loss), float(accuracy)
+            final_loss = float(loss) if loss is not None else float("nan")
+            final_accuracy = float(accuracy) if accuracy is not None else float("nan")
         bar.close()
         writer.flush()
+        if consumed_log is not None:
+            consumed_log.flush()
+        if timeline is not None:
+            timeline.stop()
         seconds = time.perf_counter() - t_start
         stats_end = inp.stats
-        measured = config.steps - warmup
+        measured = max(1, steps_run - warmup)
         samples = stats_end.occupancy_samples - stats_start.occupancy_samples
         mean_occ = ((stats_end.occupancy_sum - stats_start.occupancy_sum) / samples) if samples else stats_end.mean_queue_occupancy
-        return TrainReport(steps=config.steps, seconds=seconds, images_per_s=measured * config.batch_size / seconds,
-                           mean_queue_occupancy=mean_occ, final_loss=final_loss, final_accuracy=final_accuracy,
-                           input_stats=stats_end)
+        result = TrainReport(steps=steps_run, seconds=seconds, images_per_s=measured * config.batch_size / seconds,
+                             mean_queue_occupancy=mean_occ, final_loss=final_loss, final_accuracy=final_accuracy,
+                             input_stats=stats_end, timeline=timeline)
+        if config.report and timeline is not None:
+            write_report(config.report, f"stoker train: {config.model}", result.bottleneck(), timeline,
+                         result.facts())
+            log.info("wrote the bottleneck report to %s", config.report)
+        return result

@@ -72,6 +72,9 @@ class InputStats:
     last_handshake_error: str = ""
     last_error: str = ""
     per_producer: dict[str, int] = field(default_factory=dict)
+    samples_per_producer: dict[str, int] = field(default_factory=dict)
+    #: producer -> stage (read, decode, augment, send: waiting to hand off) -> seconds its workers spent on what we received
+    stage_seconds: dict[str, dict[str, float]] = field(default_factory=dict)
     occupancy_sum: float = 0.0
     occupancy_samples: int = 0
 
@@ -337,7 +340,7 @@ class ZMQInput(tf.train.experimental.PythonState):
                 continue
             log.info("learned the batch spec from producer %s: %s", batch.header.producer, learned)
             self._first = [batch.arrays[n] for n in learned.names]
-            self._count(batch.header.producer, self._first)
+            self._count(batch, self._first)
             return learned
 
     # ---- lifecycle --------------------------------------------------------------------------
@@ -634,7 +637,9 @@ class ZMQInput(tf.train.experimental.PythonState):
     @property
     def stats(self) -> InputStats:
         with self._stats_lock:
-            return replace(self._stats, per_producer=dict(self._stats.per_producer))
+            return replace(self._stats, per_producer=dict(self._stats.per_producer),
+                           samples_per_producer=dict(self._stats.samples_per_producer),
+                           stage_seconds={p: dict(s) for p, s in self._stats.stage_seconds.items()})
 
     def write_summaries(self, step: int) -> None:
         """Write queue occupancy and counters as TensorBoard scalars to the default summary writer."""
@@ -662,13 +667,28 @@ class ZMQInput(tf.train.experimental.PythonState):
     def error(self) -> Optional[InputError]:
         return self._error
 
+    @property
+    def finished(self) -> bool:
+        """Exact mode, a finite run: every producer finished its epochs (the input ends after the last batch)."""
+        return self._finished
+
     # ---- background threads -----------------------------------------------------------------
 
-    def _count(self, producer: str, arrays: Sequence[np.ndarray]) -> None:
+    def _count(self, batch: Any, arrays: Sequence[np.ndarray]) -> None:
+        producer = batch.header.producer
+        # Real samples: an exact run's last batch is padded (mask); otherwise every row. Also called while the
+        # spec is still being learned, so the batch's own rows count, not self.batch_size.
+        samples = int(batch["mask"].sum()) if "mask" in batch.arrays else len(arrays[0]) if arrays else 0
         with self._stats_lock:
-            self._stats.batches += 1
-            self._stats.bytes += sum(a.nbytes for a in arrays)
-            self._stats.per_producer[producer] = self._stats.per_producer.get(producer, 0) + 1
+            stats = self._stats
+            stats.batches += 1
+            stats.bytes += sum(a.nbytes for a in arrays)
+            stats.per_producer[producer] = stats.per_producer.get(producer, 0) + 1
+            stats.samples_per_producer[producer] = stats.samples_per_producer.get(producer, 0) + samples
+            if batch.header.stages:
+                stages = stats.stage_seconds.setdefault(producer, {})
+                for name, seconds in batch.header.stages.items():
+                    stages[name] = stages.get(name, 0.0) + seconds
 
     def _reject(self, exc: ProtocolError) -> None:
         with self._stats_lock:
@@ -758,7 +778,7 @@ class ZMQInput(tf.train.experimental.PythonState):
                 self._handshake_failures_at_batch = self._watcher.failures.count
                 self._queue.enqueue(arrays)  # may block on a full queue: that is not silence from the producers
                 self._last_batch_at = time.monotonic()
-                self._count(batch.header.producer, arrays)
+                self._count(batch, arrays)
         except (tf.errors.CancelledError, tf.errors.OutOfRangeError, tf.errors.AbortedError):
             pass  # the queue was closed: close() or a timeout
         except Exception as exc:  # never die silently: surface it to the training step
@@ -808,7 +828,7 @@ class ZMQInput(tf.train.experimental.PythonState):
                     self._queue.enqueue([*arrays, np.full(self.batch_size, i, np.int32)])
                     self._last_batch_at = time.monotonic()
                     transport.queued(i, batch["epoch"], batch["index"], batch["mask"])
-                    self._count(batch.header.producer, arrays)
+                    self._count(batch, arrays)
                     if self._queue.size() >= self.queue_capacity:
                         break
         except (tf.errors.CancelledError, tf.errors.OutOfRangeError, tf.errors.AbortedError):

@@ -90,6 +90,7 @@ class ProducerConfig:
     exact: bool = False
     epochs: Optional[int] = None
     trainer_timeout: float = 10.0
+    min_trainers: int = 1
 
 
 class ProducerDaemon:
@@ -108,6 +109,9 @@ class ProducerDaemon:
             raise ValueError(f"--epochs must be >= 1, got {config.epochs}")
         if config.epochs is not None and not config.exact:
             config = replace(config, exact=True)  # a finite run is exact: it ends when every record is consumed
+        if config.min_trainers > 1 and not config.exact:
+            raise ValueError("--min-trainers needs exact mode (--exact or --epochs N): plain producers do not know "
+                             "their trainers")
         if config.repeat_batches and config.exact:
             raise ValueError("--repeat-batches is a benchmark of the plain mode; it does not combine with --exact")
         self.config = config
@@ -173,7 +177,7 @@ class ProducerDaemon:
         forwarder: SlotForwarder
         if cfg.exact:
             spec = [(name, dtype, [cfg.batch_size, *shape]) for name, dtype, shape in self.layout.arrays]
-            server = ExactServer(self.stream, self.producer_id, cfg.epochs, cfg.trainer_timeout, spec)
+            server = ExactServer(self.stream, self.producer_id, cfg.epochs, cfg.trainer_timeout, spec, cfg.min_trainers)
             forwarder = ExactForwarder(control, self._out, self.layout, buffers, server)
         else:
             forwarder = SlotForwarder(control, self._out, self.layout, buffers)

@@ -2,7 +2,8 @@
 
 The daemon's forwarding thread drives an ``ExactServer``:
 
-- ``next_chunk(n)`` picks the next records for a worker's batch: first records
+- ``next_chunk(n)`` picks the next records for a worker's batch (nothing before
+  ``min_trainers`` trainers joined, so in a synchronous job none starts ahead): first records
   known to be lost (re-served, oldest epoch first), then the epoch's records in its
   deterministic order, skipping what trainers consumed, hold, or what is being made.
   An epoch's successor opens as soon as its first pass is handed out (no drain at
@@ -80,9 +81,12 @@ class ExactServer:
     """Serving decisions for one stream; see the module doc. Not thread-safe: one thread drives it."""
 
     def __init__(self, key: StreamKey, producer_id: str, epochs: Optional[int] = None,
-                 trainer_timeout: float = 10.0, spec: Optional[list[tuple[str, str, list[int]]]] = None) -> None:
+                 trainer_timeout: float = 10.0, spec: Optional[list[tuple[str, str, list[int]]]] = None,
+                 min_trainers: int = 1) -> None:
         self.key, self.producer_id, self.epochs, self.trainer_timeout = key, producer_id, epochs, trainer_timeout
         self.spec = list(spec or [])
+        self.min_trainers = min_trainers  # serve nothing before this many trainers joined (synchronous jobs)
+        self._joined: set[str] = set()
         self.records = np.arange(key.index, key.records, key.count, dtype=np.int64)
         self.started = False
         self.completed = 0
@@ -134,7 +138,7 @@ class ExactServer:
 
     def next_chunk(self, n: int) -> Optional[Chunk]:
         """Up to ``n`` records to make into a batch (None: nothing to serve now)."""
-        if not self.started or self.finished:
+        if not self.started or self.finished or len(self._joined) < self.min_trainers:
             return None
         epochs, indices = [], []
         e = self.completed
@@ -219,6 +223,7 @@ class ExactServer:
                 del self.trainers[old_routing]
         slot = self._slot_of(hello.trainer)
         self.trainers[routing_id] = _Trainer(hello.trainer, routing_id, slot, hello.session, hello.credit, now)
+        self._joined.add(hello.trainer)
         mentioned = set(progress.open) if progress is not None else set()
         mentioned |= {e for e, _ in hello.held.get(key, [])}
         for e in sorted({self.completed} | mentioned):  # epochs another incarnation had begun stay tracked

@@ -157,10 +157,11 @@ def run_worker(worker: int, config: WorkerConfig, stats: StageStats, stop: Any, 
     sock.send(HELLO)
     pool = _SlotPool(sock, config.slots, stop, parent_pid, batch_size)
 
-    def hand_off(slot: int, arrays: dict[str, np.ndarray], batch_no: int) -> None:
+    def hand_off(slot: int, arrays: dict[str, np.ndarray], batch_no: int,
+                 stages: Optional[dict[str, float]] = None) -> None:
         """Tell the daemon ``slot`` holds a finished batch: only its header crosses the ipc socket."""
         header = encode_batch(arrays, producer=config.producer_id,
-                              seq=batch_no * config.workers + worker, worker=worker)[0]
+                              seq=batch_no * config.workers + worker, worker=worker, stages=stages)[0]
         sock.send_multipart([READY, slot_frame(slot), header])
 
     batch_no = 0
@@ -211,10 +212,12 @@ def run_worker(worker: int, config: WorkerConfig, stats: StageStats, stop: Any, 
             t4 = time.perf_counter()
             if len(made) < config.repeat_batches:
                 made.append({name: array.copy() for name, array in arrays.items()})
-            hand_off(slot, arrays, batch_no)
             t_decode = stage_times().get("decode", 0.0) if stage_times is not None else 0.0
+            t_augment = max(0.0, t_transform - t_decode)
+            hand_off(slot, arrays, batch_no,
+                     {"read": t_read, "decode": t_decode, "augment": t_augment, "send": t_wait})
             for name, value in (
-                ("read_s", t_read), ("decode_s", t_decode), ("augment_s", max(0.0, t_transform - t_decode)),
+                ("read_s", t_read), ("decode_s", t_decode), ("augment_s", t_augment),
                 ("serialize_s", time.perf_counter() - t4), ("send_s", t_wait), ("images", samples), ("batches", 1),
             ):
                 stats.add(worker, name, value)

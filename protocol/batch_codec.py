@@ -91,6 +91,7 @@ class BatchHeader:
     sent_at: float = 0.0
     stream: str = ""  # exact mode: the stream (shard) the batch belongs to
     session: int = -1  # exact mode: the receiving trainer's session it was sent under
+    stages: dict[str, float] = field(default_factory=dict)  # seconds the producer spent per stage on it
 
 
 @dataclass
@@ -110,13 +111,15 @@ def encode_batch(
     producer: str,
     seq: int,
     worker: int = 0,
+    stages: Mapping[str, float] | None = None,
 ) -> list[Any]:
     """Return the frames of one batch message: ``[header, array0, array1, ...]``.
 
     Array frames are the arrays themselves (buffer protocol), not copies: pass the
     list to ``socket.send_multipart(frames, copy=False)`` and do not modify the
     arrays until ZMQ is done with them. Non-contiguous or big-endian arrays are
-    converted (that one case copies). Raises ProtocolError for a dtype outside
+    converted (that one case copies). ``stages``: seconds spent making the batch, per
+    stage (read, decode, augment, send), for the trainer's bottleneck report. Raises ProtocolError for a dtype outside
     ALLOWED_DTYPES or an invalid name, so a sender never emits what a receiver
     would refuse.
     """
@@ -145,6 +148,8 @@ def encode_batch(
         "sent_at": time.time(),
         "arrays": specs,
     }
+    if stages:
+        header["stages"] = {str(k): float(v) for k, v in stages.items()}
     frames[0] = msgpack.packb(header, use_bin_type=True)
     return frames
 
@@ -196,6 +201,11 @@ def decode_header(frame: Any, limits: DecodeLimits = DecodeLimits()) -> BatchHea
     _require(isinstance(stream, str) and len(stream) <= 64, f"header field 'stream' must be a short string, got {stream!r}")
     session = header.get("session", -1)
     _require(_is_int(session) and -1 <= session < 2**31, f"header field 'session' must be an integer, got {session!r}")
+    stages = header.get("stages", {})
+    _require(isinstance(stages, dict) and len(stages) <= 8
+             and all(isinstance(k, str) and len(k) <= 16 and isinstance(v, (int, float)) and not isinstance(v, bool)
+                     and 0 <= v < 1e6 for k, v in stages.items()),
+             "header field 'stages' must map at most 8 stage names to seconds")
     specs_raw = header.get("arrays")
     _require(isinstance(specs_raw, list), "header field 'arrays' is missing or not a list")
     _require(len(specs_raw) <= limits.max_arrays, f"header lists {len(specs_raw)} arrays, more than the {limits.max_arrays} allowed")
@@ -212,7 +222,8 @@ def decode_header(frame: Any, limits: DecodeLimits = DecodeLimits()) -> BatchHea
         _require(all(_is_int(d) and d >= 0 for d in shape), f"array {name!r} shape must hold integers >= 0, got {shape!r}")
         specs.append(ArraySpec(name=name, dtype=dtype, shape=tuple(shape)))
     return BatchHeader(version=version, producer=producer, seq=seq, arrays=tuple(specs), worker=worker,
-                       sent_at=float(sent_at), stream=stream, session=session)
+                       sent_at=float(sent_at), stream=stream, session=session,
+                       stages={k: float(v) for k, v in stages.items()})
 
 
 def decode_batch(frames: Sequence[Any], limits: DecodeLimits = DecodeLimits()) -> Batch:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -38,13 +39,37 @@ def test_stoker_cluster_trains_from_producers_on_separate_hosts_and_tears_down(s
         capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     # Each producer served from its own host address, and the trainer received from both.
-    assert "producer on tcp://10.213.0.2:5555" in result.stdout and "producer on tcp://10.213.0.6:5555" in result.stdout
+    assert "producer on tcp://10.213.0.101:5555" in result.stdout and "producer on tcp://10.213.0.102:5555" in result.stdout
     per_producer = re.search(r"batches received: \d+ \((.*)\); rejected: 0", result.stdout)
     assert per_producer, result.stdout[-2000:]
     counts = dict(item.rsplit(": ", 1) for item in per_producer.group(1).split(", "))
     assert sorted(name.rsplit("#", 1)[1] for name in counts) == ["0/2", "1/2"], counts
     assert all(int(n) > 0 for n in counts.values()), counts
     assert "trained 30 steps" in result.stdout
+    assert _our_namespaces() == before, "namespaces left behind"
+
+
+@pytest.mark.skipif(bool(_harness_missing()), reason=_harness_missing() or "harness available")
+def test_two_trainer_hosts_and_two_producer_hosts_train_and_cover_the_epoch_exactly_once(synth_lmdb, tmp_path):
+    before = _our_namespaces()
+    result = subprocess.run(
+        [sys.executable, "-m", "stoker.cli.main", "cluster", "--lmdb", str(synth_lmdb), "--hosts", "2",
+         "--trainers", "2", "--epochs", "1", "--mode", "eval", "--batch-size", "4", "--image-size", "32",
+         "--steps", "1000", "--queue-capacity", "2", "--log-consumed", str(tmp_path / "consumed")],
+        capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for name in ("trainer0", "trainer1"):
+        assert f"{name}: trained " in result.stdout, f"{name} did not train:\n{result.stdout[-3000:]}"
+    seen: dict[int, int] = {}
+    for name in ("trainer0", "trainer1"):
+        lines = (tmp_path / "consumed" / f"{name}.jsonl").read_text().splitlines()
+        assert lines, f"{name} consumed nothing"
+        for line in lines:
+            step = json.loads(line)
+            assert set(step["epoch"]) == {0}
+            for index in step["index"]:
+                seen[index] = seen.get(index, 0) + 1
+    assert sorted(seen) == list(range(96)) and set(seen.values()) == {1}, "coverage across trainers is not exact"
     assert _our_namespaces() == before, "namespaces left behind"
 
 

@@ -10,6 +10,7 @@ by the real argument parser, so a renamed flag fails here.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shlex
 import socket
@@ -78,8 +79,33 @@ def producers(synth_lmdb):
         yield {"tcp://hostA:5555": a.endpoint, "tcp://hostB:5555": b.endpoint}
 
 
+@contextlib.contextmanager
+def _exact_producers(lmdb, code: str):
+    """Exact-mode producers for the blocks that use them: endless ones for training (port 5556 in the
+    docs), finite ones for evaluation (valA/valB), started per block since a finite run is used up."""
+    hosts, running = {}, []
+    try:
+        for names, extra in ((("hostA", "hostB"), ["--exact"]), (("valA", "valB"), ["--mode", "eval", "--epochs", "1"])):
+            port = 5556 if names[0] == "hostA" else 5555
+            if f"tcp://{names[0]}:{port}" not in code:
+                continue
+            for i, name in enumerate(names):
+                args = ["--workers", "1", "--batch-size", "8", "--image-size", "32", "--shard", f"{i}/2", *extra]
+                running.append(ProducerProcess(lmdb, extra_args=args))
+                hosts[f"tcp://{name}:{port}"] = running[-1].endpoint
+        yield hosts
+    finally:
+        for producer in running:
+            producer.stop()
+
+
 @pytest.mark.parametrize("code", [c for _, c in PYTHON_BLOCKS], ids=[i for i, _ in PYTHON_BLOCKS])
-def test_python_example_runs(code, producers, tmp_path):
+def test_python_example_runs(code, producers, synth_lmdb, tmp_path):
+    with _exact_producers(synth_lmdb, code) as exact:
+        _run_python_example(code, {**producers, **exact}, tmp_path)
+
+
+def _run_python_example(code: str, producers: dict[str, str], tmp_path) -> None:
     port = _free_port()
     hosts = {**producers, "tcp://*:5555": f"tcp://127.0.0.1:{port}"}
     receiver = None

@@ -38,9 +38,11 @@ def small_lmdb(tmp_path_factory) -> Path:
     return path
 
 
-def _args(mode: str = "eval", shard: str = "0/1", epochs: int = 1, workers: int = 1, timeout: float = 10.0):
+def _args(mode: str = "eval", shard: str = "0/1", epochs: int = 1, workers: int = 1, timeout: float = 10.0,
+          min_trainers: int = 1):
     return ["--workers", str(workers), "--batch-size", str(BATCH), "--image-size", "16", "--mode", mode,
-            "--seed", "3", "--shard", shard, "--epochs", str(epochs), "--trainer-timeout", str(timeout)]
+            "--seed", "3", "--shard", shard, "--epochs", str(epochs), "--trainer-timeout", str(timeout),
+            "--min-trainers", str(min_trainers)]
 
 
 def _consume(inp: ZMQInput, steps: int | None = None) -> list[tuple[int, int]]:
@@ -189,7 +191,8 @@ def test_a_trainer_killed_and_restarted_from_a_checkpoint_consumes_each_record_o
         assert first.wait(180) == -9, first.stderr.read()[-3000:]  # it killed itself after step 7
         second = _trainer([a.endpoint, b.endpoint], tmp_path / "run2.log", ckpt)
         out, err = second.communicate(timeout=180)
-        assert second.returncode == 0 and "finished" in out, err[-3000:]
+        producers = f"\nproducer a:\n{a.log_text()[-2000:]}\nproducer b:\n{b.log_text()[-2000:]}"
+        assert second.returncode == 0 and "finished" in out, err[-3000:] + producers
     before = [r for entry in _logged(tmp_path / "run1.log") if entry["step"] <= 3 for r in entry["rows"]]
     after = [r for entry in _logged(tmp_path / "run2.log") for r in entry["rows"]]
     assert _logged(tmp_path / "run2.log")[0]["step"] == 4  # the model's step came back with the input state
@@ -197,7 +200,10 @@ def test_a_trainer_killed_and_restarted_from_a_checkpoint_consumes_each_record_o
 
 
 def test_two_trainers_one_killed_the_epoch_completes_on_the_survivor_with_nothing_lost(small_lmdb, tmp_path):
-    args = lambda shard: _args(shard=shard, timeout=2)  # noqa: E731  a dead trainer is noticed after 2 s
+    # A dead trainer is noticed after 2 s. Both trainers must have joined before anything is served:
+    # otherwise whichever imports TensorFlow first may take the whole epoch and the other never reaches
+    # the step it dies at. Once both joined, batches alternate between them, so each gets >= 3 per shard.
+    args = lambda shard: _args(shard=shard, timeout=2, min_trainers=2)  # noqa: E731
     with ProducerProcess(small_lmdb, extra_args=args("0/2")) as a, ProducerProcess(small_lmdb, extra_args=args("1/2")) as b:
         addresses = [a.endpoint, b.endpoint]
         doomed = _trainer(addresses, tmp_path / "doomed.log", tmp_path, die_at=3, trainer_id="doomed")

@@ -130,3 +130,13 @@ def test_credit_is_needed_to_send_and_old_sessions_are_ignored():
     assert server.pick_trainer() is None  # no credit left
     assert not server.on_credit(b"a", Credit(0, 3, []))  # an old session's credit
     assert server.on_credit(b"a", Credit(1, 1, [])) and server.pick_trainer() == b"a"
+
+
+def test_nothing_is_served_before_the_minimum_number_of_trainers_joined():
+    server = ExactServer(KEY, "p", min_trainers=2)
+    server.on_hello(b"a", _hello("A"))
+    assert server.next_chunk(4) is None
+    server.on_hello(b"b", _hello("B"))
+    assert server.next_chunk(4) is not None
+    server.drop(b"b")  # once started, a trainer leaving does not stop the others
+    assert server.next_chunk(4) is not None

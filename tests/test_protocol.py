@@ -101,6 +101,9 @@ def test_random_msgpack_headers_raise_protocol_error(header):
         (_header(seq=-1), [b"\x00" * 6], "'seq'"),
         (_header(producer="a b"), [b"\x00" * 6], "'producer'"),
         (_header(arrays=[{"name": "x", "dtype": "uint8", "shape": [2, 3]}] * 2), [b"\x00" * 6] * 2, "appears twice"),
+        (_header(stages={"decode": -1.0}), [b"\x00" * 6], "'stages'"),
+        (_header(stages={"decode": "fast"}), [b"\x00" * 6], "'stages'"),
+        (_header(stages={f"s{i}": 1.0 for i in range(9)}), [b"\x00" * 6], "'stages'"),
         (msgpack.packb([1, 2, 3]), [], "must be a msgpack map"),
         (b"\xc1garbage", [], "not valid msgpack"),
         (b"\x00" * (64 * 1024 + 1), [], "header frame is"),
@@ -109,6 +112,13 @@ def test_random_msgpack_headers_raise_protocol_error(header):
 def test_malformed_messages_name_what_is_wrong(header, frames, message):
     with pytest.raises(ProtocolError, match=message):
         decode_batch([header, *frames])
+
+
+def test_stage_times_travel_in_the_header():
+    frames = encode_batch({"x": np.zeros(4, np.uint8)}, producer="p", seq=0,
+                          stages={"read": 0.5, "decode": 1.25, "augment": 0.0, "send": 2})
+    assert decode_batch(frames).header.stages == {"read": 0.5, "decode": 1.25, "augment": 0.0, "send": 2.0}
+    assert decode_batch(encode_batch({"x": np.zeros(4, np.uint8)}, producer="p", seq=0)).header.stages == {}
 
 
 def test_message_size_limit_is_enforced_before_decoding():
