@@ -1,8 +1,9 @@
 """Received arrays into TensorFlow with one copy: into aligned memory TensorFlow then takes without copying.
 
-A received frame lives in libzmq's memory, aligned to 16 bytes; TensorFlow's CPU
-kernels may assume 64-byte alignment, and its DLPack import does not check, so a
-frame cannot be handed to TensorFlow as it is. ``TensorImporter.to_tensor`` copies a
+A received frame lives in libzmq's memory, only 8-byte aligned (message data follows
+a 40-byte header in one malloc); TensorFlow maps tensors with aligned Eigen maps and
+aborts the process on an unaligned one (``Check failed: IsAligned()``), and its DLPack
+import does not check, so a frame cannot be handed to TensorFlow as it is. ``TensorImporter.to_tensor`` copies a
 large array once into a 64-byte-aligned buffer of its own and imports that buffer
 with DLPack (no second copy; converting a numpy array costs a copy and more). The
 buffers are pooled per size: one goes back to the pool when TensorFlow frees the
