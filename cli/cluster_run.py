@@ -16,6 +16,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from dataclasses import dataclass
 from typing import Optional, Sequence
@@ -93,14 +94,30 @@ def run_cluster(run: ClusterRun) -> int:
 
 
 def _run_prefixed(commands: list[list[str]], names: list[str]) -> int:
-    """Run the trainers at once, each output line prefixed with its name; the worst exit code."""
+    """Run the trainers at once, each output line prefixed with its name; the worst exit code.
+
+    When one trainer fails the others are stopped: in a synchronous job (``--min-trainers``) they
+    would wait for it for ever, kept alive by the producers' status messages.
+    """
     procs = [subprocess.Popen(c, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True) for c in commands]
     threads = [threading.Thread(target=_copy_lines, args=(p, name), daemon=True) for p, name in zip(procs, names)]
     for thread in threads:
         thread.start()
     try:
-        codes = [p.wait() for p in procs]
+        while True:
+            codes = [p.poll() for p in procs]
+            if all(c is not None for c in codes):
+                break
+            failed = [name for name, c in zip(names, codes) if c not in (None, 0)]
+            if failed:
+                print(f"cluster: {', '.join(failed)} failed; stopping the other trainers", flush=True)
+                for p in procs:
+                    if p.poll() is None:
+                        p.terminate()
+                codes = [_wait_or_kill(p) for p in procs]
+                break
+            time.sleep(0.2)
     finally:
         for p in procs:
             if p.poll() is None:
@@ -109,6 +126,14 @@ def _run_prefixed(commands: list[list[str]], names: list[str]) -> int:
     for thread in threads:
         thread.join(5)
     return max(codes, key=abs)
+
+
+def _wait_or_kill(proc: subprocess.Popen) -> int:
+    try:
+        return proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait(10)
 
 
 def _copy_lines(proc: subprocess.Popen, name: str) -> None:

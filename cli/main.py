@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -28,6 +29,24 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
+
+
+def _output_file(text: str) -> str:
+    """A file we will write at the end of a long run: refuse now a folder that is missing or read-only."""
+    folder = os.path.dirname(os.path.abspath(text))
+    if not os.path.isdir(folder):
+        raise argparse.ArgumentTypeError(f"folder {folder} does not exist; create it first")
+    if not os.access(folder, os.W_OK):
+        raise argparse.ArgumentTypeError(f"folder {folder} is not writable")
+    if os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text} is a folder; give a file name")
+    return text
+
+
+def _trainer_id(text: str) -> str:
+    if not re.fullmatch(r"[\x21-\x7e]{1,128}", text):
+        raise argparse.ArgumentTypeError(f"{text!r} must be 1-128 printable ASCII characters without spaces")
+    return text
 
 
 def _key_value(text: str) -> tuple[str, str]:
@@ -311,11 +330,17 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         from stoker.consumer.report import write_report
         from stoker.consumer.training import TrainConfig, train as run_training
 
+        from stoker.consumer import InputError
+
         print(f"a real run of {args.report_steps} steps for the report ...", flush=True)
-        run = run_training(TrainConfig(addresses=_addresses(args.connect), model=args.model, steps=args.report_steps,
-                                       batch_size=args.batch_size, image_size=args.image_size,
-                                       num_classes=args.classes, progress=False, timeline=True,
-                                       warmup_steps=min(10, args.report_steps // 2)))
+        try:
+            run = run_training(TrainConfig(addresses=_addresses(args.connect), model=args.model,
+                                           steps=args.report_steps, batch_size=args.batch_size,
+                                           image_size=args.image_size, num_classes=args.classes, progress=False,
+                                           timeline=True, warmup_steps=min(10, args.report_steps // 2)))
+        except InputError as exc:
+            print(f"stoker doctor: error: the run for the report failed: {exc}", file=sys.stderr)
+            return EXIT_FAILURE
         facts = {"input arriving (bare receive)": f"{link.images_per_s:.0f} images/s, {link.mb_per_s:.0f} MB/s",
                  "trainer on constant input": f"{train:.0f} images/s ({args.model})", **run.facts()}
         if pipeline:
@@ -476,10 +501,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--exact", action="store_true",
                    help="exact epochs (producers run --exact or --epochs N); training ends early when a finite run "
                    "of the producers does")
-    t.add_argument("--trainer-id", default=None, help="exact mode: this trainer's id for the producers (default: random)")
-    t.add_argument("--log-consumed", default=None, metavar="FILE",
+    t.add_argument("--trainer-id", default=None, type=_trainer_id, help="exact mode: this trainer's id for the producers (default: random)")
+    t.add_argument("--log-consumed", default=None, metavar="FILE", type=_output_file,
                    help="write each step's record indices and epochs as JSON lines, to verify coverage")
-    t.add_argument("--report", default=None, metavar="FILE.html",
+    t.add_argument("--report", default=None, metavar="FILE.html", type=_output_file,
                    help="at the end, write the bottleneck report: the verdict and, over time, queue occupancy, step "
                    "time, images/s per producer and producers' stage times (one self-contained HTML file)")
     t.add_argument("--curve-secret-key", default=None, metavar="FILE",
@@ -576,7 +601,7 @@ def build_parser() -> argparse.ArgumentParser:
     dr.add_argument("--steps", type=_positive_int, default=10, help="timed trainer steps")
     dr.add_argument("--seconds", type=float, default=5.0, help="seconds of link measurement")
     dr.add_argument("--lmdb", default=None, help="also time the producer stages on this LMDB (local copy)")
-    dr.add_argument("--report", default=None, metavar="FILE.html",
+    dr.add_argument("--report", default=None, metavar="FILE.html", type=_output_file,
                     help="also train for --report-steps steps and write the bottleneck report (verdict, and over "
                     "time queue occupancy, step time, images/s per producer, producers' stage times)")
     dr.add_argument("--report-steps", type=_positive_int, default=60, help="steps of the real run for --report")

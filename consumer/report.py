@@ -76,6 +76,7 @@ def line_chart(title: str, series: Mapping[str, Sequence[tuple[float, float]]], 
     parts.append(f'<text x="{_LEFT + plot_w / 2}" y="{_H - 6}" class="axis" text-anchor="middle">seconds</text>'
                  f'<text x="14" y="{_TOP + plot_h / 2}" class="axis" text-anchor="middle" '
                  f'transform="rotate(-90 14 {_TOP + plot_h / 2})">{html.escape(y_label)}</text>')
+    legend_rows = (plot_h - 4) // 18  # what fits beside the plot; the rest is summed up in the last row
     for i, (name, values) in enumerate(series.items()):
         colour = _COLOURS[i % len(_COLOURS)]
         coords = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in values)
@@ -84,10 +85,15 @@ def line_chart(title: str, series: Mapping[str, Sequence[tuple[float, float]]], 
             parts.append(f'<circle class="series" cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="3" fill="{colour}"/>')
         elif values:
             parts.append(f'<polyline class="series" data-name="{html.escape(name)}" points="{coords}" fill="none" '
-                         f'stroke="{colour}" stroke-width="1.8"/>')
+                         f'stroke="{colour}" stroke-width="1.8"><title>{html.escape(name)}</title></polyline>')
         legend_y = _TOP + 14 + 18 * i
-        parts.append(f'<rect x="{_W - _RIGHT + 14}" y="{legend_y - 9}" width="12" height="3" fill="{colour}"/>'
-                     f'<text x="{_W - _RIGHT + 32}" y="{legend_y - 4}" class="legend">{html.escape(name[:22])}</text>')
+        if i < legend_rows - 1 or len(series) <= legend_rows:
+            parts.append(f'<rect x="{_W - _RIGHT + 14}" y="{legend_y - 9}" width="12" height="3" fill="{colour}"/>'
+                         f'<text x="{_W - _RIGHT + 32}" y="{legend_y - 4}" class="legend">{html.escape(name[:22])}</text>')
+        elif i == legend_rows - 1:
+            parts.append(f'<text x="{_W - _RIGHT + 14}" y="{legend_y - 4}" class="legend">'
+                         f'+{len(series) - i} more (hover a line)</text>')
+
     parts.append("</svg>")
     return "".join(parts)
 

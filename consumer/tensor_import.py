@@ -14,6 +14,7 @@ indices) are converted the ordinary way.
 
 from __future__ import annotations
 
+import queue
 import threading
 import weakref
 from collections import defaultdict
@@ -33,10 +34,25 @@ class TensorImporter:
         self._lock = threading.Lock()
         self._pooled = 0
         self._max_pooled = max_pooled_bytes
+        # Released buffers arrive here from finalizers, which may run on any thread, also on one that
+        # holds self._lock (a garbage collection inside _buffer): so releasing takes no lock.
+        self._released: queue.SimpleQueue[np.ndarray] = queue.SimpleQueue()
+
+    def _reclaim(self) -> None:
+        """Move released buffers into the pool (caller holds ``self._lock``)."""
+        while True:
+            try:
+                buffer = self._released.get_nowait()
+            except queue.Empty:
+                return
+            if self._pooled + buffer.nbytes <= self._max_pooled:
+                self._free[buffer.nbytes].append(buffer)
+                self._pooled += buffer.nbytes
 
     def _buffer(self, nbytes: int) -> np.ndarray:
         with self._lock:
-            free = self._free[nbytes]
+            self._reclaim()
+            free = self._free.get(nbytes)
             if free:
                 self._pooled -= nbytes
                 return free.pop()
@@ -45,15 +61,13 @@ class TensorImporter:
         return raw[offset : offset + nbytes]
 
     def _release(self, buffer: np.ndarray) -> None:
-        with self._lock:
-            if self._pooled + buffer.nbytes <= self._max_pooled:
-                self._free[buffer.nbytes].append(buffer)
-                self._pooled += buffer.nbytes
+        self._released.put(buffer)  # SimpleQueue.put is safe in weakref callbacks and finalizers
 
     @property
     def pooled_bytes(self) -> int:
         """Bytes of free buffers waiting for reuse (at most ``max_pooled_bytes``)."""
         with self._lock:
+            self._reclaim()
             return self._pooled
 
     def to_tensor(self, array: np.ndarray) -> tf.Tensor:

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-STAGES = ("read", "decode", "augment", "send")
+from stoker.protocol.batch_codec import STAGES
 
 
 @dataclass
@@ -43,6 +43,7 @@ class Timeline:
         self._thread = threading.Thread(target=self._run, name="stoker-timeline", daemon=True)
         self._previous: Any = None
         self._before = self._t0
+        self._base_of_last: tuple[Any, float] = (None, self._t0)  # what the latest sample was measured against
 
     def start(self) -> "Timeline":
         """Take the first sample (t = 0) and sample every ``interval`` from now until ``stop()``."""
@@ -75,6 +76,7 @@ class Timeline:
                                              for s in STAGES}
         with self._lock:
             self.samples.append(sample)
+        self._base_of_last = (previous, self._before)
         self._previous, self._before = stats, now
         return True
 
@@ -84,14 +86,25 @@ class Timeline:
                 return
 
     def stop(self) -> None:
-        """Stop sampling (bounded) and take a last sample, so the timeline covers the whole run."""
+        """Stop sampling (bounded) and take a last sample, so the timeline covers the whole run.
+
+        A tail shorter than half an interval is merged into the sample before it: a rate over a few
+        milliseconds says nothing and would dwarf the chart. Without ``start()`` it only stops.
+        """
         if self._stop.is_set():
             return
         self._stop.set()
+        if self._previous is None:
+            return
         if self._thread.is_alive():
             self._thread.join(2.0)
         if not self._thread.is_alive():
-            self._take(time.monotonic())
+            now = time.monotonic()
+            if now - self._before < self.interval / 2 and len(self.samples) > 1:
+                with self._lock:
+                    self.samples.pop()
+                self._previous, self._before = self._base_of_last
+            self._take(now)
 
     def __enter__(self) -> "Timeline":
         return self.start()

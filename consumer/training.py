@@ -92,7 +92,9 @@ class TrainReport:
                 "mean queue occupancy": f"{self.mean_queue_occupancy:.2f}",
                 "batches received": ", ".join(f"{p}: {n}" for p, n in sorted(s.per_producer.items())) or "none",
                 "batches rejected": str(s.protocol_errors + s.mismatched_batches),
-                "final loss / accuracy": f"{self.final_loss:.3f} / {self.final_accuracy:.2f}"}
+                "final loss / accuracy": f"{self.final_loss:.3f} / {self.final_accuracy:.2f}",
+                "how step times were taken": "waiting for each step's result (a sync per step; staging still "
+                                             "runs ahead, a step's dispatch no longer overlaps the previous one)"}
 
     def summary(self) -> str:
         s = self.input_stats

@@ -24,18 +24,17 @@ stops the threads and closes the socket within about a second.
 from __future__ import annotations
 
 import logging
+import re
+import secrets
 import threading
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Optional, Sequence
 
+import msgpack
 import numpy as np
 import tensorflow as tf
 import zmq
-
-import secrets
-
-import msgpack
 
 from stoker.protocol import DEFAULT_MAX_MESSAGE_BYTES, DecodeLimits, ProtocolError, decode_batch
 from stoker.protocol.batch_spec import BatchSpec
@@ -215,6 +214,9 @@ class ZMQInput(tf.train.experimental.PythonState):
         if (resume_state is not None or trainer_id is not None) and not exact:
             raise ValueError("resume_state and trainer_id belong to exact mode: pass exact=True (and start the "
                              "producers with --exact)")
+        if trainer_id is not None and not re.fullmatch(r"[\x21-\x7e]{1,128}", trainer_id):
+            raise ValueError(f"trainer_id {trainer_id!r} must be 1-128 printable ASCII characters without spaces "
+                             "(the producers refuse any other)")
         self.trainer_id, state = trainer_id or f"trainer-{secrets.token_hex(4)}", InputState()
         if resume_state:
             self.trainer_id, state = _parse_state(resume_state)
@@ -380,7 +382,10 @@ class ZMQInput(tf.train.experimental.PythonState):
             self._threads.append(thread)
 
     def close(self) -> None:
-        """Stop the threads, cancel pending queue operations, close the socket. Idempotent, bounded (~1 s)."""
+        """Stop the threads, cancel pending queue operations, close the sockets. Idempotent, bounded (<= 4 s).
+
+        The sockets are closed here once the receive thread has ended, else by that thread on its way out.
+        """
         if self._closed:
             return
         self._closed = True

@@ -23,6 +23,7 @@ import logging
 import os
 import signal
 import sys
+import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -212,7 +213,9 @@ def run_worker(worker: int, config: WorkerConfig, stats: StageStats, stop: Any, 
             t4 = time.perf_counter()
             if len(made) < config.repeat_batches:
                 made.append({name: array.copy() for name, array in arrays.items()})
+            # A user pipeline's own decode timing is clamped: a header the trainer would refuse loses the batch.
             t_decode = stage_times().get("decode", 0.0) if stage_times is not None else 0.0
+            t_decode = min(max(t_decode, 0.0), t_transform) if math.isfinite(t_decode) else 0.0
             t_augment = max(0.0, t_transform - t_decode)
             hand_off(slot, arrays, batch_no,
                      {"read": t_read, "decode": t_decode, "augment": t_augment, "send": t_wait})

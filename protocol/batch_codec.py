@@ -105,6 +105,19 @@ class Batch:
         return self.arrays[name]
 
 
+#: The producer stages a batch header may time (``stages``), in pipeline order.
+STAGES = ("read", "decode", "augment", "send")
+
+
+def _stages_ok(stages: Any) -> bool:
+    return isinstance(stages, dict) and all(
+        k in STAGES and isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 1e6
+        for k, v in stages.items())
+
+
+_STAGES_RULE = f"header field 'stages' must map stage names among {list(STAGES)} to seconds in [0, 1e6)"
+
+
 def encode_batch(
     arrays: Mapping[str, np.ndarray],
     *,
@@ -119,9 +132,9 @@ def encode_batch(
     list to ``socket.send_multipart(frames, copy=False)`` and do not modify the
     arrays until ZMQ is done with them. Non-contiguous or big-endian arrays are
     converted (that one case copies). ``stages``: seconds spent making the batch, per
-    stage (read, decode, augment, send), for the trainer's bottleneck report. Raises ProtocolError for a dtype outside
-    ALLOWED_DTYPES or an invalid name, so a sender never emits what a receiver
-    would refuse.
+    stage (``STAGES``), for the trainer's bottleneck report. Raises ProtocolError for a
+    dtype outside ALLOWED_DTYPES, an invalid name or invalid stage times, so a sender
+    never emits what a receiver would refuse.
     """
     if not _PRODUCER_RE.match(producer):
         raise ProtocolError(f"producer id {producer!r} must be 1-128 printable ASCII characters without spaces")
@@ -149,7 +162,9 @@ def encode_batch(
         "arrays": specs,
     }
     if stages:
-        header["stages"] = {str(k): float(v) for k, v in stages.items()}
+        if not _stages_ok(dict(stages)):
+            raise ProtocolError(f"{_STAGES_RULE}, got {dict(stages)!r}")
+        header["stages"] = {k: float(v) for k, v in stages.items()}
     frames[0] = msgpack.packb(header, use_bin_type=True)
     return frames
 
@@ -202,10 +217,7 @@ def decode_header(frame: Any, limits: DecodeLimits = DecodeLimits()) -> BatchHea
     session = header.get("session", -1)
     _require(_is_int(session) and -1 <= session < 2**31, f"header field 'session' must be an integer, got {session!r}")
     stages = header.get("stages", {})
-    _require(isinstance(stages, dict) and len(stages) <= 8
-             and all(isinstance(k, str) and len(k) <= 16 and isinstance(v, (int, float)) and not isinstance(v, bool)
-                     and 0 <= v < 1e6 for k, v in stages.items()),
-             "header field 'stages' must map at most 8 stage names to seconds")
+    _require(_stages_ok(stages), _STAGES_RULE)
     specs_raw = header.get("arrays")
     _require(isinstance(specs_raw, list), "header field 'arrays' is missing or not a list")
     _require(len(specs_raw) <= limits.max_arrays, f"header lists {len(specs_raw)} arrays, more than the {limits.max_arrays} allowed")

@@ -239,6 +239,8 @@ def test_the_input_state_round_trips_and_is_restored_only_before_receiving(small
     assert set(seen.values()) == {1}
     with pytest.raises(ValueError, match="resume_state and trainer_id belong to exact mode"):
         ZMQInput(["tcp://127.0.0.1:1"], resume_state=state, batch_size=2)
+    with pytest.raises(ValueError, match="printable ASCII characters without spaces"):  # producers would refuse it
+        ZMQInput(["tcp://127.0.0.1:1"], exact=True, trainer_id="rank 3", batch_size=2)
 
 
 def test_a_tf_function_loop_ends_with_out_of_range_after_the_last_record(small_lmdb):

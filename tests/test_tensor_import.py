@@ -7,7 +7,7 @@ import gc
 import numpy as np
 import tensorflow as tf
 
-from stoker.consumer.tensor_import import ALIGN, TensorImporter
+from stoker.consumer.tensor_import import ALIGN, LARGE, TensorImporter
 
 
 def _address(tensor: tf.Tensor) -> int:
@@ -17,9 +17,11 @@ def _address(tensor: tf.Tensor) -> int:
 
 def test_a_large_array_is_copied_once_into_aligned_memory_the_tensor_owns():
     importer = TensorImporter()
-    frame = np.frombuffer(bytearray(b"\0" * 16) + np.arange(3 * 64 * 64 * 3, dtype=np.uint8).tobytes(), np.uint8,
-                          offset=16 + 3).reshape(-1)[: 3 * 64 * 64 * 3 - 3]  # deliberately misaligned, like a frame
+    n = 3 * 128 * 128 * 3  # over LARGE: the pooled DLPack path, not a plain conversion
+    frame = np.frombuffer(bytearray(b"\0" * 16) + (np.arange(n) % 251).astype(np.uint8).tobytes(), np.uint8,
+                          offset=16 + 3)[: n - 3]  # deliberately misaligned, like a libzmq frame
     array = frame.reshape(-1, 3)
+    assert array.nbytes >= LARGE and array.ctypes.data % ALIGN != 0
     tensor = importer.to_tensor(array)
     assert _address(tensor) % ALIGN == 0
     assert _address(tensor) != array.ctypes.data
@@ -27,6 +29,9 @@ def test_a_large_array_is_copied_once_into_aligned_memory_the_tensor_owns():
     array[:] = 0  # the received frame is reused or freed: the tensor has its own copy
     np.testing.assert_array_equal(tensor.numpy(), expected)
     assert tensor.dtype == tf.uint8 and tuple(tensor.shape) == expected.shape
+    del tensor
+    gc.collect()
+    assert importer.pooled_bytes == array.nbytes  # it was a pooled buffer
 
 
 def test_a_buffer_goes_back_to_the_pool_when_tensorflow_frees_the_tensor_and_is_reused():
