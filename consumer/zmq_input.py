@@ -51,6 +51,7 @@ from .tf_queue import EagerQueue, GraphQueue, make_fifo_queue
 log = logging.getLogger("stoker.consumer")
 
 _POLL_MS = 100
+_WAITING_LOG_EVERY_S = 10.0
 _SAMPLE_EVERY_S = 0.05
 _REJECT_LOG_EVERY_S = 10.0
 _STATE_FORMAT = "stoker-zmqinput-state"
@@ -206,6 +207,7 @@ class ZMQInput(tf.train.experimental.PythonState):
         self._rejected_since_batch = 0
         self._handshake_failures_at_batch = 0
         self._last_reject_log = -_REJECT_LOG_EVERY_S
+        self._waiting_logged_at = -_WAITING_LOG_EVERY_S
         self._unlogged_rejects = 0
         self._first: Optional[list[np.ndarray]] = None  # the batch a spec was learned from, enqueued first
         self.exact = exact
@@ -817,6 +819,7 @@ class ZMQInput(tf.train.experimental.PythonState):
                         frames = transport.receive(i)
                         if frames is None:  # a status: the producer is alive, perhaps waiting for steps to report
                             self._last_batch_at = time.monotonic()
+                            self._log_waiting(transport.status[i])
                             continue
                         batch = decode_batch(frames, self.limits)
                         if not transport.accept(i, batch.header.stream, batch.header.session):
@@ -841,6 +844,16 @@ class ZMQInput(tf.train.experimental.PythonState):
         except Exception as exc:  # never die silently: surface it to the training step
             log.exception("receive thread failed")
             self._fail(InputError(f"receive thread failed: {exc!r}"))
+
+    def _log_waiting(self, status: Any) -> None:
+        """Say (every 10 s) that a producer waits for more trainers: a synchronous job waits for all of them."""
+        now = time.monotonic()
+        if status is None or status.waiting <= 0 or now - self._waiting_logged_at < _WAITING_LOG_EVERY_S:
+            return
+        self._waiting_logged_at = now
+        log.warning("producer %s serves nothing until %d more trainer(s) join (it runs --min-trainers); "
+                    "start the other trainers, or the producers with a smaller --min-trainers", status.producer,
+                    status.waiting)
 
     def _finish(self) -> None:
         """Every producer finished: let the last batches through the staging areas, then end the input."""

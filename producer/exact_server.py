@@ -308,4 +308,5 @@ class ExactServer:
         return self.trainers[routing_id].session
 
     def status(self) -> Status:
-        return Status(str(self.key), self.producer_id, self.completed, self.epochs, self.finished, self.spec)
+        waiting = max(0, self.min_trainers - len(self._joined)) if not self.finished else 0
+        return Status(str(self.key), self.producer_id, self.completed, self.epochs, self.finished, self.spec, waiting)

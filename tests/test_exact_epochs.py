@@ -259,3 +259,25 @@ def test_a_tf_function_loop_ends_with_out_of_range_after_the_last_record(small_l
                     sizes.append(int(size))
     _exactly_once(rows, set(range(RECORDS)))
     assert sizes[-1] == RECORDS % BATCH or sizes.count(RECORDS % BATCH) == 1  # one true-size partial batch
+
+
+def test_a_trainer_alone_in_a_synchronous_job_says_what_it_waits_for_then_trains_when_the_other_joins(
+        small_lmdb, caplog):
+    import logging
+    import threading
+
+    caplog.set_level(logging.WARNING, logger="stoker.consumer")
+    with ProducerProcess(small_lmdb, extra_args=_args(min_trainers=2)) as producer:
+        with ZMQInput([producer.endpoint], exact=True, recv_timeout=60, trainer_id="first") as first:
+            got: dict[str, list] = {}
+            thread = threading.Thread(target=lambda: got.setdefault("first", _consume(first)), daemon=True)
+            thread.start()  # blocks in get(): the producer serves nothing to one trainer
+            deadline = time.monotonic() + 60
+            while "serves nothing until 1 more trainer(s) join" not in caplog.text:
+                assert time.monotonic() < deadline and thread.is_alive(), "the waiting trainer said nothing"
+                time.sleep(0.05)
+            with ZMQInput([producer.endpoint], exact=True, recv_timeout=60, trainer_id="second") as second:
+                got["second"] = _consume(second)
+                thread.join(60)
+        assert not thread.is_alive()
+    _exactly_once(got["first"] + got["second"], set(range(RECORDS)))

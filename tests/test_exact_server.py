@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from collections import Counter
 
+import msgpack
 import numpy as np
 
 from stoker.producer.exact_server import ExactServer
-from stoker.protocol.exact_messages import Credit, Hello
+from stoker.protocol.exact_messages import Credit, Hello, decode_status, encode_status
 from stoker.protocol.input_state import InputState, StreamKey
 
 KEY = StreamKey(1, 2, 41, seed=5)  # records 1, 3, ..., 39: 20 of them
@@ -134,9 +135,12 @@ def test_credit_is_needed_to_send_and_old_sessions_are_ignored():
 
 def test_nothing_is_served_before_the_minimum_number_of_trainers_joined():
     server = ExactServer(KEY, "p", min_trainers=2)
+    assert server.status().waiting == 2
     server.on_hello(b"a", _hello("A"))
     assert server.next_chunk(4) is None
+    # The status says so, and the trainer that waits reads it (it logs who it waits for).
+    assert decode_status(msgpack.unpackb(encode_status(server.status()))).waiting == 1
     server.on_hello(b"b", _hello("B"))
-    assert server.next_chunk(4) is not None
+    assert server.next_chunk(4) is not None and server.status().waiting == 0
     server.drop(b"b")  # once started, a trainer leaving does not stop the others
-    assert server.next_chunk(4) is not None
+    assert server.next_chunk(4) is not None and server.status().waiting == 0
