@@ -17,8 +17,8 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional, Sequence
 
 from stoker.producer.dataset_format import LmdbDataset
@@ -69,13 +69,14 @@ def run_cluster(run: ClusterRun) -> int:
                 print(f"{host.name}: producer on {producers[-1].endpoint} (namespace {host.namespace}, "
                       f"shard {i}/{run.hosts}{', link ' + run.rate if run.rate else ''})", flush=True)
             connect = ",".join(p.endpoint for p in producers)
+            if run.log_consumed:
+                Path(run.log_consumed).mkdir(parents=True, exist_ok=True)
             commands = []
             for j, trainer in enumerate(cluster.trainers):
                 extra = [*run.train_args]
                 if exact:
                     extra += ["--exact", "--trainer-id", trainer.name]
                 if run.log_consumed:
-                    Path(run.log_consumed).mkdir(parents=True, exist_ok=True)
                     extra += ["--log-consumed", str(Path(run.log_consumed) / f"{trainer.name}.jsonl")]
                 if run.trainers > 1 and "--no-progress" not in extra:
                     extra.append("--no-progress")  # progress bars of several trainers would garble each other

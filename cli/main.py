@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import re
 import signal
 import sys
 import threading
@@ -44,7 +43,9 @@ def _output_file(text: str) -> str:
 
 
 def _trainer_id(text: str) -> str:
-    if not re.fullmatch(r"[\x21-\x7e]{1,128}", text):
+    from stoker.protocol.batch_codec import is_valid_id
+
+    if not is_valid_id(text):
         raise argparse.ArgumentTypeError(f"{text!r} must be 1-128 printable ASCII characters without spaces")
     return text
 

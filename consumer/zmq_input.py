@@ -24,7 +24,6 @@ stops the threads and closes the socket within about a second.
 from __future__ import annotations
 
 import logging
-import re
 import secrets
 import threading
 import time
@@ -37,6 +36,7 @@ import tensorflow as tf
 import zmq
 
 from stoker.protocol import DEFAULT_MAX_MESSAGE_BYTES, DecodeLimits, ProtocolError, decode_batch
+from stoker.protocol.batch_codec import is_valid_id
 from stoker.protocol.batch_spec import BatchSpec
 from stoker.protocol.curve import CurveClientKeys
 from stoker.protocol.input_state import InputState
@@ -216,7 +216,7 @@ class ZMQInput(tf.train.experimental.PythonState):
         if (resume_state is not None or trainer_id is not None) and not exact:
             raise ValueError("resume_state and trainer_id belong to exact mode: pass exact=True (and start the "
                              "producers with --exact)")
-        if trainer_id is not None and not re.fullmatch(r"[\x21-\x7e]{1,128}", trainer_id):
+        if trainer_id is not None and not is_valid_id(trainer_id):
             raise ValueError(f"trainer_id {trainer_id!r} must be 1-128 printable ASCII characters without spaces "
                              "(the producers refuse any other)")
         self.trainer_id, state = trainer_id or f"trainer-{secrets.token_hex(4)}", InputState()
@@ -262,11 +262,7 @@ class ZMQInput(tf.train.experimental.PythonState):
         try:
             self.spec = self._resolve_spec(spec, batch_size, image_shape)
         except BaseException:
-            self._watcher.close()
-            self._sock.close(linger=0)
-            if self._exact is not None:
-                self._exact.close()
-            self._ctx.term()
+            self._close_sockets()  # no receive thread yet: this thread is the only user
             raise
         self.batch_size = self.spec.batch_size
         if "images" in self.spec:

@@ -45,7 +45,13 @@ ALLOWED_DTYPES: frozenset[str] = frozenset(
 )
 
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
-_PRODUCER_RE = re.compile(r"^[\x21-\x7e]{1,128}$")
+_ID_RE = re.compile(r"[\x21-\x7e]{1,128}")
+
+
+def is_valid_id(text: object) -> bool:
+    """A producer or trainer id: 1-128 printable ASCII characters, no spaces (the one rule for both)."""
+    return isinstance(text, str) and _ID_RE.fullmatch(text) is not None
+
 MAX_HEADER_BYTES = 64 * 1024
 MAX_ARRAYS = 64
 MAX_RANK = 8
@@ -136,7 +142,7 @@ def encode_batch(
     dtype outside ALLOWED_DTYPES, an invalid name or invalid stage times, so a sender
     never emits what a receiver would refuse.
     """
-    if not _PRODUCER_RE.match(producer):
+    if not is_valid_id(producer):
         raise ProtocolError(f"producer id {producer!r} must be 1-128 printable ASCII characters without spaces")
     if seq < 0:
         raise ProtocolError(f"seq must be >= 0, got {seq}")
@@ -205,7 +211,7 @@ def decode_header(frame: Any, limits: DecodeLimits = DecodeLimits()) -> BatchHea
         "run the same Stoker release on producers and trainer",
     )
     producer = header.get("producer")
-    _require(isinstance(producer, str) and bool(_PRODUCER_RE.match(producer)), f"header field 'producer' is invalid: {producer!r}")
+    _require(is_valid_id(producer), f"header field 'producer' is invalid: {producer!r}")
     seq = header.get("seq")
     _require(_is_int(seq) and seq >= 0, f"header field 'seq' must be an integer >= 0, got {seq!r}")
     worker = header.get("worker", 0)

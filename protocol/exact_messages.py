@@ -19,16 +19,15 @@ ProtocolError naming it. Nothing is unpickled.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import msgpack
 
+from .batch_codec import is_valid_id
 from .errors import ProtocolError
 from .input_state import InputState
 
-_ID_RE = re.compile(r"^[\x21-\x7e]{1,128}$")
 MAX_CONTROL_BYTES = 256 * 1024 * 1024
 MAX_ROWS = 1 << 20
 
@@ -135,7 +134,7 @@ def decode_trainer_message(frame: Any) -> Hello | Credit | Describe:
             raise ProtocolError(f"hello version {body.get('v')!r}: this producer speaks exact-mode version 1; run the "
                                 "same Stoker release on producers and trainers")
         trainer = body.get("trainer")
-        if not isinstance(trainer, str) or not _ID_RE.match(trainer):
+        if not is_valid_id(trainer):
             raise ProtocolError(f"hello 'trainer' must be 1-128 printable characters, got {trainer!r}")
         try:
             state = InputState.from_wire(body.get("state"))
@@ -156,7 +155,7 @@ def decode_trainer_message(frame: Any) -> Hello | Credit | Describe:
 def decode_status(body: dict) -> Status:
     """A producer's status (``body`` is the unpacked map); ProtocolError naming what is wrong."""
     stream, producer = body.get("stream"), body.get("producer")
-    if not isinstance(stream, str) or not isinstance(producer, str) or not _ID_RE.match(producer):
+    if not isinstance(stream, str) or not is_valid_id(producer):
         raise ProtocolError("status needs 'stream' and 'producer' strings")
     epochs = body.get("epochs")
     if epochs is not None:
