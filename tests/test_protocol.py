@@ -100,6 +100,7 @@ def test_random_msgpack_headers_raise_protocol_error(header):
         (_header(), [b"\x00" * 6, b"extra"], "has 2 data frames"),
         (_header(seq=-1), [b"\x00" * 6], "'seq'"),
         (_header(producer="a b"), [b"\x00" * 6], "'producer'"),
+        (_header(producer="p\n"), [b"\x00" * 6], "'producer'"),
         (_header(arrays=[{"name": "x", "dtype": "uint8", "shape": [2, 3]}] * 2), [b"\x00" * 6] * 2, "appears twice"),
         (_header(stages={"decode": -1.0}), [b"\x00" * 6], "'stages'"),
         (_header(stages={"decode": "fast"}), [b"\x00" * 6], "'stages'"),
