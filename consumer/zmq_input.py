@@ -764,10 +764,11 @@ class ZMQInput(tf.train.experimental.PythonState):
                 if silent > self.recv_timeout:
                     self._fail(InputTimeoutError(self._timeout_message(silent)))
                     return
-                if not sock.poll(_POLL_MS):
+                try:  # receive first, poll only when nothing waits: one libzmq call per batch under load
+                    frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    sock.poll(_POLL_MS)
                     continue
-                try:
-                    frames = sock.recv_multipart(copy=False)
                 except zmq.ZMQError as exc:  # e.g. a frame over MAXMSGSIZE drops the connection
                     self._reject(ProtocolError(f"receive failed: {exc}"))
                     continue

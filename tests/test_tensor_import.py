@@ -7,7 +7,7 @@ import gc
 import numpy as np
 import tensorflow as tf
 
-from stoker.consumer.tensor_import import ALIGN, LARGE, TensorImporter
+from stoker.consumer.tensor_import import ALIGN, TensorImporter
 
 
 def _address(tensor: tf.Tensor) -> int:
@@ -17,11 +17,11 @@ def _address(tensor: tf.Tensor) -> int:
 
 def test_a_large_array_is_copied_once_into_aligned_memory_the_tensor_owns():
     importer = TensorImporter()
-    n = 3 * 128 * 128 * 3  # over LARGE: the pooled DLPack path, not a plain conversion
+    n = 3 * 128 * 128 * 3
     frame = np.frombuffer(bytearray(b"\0" * 16) + (np.arange(n) % 251).astype(np.uint8).tobytes(), np.uint8,
                           offset=16 + 3)[: n - 3]  # deliberately misaligned, like a libzmq frame
     array = frame.reshape(-1, 3)
-    assert array.nbytes >= LARGE and array.ctypes.data % ALIGN != 0
+    assert array.ctypes.data % ALIGN != 0
     tensor = importer.to_tensor(array)
     assert _address(tensor) % ALIGN == 0
     assert _address(tensor) != array.ctypes.data
@@ -64,12 +64,31 @@ def test_a_tensor_queued_in_a_fifo_queue_keeps_its_buffer_until_dequeued_and_dro
     assert importer.pooled_bytes == 3 * arrays[0].nbytes
 
 
-def test_the_pool_is_bounded_and_small_or_bool_arrays_convert_plainly():
+def test_the_pool_is_bounded():
     importer = TensorImporter(max_pooled_bytes=1 << 20)
     tensors = [importer.to_tensor(np.zeros(600_000, np.uint8)) for _ in range(3)]
     del tensors
     gc.collect()
     assert importer.pooled_bytes == 600_000  # a second would pass the 1 MiB bound: freed instead
-    small = importer.to_tensor(np.arange(8, dtype=np.int64))
-    mask = importer.to_tensor(np.ones(100_000, np.bool_))
-    assert small.numpy().tolist() == list(range(8)) and bool(tf.reduce_all(mask))
+
+
+def test_labels_indices_and_masks_take_the_same_aligned_path_and_keep_their_values():
+    importer = TensorImporter()
+    # Small arrays as a frame delivers them: views at odd offsets of one buffer.
+    raw = np.zeros(1 + 8 * 8 + 4 * 8 + 8, np.uint8)
+    index = np.frombuffer(raw, np.int64, count=8, offset=1)
+    labels = np.frombuffer(raw, np.int32, count=8, offset=1 + 64)
+    mask = np.frombuffer(raw, np.bool_, count=8, offset=1 + 64 + 32)
+    raw[1:65] = np.arange(8, dtype=np.int64).view(np.uint8)
+    raw[65:97] = np.arange(100, 108, dtype=np.int32).view(np.uint8)
+    raw[97:105] = [1, 0, 1, 1, 0, 1, 1, 1]
+    tensors = [importer.to_tensor(a) for a in (index, labels, mask)]
+    raw[:] = 0  # the frame is freed: the tensors keep their own copies
+    assert [_address(t) % ALIGN for t in tensors] == [0, 0, 0]
+    assert tensors[0].dtype == tf.int64 and tensors[0].numpy().tolist() == list(range(8))
+    assert tensors[1].dtype == tf.int32 and int(tf.reduce_sum(tensors[1])) == sum(range(100, 108))
+    assert tensors[2].dtype == tf.bool and tensors[2].numpy().tolist() == [True, False, True, True, False, True, True, True]
+    del tensors
+    gc.collect()
+    assert importer.pooled_bytes == 64 + 32 + 8  # each went through a pooled buffer, not a plain conversion
+    assert importer.to_tensor(np.zeros((0, 4), np.float32)).shape == (0, 4)
