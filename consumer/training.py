@@ -62,7 +62,12 @@ class TrainConfig:
 
 @dataclass
 class TrainReport:
-    """What a run measured, after the warm-up steps (tracing, pre-fill) are excluded."""
+    """What a run measured, after the warm-up steps (tracing, pre-fill) are excluded.
+
+    A run that ends within its warm-up (an exact run over a short epoch) has nothing after
+    it: then ``seconds`` and ``images_per_s`` cover the whole run, tracing included, and
+    ``includes_warmup`` says so (the summary and the report too).
+    """
 
     steps: int
     seconds: float
@@ -72,6 +77,11 @@ class TrainReport:
     final_accuracy: float
     input_stats: InputStats = field(default_factory=InputStats)
     timeline: Optional[Timeline] = None
+    includes_warmup: bool = False
+
+    @property
+    def rate_label(self) -> str:
+        return "images/s (whole run, warm-up included)" if self.includes_warmup else "images/s (after warm-up)"
 
     def bottleneck(self) -> str:
         """One sentence: which side limited training, judged by queue occupancy."""
@@ -88,7 +98,7 @@ class TrainReport:
     def facts(self) -> dict[str, str]:
         """The run's key figures, for the report's table."""
         s = self.input_stats
-        return {"steps": str(self.steps), "images/s (after warm-up)": f"{self.images_per_s:.0f}",
+        return {"steps": str(self.steps), self.rate_label: f"{self.images_per_s:.0f}",
                 "mean queue occupancy": f"{self.mean_queue_occupancy:.2f}",
                 "batches received": ", ".join(f"{p}: {n}" for p, n in sorted(s.per_producer.items())) or "none",
                 "batches rejected": str(s.protocol_errors + s.mismatched_batches),
@@ -99,7 +109,9 @@ class TrainReport:
     def summary(self) -> str:
         s = self.input_stats
         return "\n".join([
-            f"trained {self.steps} steps in {self.seconds:.1f} s: {self.images_per_s:.0f} images/s",
+            f"trained {self.steps} steps in {self.seconds:.1f} s: {self.images_per_s:.0f} images/s"
+            + (" (timed from the first step, tracing and pre-fill included: the run did not outlast its warm-up)"
+               if self.includes_warmup else ""),
             f"mean queue occupancy: {self.mean_queue_occupancy:.2f}",
             f"final loss {self.final_loss:.3f}, accuracy {self.final_accuracy:.2f}",
             f"batches received: {s.batches} ({', '.join(f'{p}: {n}' for p, n in sorted(s.per_producer.items()))}); "
@@ -196,12 +208,14 @@ def train(config: TrainConfig) -> TrainReport:
             timeline.stop()
         seconds = time.perf_counter() - t_start
         stats_end = inp.stats
-        measured = max(1, steps_run - warmup)
+        # The clock restarted after the warm-up step; a run that never got past it is timed whole.
+        includes_warmup = warmup == 0 or steps_run <= warmup
+        measured = steps_run if includes_warmup else steps_run - warmup
         samples = stats_end.occupancy_samples - stats_start.occupancy_samples
         mean_occ = ((stats_end.occupancy_sum - stats_start.occupancy_sum) / samples) if samples else stats_end.mean_queue_occupancy
         result = TrainReport(steps=steps_run, seconds=seconds, images_per_s=measured * config.batch_size / seconds,
                              mean_queue_occupancy=mean_occ, final_loss=final_loss, final_accuracy=final_accuracy,
-                             input_stats=stats_end, timeline=timeline)
+                             input_stats=stats_end, timeline=timeline, includes_warmup=includes_warmup)
         if config.report and timeline is not None:
             write_report(config.report, f"stoker train: {config.model}", result.bottleneck(), timeline,
                          result.facts())

@@ -281,3 +281,23 @@ def test_a_trainer_alone_in_a_synchronous_job_says_what_it_waits_for_then_trains
                 thread.join(60)
         assert not thread.is_alive()
     _exactly_once(got["first"] + got["second"], set(range(RECORDS)))
+
+
+def test_train_reports_whether_its_rate_includes_the_warm_up(small_lmdb):
+    """An exact run over a 13-batch epoch: with 20 warm-up steps nothing comes after the warm-up, and the
+    report says its rate is over the whole run; with 2 it is timed over the 11 steps after them."""
+    from stoker.consumer.training import TrainConfig, train
+
+    for warmup, includes in ((20, True), (2, False)):
+        producer = ProducerProcess(small_lmdb, extra_args=_args("train"))
+        try:
+            report = train(TrainConfig(addresses=[producer.endpoint], steps=1000, batch_size=BATCH, image_size=16,
+                                       num_classes=4, warmup_steps=warmup, progress=False, exact=True,
+                                       recv_timeout=60))
+        finally:
+            producer.stop()
+        assert report.steps == -(-RECORDS // BATCH)  # the epoch ended the run
+        assert report.includes_warmup is includes
+        assert ("tracing and pre-fill included" in report.summary()) is includes
+        assert ("images/s (whole run, warm-up included)" in report.facts()) is includes
+        assert report.images_per_s > 0
