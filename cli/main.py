@@ -235,7 +235,11 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     curve = (load_client_keys(args.curve_secret_key, args.curve_server_key)
              if _pair(args, "curve_secret_key", "curve_server_key") else None)
-    config = TrainConfig(curve=curve,
+    if args.receive == "direct" and (curve is not None or args.exact):
+        print("stoker train: error: --receive direct works without --exact and without CurveZMQ keys; drop those or "
+              "use --receive libzmq", file=sys.stderr)
+        return EXIT_USAGE
+    config = TrainConfig(curve=curve, receive=args.receive,
         addresses=[a.strip() for a in args.connect.split(",") if a.strip()], model=args.model, steps=args.steps,
         batch_size=args.batch_size, image_size=args.image_size, num_classes=args.classes,
         queue_capacity=args.queue_capacity, recv_timeout=args.recv_timeout, logdir=args.logdir,
@@ -503,6 +507,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="exact epochs (producers run --exact or --epochs N); training ends early when a finite run "
                    "of the producers does")
     t.add_argument("--trainer-id", default=None, type=_trainer_id, help="exact mode: this trainer's id for the producers (default: random)")
+    t.add_argument("--receive", choices=("libzmq", "direct"), default="libzmq",
+                   help="how batches are received: libzmq, or direct: each producer's stream read over ZMTP straight "
+                   "into memory TensorFlow owns, one copy less per byte (tcp:// addresses; not with --exact or "
+                   "CurveZMQ keys)")
     t.add_argument("--log-consumed", default=None, metavar="FILE", type=_output_file,
                    help="write each step's record indices and epochs as JSON lines, to verify coverage")
     t.add_argument("--report", default=None, metavar="FILE.html", type=_output_file,

@@ -69,12 +69,25 @@ class TensorImporter:
             self._reclaim()
             return self._pooled
 
+    def empty(self, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+        """A pooled, 64-byte-aligned array for the caller to fill, then pass to ``own``.
+
+        Its buffer returns to the pool when the array (or the tensor ``own`` made of it) is freed.
+        """
+        buffer = self._buffer(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize)
+        owner = buffer.view(dtype).reshape(shape)
+        weakref.finalize(owner, self._release, buffer)
+        return owner
+
+    @staticmethod
+    def own(array: np.ndarray) -> tf.Tensor:
+        """An array from ``empty`` as a tensor TensorFlow owns, without copying (DLPack)."""
+        return tf.experimental.dlpack.from_dlpack(array.__dlpack__())
+
     def to_tensor(self, array: np.ndarray) -> tf.Tensor:
         """``array`` as a tensor TensorFlow owns (``array`` may be reused or freed afterwards)."""
         if array.nbytes == 0:  # nothing to copy or pool
             return tf.convert_to_tensor(array)
-        buffer = self._buffer(array.nbytes)
-        owner = buffer.view(array.dtype).reshape(array.shape)
+        owner = self.empty(array.dtype, array.shape)
         np.copyto(owner, array)
-        weakref.finalize(owner, self._release, buffer)
-        return tf.experimental.dlpack.from_dlpack(owner.__dlpack__())
+        return self.own(owner)

@@ -58,6 +58,7 @@ class TrainConfig:
     consumed_log: Optional[str] = None  # JSON lines: each step's record indices and epochs
     report: Optional[str] = None  # write the bottleneck report (HTML) here at the end
     timeline: bool = False  # record a Timeline even without a report (stoker doctor writes its own)
+    receive: str = "libzmq"  # or "direct": ZMQInput(receive=...)
 
 
 @dataclass
@@ -139,7 +140,7 @@ def train(config: TrainConfig) -> TrainReport:
         inp = stack.enter_context(ZMQInput(
             config.addresses, batch_size=config.batch_size, image_shape=(config.image_size, config.image_size, 3),
             queue_capacity=config.queue_capacity, recv_timeout=config.recv_timeout, curve=config.curve,
-            exact=config.exact, trainer_id=config.trainer_id))
+            exact=config.exact, trainer_id=config.trainer_id, receive=config.receive))
         stack.enter_context(close_on_signal(inp.close))
         if config.metrics_port is not None:
             log.info("metrics on http://0.0.0.0:%d/metrics", inp.serve_metrics(config.metrics_port))

@@ -43,10 +43,12 @@ from stoker.protocol.input_state import InputState
 
 from .batch_tensors import BatchTensors, Selection, check_selection, select
 from .connections import ConnectionWatcher
+from .direct_receive import DirectReceiver
 from .errors import BatchMismatchError, InputClosedError, InputError, InputFinished, InputTimeoutError
 from .exact_transport import ExactTransport
 from .staging import StagingArea
 from .tf_queue import EagerQueue, GraphQueue, make_fifo_queue
+from .zmtp import tcp_address
 
 log = logging.getLogger("stoker.consumer")
 
@@ -124,6 +126,11 @@ class ZMQInput(tf.train.experimental.PythonState):
             ``get()`` InputFinished, once every producer has finished (docs/decisions.md).
         resume_state, trainer_id: exact mode: start from a ``save_state()`` (its trainer id comes
             with it); ``trainer_id`` names this trainer to producers (default: random).
+        receive: ``"libzmq"`` (default) or ``"direct"``: read each producer's stream ourselves
+            (ZMTP over TCP, one thread per producer) straight into aligned memory TensorFlow then
+            owns, saving the one copy a libzmq frame needs (docs/performance.md, section 9).
+            Producers are unchanged. Needs ``tcp://`` addresses and a declared spec
+            (``batch_size``, ``image_shape`` or ``spec``); not with ``curve`` or ``exact``.
 
     Three ways in (runnable versions in README.md)::
 
@@ -161,6 +168,7 @@ class ZMQInput(tf.train.experimental.PythonState):
         exact: bool = False,
         resume_state: Optional[bytes] = None,
         trainer_id: Optional[str] = None,
+        receive: str = "libzmq",
     ) -> None:
         if isinstance(addresses, str):
             addresses = [a.strip() for a in addresses.split(",") if a.strip()]
@@ -222,6 +230,20 @@ class ZMQInput(tf.train.experimental.PythonState):
         self.trainer_id, state = trainer_id or f"trainer-{secrets.token_hex(4)}", InputState()
         if resume_state:
             self.trainer_id, state = _parse_state(resume_state)
+        self.receive = receive
+        self._direct = receive == "direct"
+        self._direct_errors: dict[str, str] = {}
+        if receive not in ("libzmq", "direct"):
+            raise ValueError(f"receive={receive!r}: choose 'libzmq' (default) or 'direct'")
+        if self._direct:
+            if curve is not None or exact:
+                raise ValueError("receive='direct' speaks ZMTP without CurveZMQ and without exact mode: leave "
+                                 "receive='libzmq' for curve keys or exact=True")
+            if spec is None and batch_size is None and image_shape is None:
+                raise ValueError("receive='direct' reads batches into memory sized by the spec: declare it "
+                                 "(batch_size, image_shape or spec)")
+            for address in self.addresses:
+                tcp_address(address)
 
         self._ctx = zmq.Context()
         options = (
@@ -250,7 +272,8 @@ class ZMQInput(tf.train.experimental.PythonState):
             self._sock.curve_secretkey = curve.secret
             self._sock.curve_serverkey = curve.server_public
         try:  # the watcher connects, after its monitor runs: no handshake goes unseen
-            self._watcher = ConnectionWatcher(self._sock, [] if exact else self.addresses, curve=curve is not None)
+            self._watcher = ConnectionWatcher(self._sock, [] if exact or self._direct else self.addresses,
+                                              curve=curve is not None)
         except zmq.ZMQError as exc:
             self._sock.close(0)
             if self._exact is not None:
@@ -362,7 +385,8 @@ class ZMQInput(tf.train.experimental.PythonState):
             if self.exact:
                 session.run(self._end_close)
         self._last_batch_at = time.monotonic()
-        loop = self._exact_receive_loop if self.exact else self._receive_loop
+        loop = self._exact_receive_loop if self.exact else self._direct_receive_loop if self._direct \
+            else self._receive_loop
         self._receiver_ended = False
 
         def receive() -> None:
@@ -745,6 +769,8 @@ class ZMQInput(tf.train.experimental.PythonState):
         handshakes = count - self._handshake_failures_at_batch
         if handshakes:
             causes.append(f"{handshakes} connection handshake(s) failed, the last with {endpoint}: {reason}")
+        for endpoint, reason in sorted(self._direct_errors.items()):
+            causes.append(f"cannot receive from {endpoint}: {reason}")
         if not causes:
             causes.append("nothing arrived: check the producers run (`stoker produce`) and that this host can reach "
                           "those addresses")
@@ -788,6 +814,58 @@ class ZMQInput(tf.train.experimental.PythonState):
         except Exception as exc:  # never die silently: surface it to the training step
             log.exception("receive thread failed")
             self._fail(InputError(f"receive thread failed: {exc!r}"))
+
+    def _direct_receive_loop(self) -> None:
+        """receive='direct': a DirectReceiver thread per producer; this thread watches for silence."""
+        def stopped() -> bool:
+            return self._stop.is_set() or self._error is not None
+
+        receivers = [DirectReceiver(address, self.spec, self.limits, self._queue.importer.empty, self._deliver,
+                                    self._reject, stopped, self._direct_connection, poll_s=_POLL_MS / 1000)
+                     for address in self.addresses]
+        threads = [threading.Thread(target=self._run_direct, args=(r,), name=f"stoker-receive-{i}", daemon=True)
+                   for i, r in enumerate(receivers)]
+        for thread in threads:
+            thread.start()
+        try:
+            while not stopped():
+                silent = time.monotonic() - self._last_batch_at
+                if silent > self.recv_timeout:
+                    self._fail(InputTimeoutError(self._timeout_message(silent)))
+                    return
+                self._stop.wait(_POLL_MS / 1000)
+        finally:
+            for thread in threads:
+                thread.join(2.0)
+
+    def _run_direct(self, receiver: DirectReceiver) -> None:
+        try:
+            receiver.run()
+        except Exception as exc:  # never die silently: surface it to the training step
+            log.exception("receive thread for %s failed", receiver.endpoint)
+            self._fail(InputError(f"receive thread for {receiver.endpoint} failed: {exc!r}"))
+
+    def _deliver(self, batch: Any, arrays: list[np.ndarray]) -> None:
+        """A direct receiver's good batch: into the queue without a copy (may block on a full queue)."""
+        self._rejected_since_batch = 0
+        self._queue.enqueue_owned(arrays)
+        self._last_batch_at = time.monotonic()
+        self._count(batch, arrays)
+
+    def _direct_connection(self, endpoint: str, connected: bool, reason: str) -> None:
+        with self._stats_lock:
+            endpoints = set(self._stats.connected_endpoints)
+            if connected:
+                endpoints.add(endpoint)
+                self._direct_errors.pop(endpoint, None)
+            else:
+                if endpoint in endpoints:
+                    self._stats.reconnects += 1
+                    log.warning("lost the connection to %s: %s", endpoint, reason)
+                endpoints.discard(endpoint)
+                self._direct_errors[endpoint] = reason
+            self._stats.connected_endpoints = tuple(sorted(endpoints))
+            self._stats.connected_producers = len(endpoints)
 
     def _exact_receive_loop(self) -> None:
         """Exact mode: receive only while the queue has room (no blocking, so heartbeats keep going)."""

@@ -1,0 +1,181 @@
+"""The receiving end of one ZMTP 3 connection (NULL mechanism, as a PULL peer), reading into memory we own.
+
+libzmq delivers each frame in memory it allocated itself, 8-byte aligned, so TensorFlow can
+take a frame only after a copy (``tensor_import``). Speaking the wire protocol ourselves on a
+plain TCP socket lets ``recv_into`` put each array's bytes straight into an aligned buffer
+TensorFlow then owns: no copy beyond the kernel's. Producers are unchanged (their PUSH socket
+sees an ordinary PULL peer). ZMTP 3.0 (rfc.zeromq.org/spec/23): a 64-byte greeting each way,
+a READY command each way, then frames of ``flags, size, body``.
+
+Only what a trainer needs: NULL mechanism (CurveZMQ stays with libzmq), one message at a
+time, PING answered with PONG. Every size is checked before anything is read into memory; a
+violation raises ``ProtocolError`` naming it. After one, ``in_sync`` says whether the stream
+can go on (the rest of a bad message was skipped) or the connection must be dropped.
+Blocking reads wake every ``poll_s`` to ask ``should_stop()``; a stop raises ``Stopped``.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+from typing import Callable, Optional
+from urllib.parse import urlsplit
+
+from stoker.protocol.errors import ProtocolError
+
+_MORE, _LONG, _COMMAND = 0x01, 0x02, 0x04
+_GREETING = b"\xff" + b"\0" * 8 + b"\x7f" + b"\x03\x00" + b"NULL".ljust(20, b"\0") + b"\x00" + b"\0" * 31
+_MAX_COMMAND_BYTES = 4096
+
+
+class Stopped(Exception):
+    """``should_stop()`` said so while a read waited."""
+
+
+def tcp_address(endpoint: str) -> tuple[str, int]:
+    """``tcp://host:port`` -> (host, port); ValueError naming the problem for anything else."""
+    parts = urlsplit(endpoint)
+    if parts.scheme != "tcp" or not parts.hostname or parts.port is None:
+        raise ValueError(f"{endpoint!r}: direct receive speaks TCP only, e.g. tcp://datahost:5555")
+    return parts.hostname, parts.port
+
+
+class ZMTPConnection:
+    """One connected, handshaken ZMTP 3 stream from a PUSH socket; see the module doc."""
+
+    def __init__(self, endpoint: str, should_stop: Callable[[], bool], poll_s: float = 0.1,
+                 connect_timeout: float = 2.0) -> None:
+        self.endpoint = endpoint
+        self._should_stop = should_stop
+        self.in_sync = True
+        host, port = tcp_address(endpoint)
+        self._sock = socket.create_connection((host, port), timeout=connect_timeout)
+        try:
+            self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            # What libzmq's heartbeats do on the other path: a dead host or a cut link drops the
+            # connection within ~8 s (then it is connected again), not a silent half-open socket.
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            for option, value in (("TCP_KEEPIDLE", 5), ("TCP_KEEPINTVL", 1), ("TCP_KEEPCNT", 3)):
+                if hasattr(socket, option):
+                    self._sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
+            self._sock.settimeout(poll_s)
+            self._handshake()
+        except BaseException:
+            self._sock.close()
+            raise
+
+    def close(self) -> None:
+        self._sock.close()
+
+    # ---- reading ---------------------------------------------------------------------------------
+
+    def read_into(self, view: memoryview) -> None:
+        """Fill ``view`` from the stream (waits; ConnectionError if the peer closes)."""
+        while view.nbytes:
+            try:
+                got = self._sock.recv_into(view)
+            except socket.timeout:
+                if self._should_stop():
+                    raise Stopped() from None
+                continue
+            if not got:
+                raise ConnectionError(f"{self.endpoint} closed the connection")
+            view = view[got:]
+
+    def _read(self, n: int) -> bytes:
+        data = bytearray(n)
+        self.read_into(memoryview(data))
+        return bytes(data)
+
+    def _frame_head(self) -> tuple[int, int]:
+        flags = self._read(1)[0]
+        if flags & ~(_MORE | _LONG | _COMMAND):
+            self.in_sync = False
+            raise ProtocolError(f"frame flags {flags:#04x} have reserved bits set: not a ZMTP 3 stream")
+        size = struct.unpack(">Q", self._read(8))[0] if flags & _LONG else self._read(1)[0]
+        return flags, size
+
+    def next_frame(self) -> tuple[bool, int]:
+        """Head of the next message frame, answering PING and skipping other commands: (more, size)."""
+        while True:
+            flags, size = self._frame_head()
+            if not flags & _COMMAND:
+                return bool(flags & _MORE), size
+            if size > _MAX_COMMAND_BYTES:
+                self.in_sync = False
+                raise ProtocolError(f"a {size}-byte command frame: more than the {_MAX_COMMAND_BYTES} allowed")
+            body = self._read(size)
+            if body[:5] == b"\x04PING":
+                context = body[7:7 + 16]  # after the 2-byte TTL, at most 16 bytes of context
+                pong = b"\x04PONG" + context
+                self._sock.sendall(bytes([_COMMAND, len(pong)]) + pong)
+
+    def skip(self, size: int, more: bool, budget: int) -> None:
+        """Read past the rest of a message (this frame's ``size`` bytes on); out of sync past ``budget`` bytes."""
+        scratch = memoryview(bytearray(1 << 20))
+        while True:
+            if size > budget:
+                self.in_sync = False
+                raise ProtocolError(f"a message larger than the {budget} bytes allowed")
+            budget -= size
+            while size:
+                n = min(size, scratch.nbytes)
+                self.read_into(scratch[:n])
+                size -= n
+            if not more:
+                return
+            more, size = self.next_frame()
+
+    def read_small(self, size: int, limit: int, what: str, more: bool, budget: int) -> bytes:
+        """A frame body of at most ``limit`` bytes (else skipped to the message's end, ProtocolError)."""
+        if size > limit:
+            self.skip(size, more, budget)
+            raise ProtocolError(f"{what} is {size} bytes, more than the {limit} allowed")
+        return self._read(size)
+
+    # ---- handshake -------------------------------------------------------------------------------
+
+    def _handshake(self) -> None:
+        self._sock.sendall(_GREETING)
+        peer = self._read(64)
+        if peer[0] != 0xFF or peer[9] != 0x7F:
+            raise ProtocolError(f"{self.endpoint} does not speak ZMTP (greeting {peer[:10].hex()}): is it a Stoker "
+                                "producer?")
+        if peer[10] < 3:
+            raise ProtocolError(f"{self.endpoint} speaks ZMTP {peer[10]}.{peer[11]}; direct receive needs 3.0 or later")
+        mechanism = peer[12:32].rstrip(b"\0").decode("ascii", "replace")
+        if mechanism != "NULL":
+            raise ProtocolError(f"{self.endpoint} uses the {mechanism} mechanism (CurveZMQ): direct receive speaks "
+                                "only NULL; give the trainer its curve keys and leave receive='libzmq'")
+        ready = b"\x05READY" + _property("Socket-Type", b"PULL")
+        self._sock.sendall(bytes([_COMMAND, len(ready)]) + ready)
+        flags, size = self._frame_head()
+        if not flags & _COMMAND or size > _MAX_COMMAND_BYTES:
+            raise ProtocolError(f"{self.endpoint} sent no READY command after its greeting")
+        body = self._read(size)
+        if body[:6] == b"\x05ERROR":
+            reason = body[7:7 + body[6]].decode("ascii", "replace") if len(body) > 6 else ""
+            raise ProtocolError(f"{self.endpoint} refused the handshake: {reason}")
+        socket_type = _properties(body[6:]).get("Socket-Type") if body[:6] == b"\x05READY" else None
+        if socket_type != b"PUSH":
+            raise ProtocolError(f"{self.endpoint} is a {socket_type!r} socket, not a producer's PUSH socket")
+
+
+def _property(name: str, value: bytes) -> bytes:
+    return bytes([len(name)]) + name.encode("ascii") + struct.pack(">I", len(value)) + value
+
+
+def _properties(data: bytes) -> dict[str, Optional[bytes]]:
+    """READY metadata: name (1-byte length) and value (4-byte length) pairs."""
+    out: dict[str, Optional[bytes]] = {}
+    i = 0
+    while i < len(data):
+        n = data[i]
+        name = data[i + 1:i + 1 + n].decode("ascii", "replace")
+        i += 1 + n
+        if i + 4 > len(data):
+            break
+        size = struct.unpack(">I", data[i:i + 4])[0]
+        out[name] = data[i + 4:i + 4 + size]
+        i += 4 + size
+    return out

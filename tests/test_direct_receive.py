@@ -1,0 +1,175 @@
+"""ZMQInput(receive="direct"): producers' streams read over ZMTP straight into aligned memory TensorFlow owns.
+
+Real producer processes, real libzmq PUSH sockets on the other end, real TensorFlow.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections import defaultdict
+
+import msgpack
+import numpy as np
+import pytest
+import tensorflow as tf
+import zmq
+
+from stoker.consumer import InputTimeoutError, ZMQInput
+from stoker.producer.process import ProducerProcess
+from stoker.protocol import encode_batch
+
+from conftest import CHECKSUM_WEIGHTS as WEIGHTS, EVAL_SIZE as SIZE, stoker_batch
+
+pytestmark = pytest.mark.timeout(180)
+
+BATCH = 8
+SHAPE = (SIZE, SIZE, 3)
+
+
+def _producer(lmdb, *extra, bind="tcp://127.0.0.1:*"):
+    args = ["--workers", "1", "--batch-size", str(BATCH), "--image-size", str(SIZE), "--log-interval", "1", *extra]
+    return ProducerProcess(lmdb, bind=bind, extra_args=args)
+
+
+def test_every_record_arrives_once_per_epoch_with_the_pixels_the_eval_transform_makes(synth_lmdb, record_by_checksum):
+    weights = tf.constant(WEIGHTS)
+    with _producer(synth_lmdb, "--mode", "eval", "--shard", "0/2", "--seed", "1") as p0, \
+            _producer(synth_lmdb, "--mode", "eval", "--shard", "1/2", "--seed", "2") as p1, \
+            ZMQInput([p0.endpoint, p1.endpoint], batch_size=BATCH, image_shape=SHAPE, recv_timeout=30,
+                     receive="direct") as inp:
+
+        @tf.function
+        def step():
+            images, labels = inp.get()
+            return tf.reduce_sum(tf.cast(images, tf.int64) * weights[None], axis=[1, 2, 3]), labels
+
+        results = [step() for _ in range(60)]
+        stats = inp.stats
+        assert stats.protocol_errors == 0 and len(stats.per_producer) == 2
+        assert stats.connected_producers == 2 and set(stats.connected_endpoints) == {p0.endpoint, p1.endpoint}
+    per_shard = defaultdict(list)
+    for checksums, labels in results:
+        for checksum, label in zip(checksums.numpy(), labels.numpy()):
+            index, true_label = record_by_checksum[int(checksum)]  # KeyError: an image no record produces
+            assert label == true_label
+            per_shard[index % 2].append(index)
+    for shard, stream in per_shard.items():
+        records = set(range(shard, 96, 2))
+        assert len(stream) >= len(records) and sorted(stream[:len(records)]) == sorted(records), f"shard {shard}"
+
+
+def test_bad_messages_are_rejected_and_counted_and_the_stream_goes_on():
+    ctx = zmq.Context()
+    push = ctx.socket(zmq.PUSH)
+    port = push.bind_to_random_port("tcp://127.0.0.1")
+    images = np.arange(BATCH * SIZE * SIZE * 3, dtype=np.uint64).astype(np.uint8).reshape(BATCH, *SHAPE)
+    good = encode_batch(stoker_batch(images, np.arange(BATCH)), producer="fake", seq=9)
+    wrong_shape = encode_batch(stoker_batch(images[:4], np.arange(4)), producer="fake", seq=1)
+    header = msgpack.unpackb(good[0])
+    header["arrays"][0]["shape"] = [BATCH, SIZE, SIZE, 2]  # another shape: held to the spec before any read
+    other_shape = [msgpack.packb(header), *good[1:]]
+    short_frame = [good[0], images.tobytes()[:-1], *good[2:]]  # the frame is not what its header declares
+    try:
+        with ZMQInput([f"tcp://127.0.0.1:{port}"], batch_size=BATCH, image_shape=SHAPE, recv_timeout=30,
+                      receive="direct") as inp:
+            for message in ([b"\x93not msgpack", *good[1:]], wrong_shape, [good[0]], other_shape, short_frame,
+                            [*good, b"extra"], good, good):  # get() stages one batch ahead: it needs two
+                push.send_multipart(message, copy=False)
+            batch = inp.get()
+            np.testing.assert_array_equal(batch["images"].numpy(), images)
+            assert batch["index"].numpy().tolist() == list(range(BATCH))
+            stats = inp.stats
+            # not msgpack, a header alone, a short frame, an extra frame; two other batch shapes
+            assert stats.protocol_errors == 4 and stats.mismatched_batches == 2, stats
+            assert stats.connected_producers == 1 and stats.reconnects == 0  # every bad message was read past
+    finally:
+        push.close(0)
+        ctx.term()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(receive="fast"), "choose 'libzmq'"),
+    (dict(receive="direct", exact=True), "without exact mode"),
+    (dict(receive="direct", batch_size=None), "declare it"),
+])
+def test_what_direct_receive_cannot_do_is_refused_with_the_fix(kwargs, message):
+    args = dict(batch_size=BATCH, recv_timeout=5)
+    args.update(kwargs)
+    if args["batch_size"] is None:
+        del args["batch_size"]
+    with pytest.raises(ValueError, match=message):
+        ZMQInput(["tcp://127.0.0.1:1"], **args)
+    with pytest.raises(ValueError, match="TCP only"):
+        ZMQInput(["ipc:///tmp/stoker-x"], batch_size=BATCH, receive="direct")
+
+
+def test_a_refused_or_foreign_peer_times_out_naming_what_went_wrong():
+    server = socket.create_server(("127.0.0.1", 0))
+    foreign = f"tcp://127.0.0.1:{server.getsockname()[1]}"
+    closed = socket.create_server(("127.0.0.1", 0))
+    refused = f"tcp://127.0.0.1:{closed.getsockname()[1]}"
+    closed.close()
+    stop = threading.Event()
+
+    def speak_http() -> None:
+        server.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except socket.timeout:
+                continue
+            with conn:
+                conn.sendall(b"HTTP/1.1 400 Bad Request\r\n" + b" " * 64)
+
+    thread = threading.Thread(target=speak_http, daemon=True)
+    thread.start()
+    try:
+        started = time.monotonic()
+        with ZMQInput([foreign, refused], batch_size=BATCH, image_shape=SHAPE, recv_timeout=1.5,
+                      receive="direct") as inp:
+            with pytest.raises(InputTimeoutError) as info:
+                inp.get()
+        assert time.monotonic() - started < 30
+        text = str(info.value)
+        assert f"cannot receive from {foreign}: {foreign} does not speak ZMTP" in text
+        assert f"cannot receive from {refused}: ConnectionRefusedError" in text
+    finally:
+        stop.set()
+        thread.join(5)
+        server.close()
+
+
+def test_a_killed_producer_is_connected_again_when_it_comes_back(synth_lmdb):
+    producer = _producer(synth_lmdb, "--seed", "5")
+    try:
+        with ZMQInput([producer.endpoint], batch_size=BATCH, image_shape=SHAPE, recv_timeout=60,
+                      receive="direct") as inp:
+            for _ in range(3):
+                inp.get()
+            producer.kill()
+            producer = _producer(synth_lmdb, "--seed", "6", bind=producer.endpoint)
+            deadline = time.monotonic() + 60
+            while inp.stats.batches < 8 or inp.stats.reconnects < 1:  # the new incarnation's batches
+                assert time.monotonic() < deadline, inp.stats
+                inp.get()
+            assert inp.stats.connected_producers == 1 and inp.stats.protocol_errors == 0
+    finally:
+        producer.stop()
+
+
+def test_stoker_train_receives_directly_and_refuses_direct_with_exact(synth_lmdb):
+    import subprocess
+    import sys
+
+    with _producer(synth_lmdb, "--seed", "7") as producer:
+        out = subprocess.run([sys.executable, "-m", "stoker.cli.main", "train", "--connect", producer.endpoint,
+                              "--receive", "direct", "--steps", "20", "--batch-size", str(BATCH), "--image-size",
+                              str(SIZE), "--classes", "4", "--no-progress", "--recv-timeout", "60"],
+                             capture_output=True, text=True, timeout=170)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "trained 20 steps" in out.stdout and "rejected: 0" in out.stdout
+    refused = subprocess.run([sys.executable, "-m", "stoker.cli.main", "train", "--connect", "tcp://127.0.0.1:1",
+                              "--receive", "direct", "--exact"], capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "--receive direct works without --exact" in refused.stderr
