@@ -41,10 +41,8 @@ def read_batch(conn: ZMTPConnection, spec: BatchSpec, limits: DecodeLimits, empt
     budget -= size
     try:
         header = decode_header(raw, limits)
-        # Held to the spec on shapes alone (zero-byte views), before any array memory is taken.
-        shaped = Batch(header=header, arrays={a.name: np.broadcast_to(np.zeros((), _dtype(a.dtype)), a.shape)
-                                              for a in header.arrays})
-        spec.check(shaped)
+        # Held to the spec by the header alone, before any array memory is taken.
+        spec.check_declared(header.producer, [(a.name, a.dtype, a.shape) for a in header.arrays])
     except ProtocolError:
         conn.skip(0, more, budget)
         raise
@@ -77,7 +75,7 @@ class DirectReceiver:
 
     def __init__(self, endpoint: str, spec: BatchSpec, limits: DecodeLimits, empty: EmptyArray,
                  deliver: Callable[[Batch, list[np.ndarray]], None], reject: Callable[[ProtocolError], None],
-                 should_stop: Callable[[], bool], on_connection: Callable[[str, bool, str], None],
+                 should_stop: Callable[[], bool], on_connection: Callable[[str, bool, str, bool], None],
                  poll_s: float = 0.1) -> None:
         self.endpoint, self.spec, self.limits, self.empty = endpoint, spec, limits, empty
         self.deliver, self.reject, self.should_stop, self.on_connection = deliver, reject, should_stop, on_connection
@@ -92,13 +90,13 @@ class DirectReceiver:
             except Stopped:
                 return
             except (OSError, ProtocolError) as exc:  # refused, unreachable, not a producer: try again
-                self.on_connection(self.endpoint, False, _describe(exc))
+                self.on_connection(self.endpoint, False, _describe(exc), isinstance(exc, ProtocolError))
                 if self._sleep(backoff):
                     return
                 backoff = min(1.0, backoff * 2)
                 continue
             backoff = self.poll_s
-            self.on_connection(self.endpoint, True, "")
+            self.on_connection(self.endpoint, True, "", False)
             try:
                 self._receive(conn)
                 return
@@ -107,7 +105,7 @@ class DirectReceiver:
             except (tf.errors.CancelledError, tf.errors.OutOfRangeError, tf.errors.AbortedError):
                 return  # the queue was closed: close() or a failure
             except (OSError, ProtocolError) as exc:  # the peer went away, or its stream cannot be followed
-                self.on_connection(self.endpoint, False, _describe(exc))
+                self.on_connection(self.endpoint, False, _describe(exc), False)
             finally:
                 conn.close()
 

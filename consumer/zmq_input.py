@@ -232,7 +232,8 @@ class ZMQInput(tf.train.experimental.PythonState):
             self.trainer_id, state = _parse_state(resume_state)
         self.receive = receive
         self._direct = receive == "direct"
-        self._direct_errors: dict[str, str] = {}
+        self._direct_errors: dict[str, str] = {}  # endpoint -> why it is not connected (under _stats_lock)
+        self._delivering = 0  # direct receivers inside a (maybe blocked) enqueue (under _stats_lock)
         if receive not in ("libzmq", "direct"):
             raise ValueError(f"receive={receive!r}: choose 'libzmq' (default) or 'direct'")
         if self._direct:
@@ -718,20 +719,22 @@ class ZMQInput(tf.train.experimental.PythonState):
                     stages[name] = stages.get(name, 0.0) + seconds
 
     def _reject(self, exc: ProtocolError) -> None:
-        with self._stats_lock:
+        with self._stats_lock:  # also from several direct receivers at once
             if isinstance(exc, BatchMismatchError):
                 self._stats.mismatched_batches += 1
             else:
                 self._stats.protocol_errors += 1
             count = self._stats.protocol_errors + self._stats.mismatched_batches
             self._stats.last_error = str(exc)
-        self._rejected_since_batch += 1
-        self._unlogged_rejects += 1
-        now = time.monotonic()
-        # The first few one by one, then one line per interval: bad traffic must not flood the log.
-        if count <= 3 or now - self._last_reject_log >= _REJECT_LOG_EVERY_S:
-            log.warning("rejected message #%d (%d since the last warning): %s", count, self._unlogged_rejects, exc)
-            self._last_reject_log, self._unlogged_rejects = now, 0
+            self._rejected_since_batch += 1
+            self._unlogged_rejects += 1
+            now = time.monotonic()
+            # The first few one by one, then one line per interval: bad traffic must not flood the log.
+            log_now = count <= 3 or now - self._last_reject_log >= _REJECT_LOG_EVERY_S
+            if log_now:
+                unlogged, self._last_reject_log, self._unlogged_rejects = self._unlogged_rejects, now, 0
+        if log_now:
+            log.warning("rejected message #%d (%d since the last warning): %s", count, unlogged, exc)
 
     def _watch_connections(self) -> None:
         if self._exact is not None:
@@ -769,7 +772,9 @@ class ZMQInput(tf.train.experimental.PythonState):
         handshakes = count - self._handshake_failures_at_batch
         if handshakes:
             causes.append(f"{handshakes} connection handshake(s) failed, the last with {endpoint}: {reason}")
-        for endpoint, reason in sorted(self._direct_errors.items()):
+        with self._stats_lock:
+            direct_errors = sorted(self._direct_errors.items())
+        for endpoint, reason in direct_errors:
             causes.append(f"cannot receive from {endpoint}: {reason}")
         if not causes:
             causes.append("nothing arrived: check the producers run (`stoker produce`) and that this host can reach "
@@ -829,14 +834,24 @@ class ZMQInput(tf.train.experimental.PythonState):
             thread.start()
         try:
             while not stopped():
+                with self._stats_lock:
+                    if self._delivering:  # waiting for room in a full queue is not silence from the producers
+                        self._last_batch_at = time.monotonic()
                 silent = time.monotonic() - self._last_batch_at
                 if silent > self.recv_timeout:
                     self._fail(InputTimeoutError(self._timeout_message(silent)))
                     return
                 self._stop.wait(_POLL_MS / 1000)
+        except Exception as exc:  # never die silently: surface it to the training step
+            log.exception("direct receive failed")
+            self._fail(InputError(f"direct receive failed: {exc!r}"))
         finally:
+            deadline = time.monotonic() + 1.5  # readers notice a stop within _POLL_MS; close() waits 2 s for us
             for thread in threads:
-                thread.join(2.0)
+                thread.join(max(0.0, deadline - time.monotonic()))
+            lingering = [t.name for t in threads if t.is_alive()]
+            if lingering:
+                log.warning("direct receive threads still running after the stop: %s", ", ".join(lingering))
 
     def _run_direct(self, receiver: DirectReceiver) -> None:
         try:
@@ -847,13 +862,22 @@ class ZMQInput(tf.train.experimental.PythonState):
 
     def _deliver(self, batch: Any, arrays: list[np.ndarray]) -> None:
         """A direct receiver's good batch: into the queue without a copy (may block on a full queue)."""
-        self._rejected_since_batch = 0
-        self._queue.enqueue_owned(arrays)
+        with self._stats_lock:
+            self._rejected_since_batch = 0
+            self._delivering += 1
+        try:
+            self._queue.enqueue_owned(arrays)
+        finally:
+            with self._stats_lock:
+                self._delivering -= 1
         self._last_batch_at = time.monotonic()
         self._count(batch, arrays)
 
-    def _direct_connection(self, endpoint: str, connected: bool, reason: str) -> None:
+    def _direct_connection(self, endpoint: str, connected: bool, reason: str, handshake_failed: bool) -> None:
         with self._stats_lock:
+            if handshake_failed:
+                self._stats.handshake_failures += 1
+                self._stats.last_handshake_error = f"{endpoint}: {reason}"
             endpoints = set(self._stats.connected_endpoints)
             if connected:
                 endpoints.add(endpoint)

@@ -11,13 +11,19 @@ Only what a trainer needs: NULL mechanism (CurveZMQ stays with libzmq), one mess
 time, PING answered with PONG. Every size is checked before anything is read into memory; a
 violation raises ``ProtocolError`` naming it. After one, ``in_sync`` says whether the stream
 can go on (the rest of a bad message was skipped) or the connection must be dropped.
-Blocking reads wake every ``poll_s`` to ask ``should_stop()``; a stop raises ``Stopped``.
+``should_stop()`` is asked on every read and at least every ``poll_s`` while one waits, also
+while bytes keep coming; a stop raises ``Stopped``. Connecting and the handshake together
+take at most ``connect_timeout`` (then OSError or ProtocolError naming the endpoint).
 """
 
 from __future__ import annotations
 
+import errno
+import os
+import select
 import socket
 import struct
+import time
 from typing import Callable, Optional
 from urllib.parse import urlsplit
 
@@ -26,6 +32,7 @@ from stoker.protocol.errors import ProtocolError
 _MORE, _LONG, _COMMAND = 0x01, 0x02, 0x04
 _GREETING = b"\xff" + b"\0" * 8 + b"\x7f" + b"\x03\x00" + b"NULL".ljust(20, b"\0") + b"\x00" + b"\0" * 31
 _MAX_COMMAND_BYTES = 4096
+_MAX_COMMANDS_IN_A_ROW = 64  # PINGs between two frames: more is not a producer
 
 
 class Stopped(Exception):
@@ -47,9 +54,11 @@ class ZMTPConnection:
                  connect_timeout: float = 2.0) -> None:
         self.endpoint = endpoint
         self._should_stop = should_stop
+        self._poll_s = poll_s
         self.in_sync = True
-        host, port = tcp_address(endpoint)
-        self._sock = socket.create_connection((host, port), timeout=connect_timeout)
+        self._scratch: Optional[memoryview] = None
+        self._deadline: Optional[float] = time.monotonic() + connect_timeout  # until the handshake is done
+        self._sock = self._connect(*tcp_address(endpoint))
         try:
             self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             # What libzmq's heartbeats do on the other path: a dead host or a cut link drops the
@@ -60,8 +69,32 @@ class ZMTPConnection:
                     self._sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
             self._sock.settimeout(poll_s)
             self._handshake()
+            self._deadline = None
         except BaseException:
             self._sock.close()
+            raise
+
+    def _connect(self, host: str, port: int) -> socket.socket:
+        """A connected socket, waiting in ``poll_s`` steps (stop, deadline) instead of one blocking connect."""
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setblocking(False)
+            error = sock.connect_ex(address)
+            while error in (errno.EINPROGRESS, errno.EALREADY, errno.EWOULDBLOCK):
+                if self._should_stop():
+                    raise Stopped()
+                assert self._deadline is not None
+                if time.monotonic() > self._deadline:
+                    raise TimeoutError(f"connecting to {self.endpoint} took too long")
+                _, writable, _ = select.select([], [sock], [], self._poll_s)
+                if writable:
+                    error = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if error:
+                raise OSError(error, os.strerror(error))
+            return sock
+        except BaseException:
+            sock.close()
             raise
 
     def close(self) -> None:
@@ -72,11 +105,14 @@ class ZMTPConnection:
     def read_into(self, view: memoryview) -> None:
         """Fill ``view`` from the stream (waits; ConnectionError if the peer closes)."""
         while view.nbytes:
+            if self._should_stop():
+                raise Stopped()
+            if self._deadline is not None and time.monotonic() > self._deadline:
+                raise ProtocolError(f"{self.endpoint} did not complete the ZMTP handshake in time: is it a Stoker "
+                                    "producer?")
             try:
                 got = self._sock.recv_into(view)
             except socket.timeout:
-                if self._should_stop():
-                    raise Stopped() from None
                 continue
             if not got:
                 raise ConnectionError(f"{self.endpoint} closed the connection")
@@ -97,7 +133,7 @@ class ZMTPConnection:
 
     def next_frame(self) -> tuple[bool, int]:
         """Head of the next message frame, answering PING and skipping other commands: (more, size)."""
-        while True:
+        for _ in range(_MAX_COMMANDS_IN_A_ROW):
             flags, size = self._frame_head()
             if not flags & _COMMAND:
                 return bool(flags & _MORE), size
@@ -109,10 +145,14 @@ class ZMTPConnection:
                 context = body[7:7 + 16]  # after the 2-byte TTL, at most 16 bytes of context
                 pong = b"\x04PONG" + context
                 self._sock.sendall(bytes([_COMMAND, len(pong)]) + pong)
+        self.in_sync = False
+        raise ProtocolError(f"{_MAX_COMMANDS_IN_A_ROW} commands in a row and no message frame")
 
     def skip(self, size: int, more: bool, budget: int) -> None:
         """Read past the rest of a message (this frame's ``size`` bytes on); out of sync past ``budget`` bytes."""
-        scratch = memoryview(bytearray(1 << 20))
+        if self._scratch is None:
+            self._scratch = memoryview(bytearray(1 << 20))
+        scratch = self._scratch
         while True:
             if size > budget:
                 self.in_sync = False

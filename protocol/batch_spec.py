@@ -109,9 +109,24 @@ class BatchSpec:
                 out.append(got)
             else:
                 return out
-        sent = BatchSpec.of(batch)
-        raise BatchMismatchError(f"producer {batch.header.producer} sends {sent}; this trainer expects {self}"
-                                 f"{_hint(sent, self)}")
+        raise BatchMismatchError(self._mismatch(batch.header.producer, [
+            ArrayShape(name, a.dtype.name, tuple(a.shape)) for name, a in arrays.items()]))
+
+    def check_declared(self, producer: str, declared: Sequence[tuple[str, str, Sequence[int]]]) -> None:
+        """Hold a batch to this spec by its header alone (name, dtype name, shape of each array), before
+        any of its data is read; BatchMismatchError as ``check`` raises it."""
+        if len(declared) == len(self.arrays):
+            by_name = {name: (dtype, tuple(shape)) for name, dtype, shape in declared}
+            if all(by_name.get(a.name) == (a.dtype, a.shape) for a in self.arrays):
+                return
+        raise BatchMismatchError(self._mismatch(producer, [ArrayShape(n, d, tuple(s)) for n, d, s in declared]))
+
+    def _mismatch(self, producer: str, sent_arrays: Sequence[ArrayShape]) -> str:
+        try:
+            sent = BatchSpec(tuple(sent_arrays))
+        except ValueError:  # not even a spec (batch sizes disagree, a scalar): name what came
+            return f"producer {producer} sends {', '.join(map(str, sent_arrays))}; this trainer expects {self}"
+        return f"producer {producer} sends {sent}; this trainer expects {self}{_hint(sent, self)}"
 
 
 def _hint(sent: BatchSpec, want: BatchSpec) -> str:
