@@ -14,7 +14,7 @@ with TensorFlow and Keras loaded, before ZMQInput exists (measured in the same r
 plus a 32 MiB allowance for the ZMQ context and I/O threads, our two threads and
 the traced step (--allowance-mib).
 
-Run:  python benchmarks/soak.py [--batches 20000]   (prints a table, writes JSON)
+Run:  python benchmarks/soak.py [--batches 20000] [--receive direct]   (prints a table, writes JSON)
 With a slow trainer the FIFOQueue fills, which checks the bound at its worst:
       python benchmarks/soak.py --batch-size 64 --image-size 224 --batches 600 --warmup 100 --step-ms 100
 """
@@ -65,6 +65,7 @@ def main() -> None:
                         help="extra time per training step (a slow trainer, so the queue fills); 0: none")
     parser.add_argument("--allowance-mib", type=float, default=32.0,
                         help="stated fixed overhead beyond the TF baseline: ZMQ context, threads, traced step")
+    parser.add_argument("--receive", choices=("libzmq", "direct"), default="libzmq", help="ZMQInput(receive=...)")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "soak.json"))
     args = parser.parse_args()
     b, s = args.batch_size, args.image_size
@@ -77,7 +78,7 @@ def main() -> None:
         try:
             fixed_overhead = rss_mib(os.getpid())
             with ZMQInput([p.endpoint for p in producers], batch_size=b, image_shape=(s, s, 3),
-                          queue_capacity=args.queue_capacity, recv_timeout=60) as inp:
+                          queue_capacity=args.queue_capacity, recv_timeout=60, receive=args.receive) as inp:
                 @tf.function
                 def step() -> tf.Tensor:
                     images, labels = inp.get()
@@ -126,6 +127,7 @@ def main() -> None:
               "trainer_within_bound": end["trainer"] <= bound, "batch_bytes": batch_bytes,
               "max_growth": max(r["growth"] for r in rows), "producer_exit_codes": codes,
               "rejected": stats.protocol_errors + stats.mismatched_batches, "step_ms": args.step_ms,
+              "receive": args.receive,
               "mean_queue_occupancy": sum(occupancy) / len(occupancy)}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))

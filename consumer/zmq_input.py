@@ -649,10 +649,12 @@ class ZMQInput(tf.train.experimental.PythonState):
         The FIFOQueue (``queue_capacity``), per device the StagingArea (``nr_stage + 1`` while a
         step swaps) and the batch the step is using, the receive thread's (the received frame and its copy
         waiting to enter a full queue), and per producer ZMQ's receive buffer (``rcvhwm``) plus
-        the message libzmq is assembling from the TCP stream.
+        the message libzmq is assembling from the TCP stream; with ``receive="direct"``, per
+        producer the one batch its thread reads into (or holds, waiting for room in the queue).
         """
+        per_producer = 1 if self._direct else self.rcvhwm + 1
         return (self.queue_capacity + (self.nr_stage + 1 + 1) * len(self._stagings) + 2
-                + (self.rcvhwm + 1) * len(self.addresses))
+                + per_producer * len(self.addresses))
 
     def queue_size(self) -> int:
         """Batches in the FIFOQueue right now."""
