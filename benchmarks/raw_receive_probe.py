@@ -102,41 +102,23 @@ def raw_tensorflow(port: int, warmup: int, batches: int) -> tuple[float, float]:
     import tensorflow as tf
 
     from stoker.consumer.staging import StagingArea
-    from stoker.consumer.tensor_import import ALIGN
+    from stoker.consumer.tensor_import import TensorImporter
 
     sizes = _nbytes()
     dtypes = [tf.as_dtype(d) for _, d, _ in LAYOUT]
     queue = tf.queue.FIFOQueue(50, dtypes, shapes=[list(s) for _, _, s in LAYOUT])
     staging = StagingArea(dtypes, "/cpu:0", capacity=2)
-    free: dict[int, list] = {n: [] for n in sizes}
-    lock = threading.Lock()
-
-    def release(buffer) -> None:
-        with lock:
-            free[buffer.nbytes].append(buffer)
-
-    def buffer(n: int):
-        with lock:
-            if free[n]:
-                return free[n].pop()
-        raw = np.empty(n + ALIGN, np.uint8)
-        offset = (-raw.ctypes.data) % ALIGN
-        return raw[offset:offset + n]
-
+    importer = TensorImporter()  # the pool ZMQInput uses
     stop = threading.Event()
 
     def receive(conn: socket.socket) -> None:
-        import weakref
-
         try:
             while not stop.is_set():
                 tensors = []
-                for (_, dtype, shape), n in zip(LAYOUT, sizes):
-                    buf = buffer(n)
-                    _recv_exactly(conn, memoryview(buf))
-                    owner = buf.view(dtype).reshape(shape)
-                    weakref.finalize(owner, release, buf)
-                    tensors.append(tf.experimental.dlpack.from_dlpack(owner.__dlpack__()))
+                for _, dtype, shape in LAYOUT:
+                    array = importer.empty(np.dtype(dtype), shape)
+                    _recv_exactly(conn, memoryview(array.reshape(-1).view(np.uint8)))
+                    tensors.append(importer.own(array))
                 tf.raw_ops.QueueEnqueueV2(handle=queue.queue_ref, components=tensors)
         except (tf.errors.CancelledError, ConnectionError, OSError):
             pass
