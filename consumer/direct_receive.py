@@ -55,7 +55,7 @@ def read_batch(conn: ZMTPConnection, spec: BatchSpec, limits: DecodeLimits, empt
             conn.skip(size, more, budget)
             raise ProtocolError(f"array {declared.name!r} declares shape {list(declared.shape)} {declared.dtype} = "
                                 f"{declared.nbytes} bytes but its frame has {size}")
-        array = empty(_dtype(declared.dtype), declared.shape)
+        array = empty(declared.wire_dtype, declared.shape)
         conn.read_into(memoryview(array.reshape(-1).view(np.uint8)))
         budget -= size
         arrays[declared.name] = array
@@ -64,10 +64,6 @@ def read_batch(conn: ZMTPConnection, spec: BatchSpec, limits: DecodeLimits, empt
         raise ProtocolError(f"header lists {len(header.arrays)} arrays but the message has more data frames")
     batch = Batch(header=header, arrays=arrays)
     return batch, spec.check(batch)
-
-
-def _dtype(name: str) -> np.dtype:
-    return np.dtype(name).newbyteorder("<")
 
 
 class DirectReceiver:

@@ -84,6 +84,11 @@ class ArraySpec:
         # Python ints: no overflow however large the claimed shape is.
         return math.prod(self.shape) * np.dtype(self.dtype).itemsize
 
+    @property
+    def wire_dtype(self) -> np.dtype:
+        """The numpy dtype of its frame's bytes: little-endian, as the wire carries every array."""
+        return np.dtype(self.dtype).newbyteorder("<")
+
 
 @dataclass(frozen=True)
 class BatchHeader:
@@ -268,6 +273,5 @@ def decode_batch(frames: Sequence[Any], limits: DecodeLimits = DecodeLimits()) -
             spec.nbytes == view.nbytes,
             f"array {spec.name!r} declares shape {list(spec.shape)} {spec.dtype} = {spec.nbytes} bytes but its frame has {view.nbytes}",
         )
-        dtype = np.dtype(spec.dtype).newbyteorder("<")
-        arrays[spec.name] = np.frombuffer(view, dtype=dtype).reshape(spec.shape)
+        arrays[spec.name] = np.frombuffer(view, dtype=spec.wire_dtype).reshape(spec.shape)
     return Batch(header=header, arrays=arrays)
