@@ -237,7 +237,7 @@ def cmd_train(args: argparse.Namespace) -> int:
              if _pair(args, "curve_secret_key", "curve_server_key") else None)
     if args.receive == "direct" and (curve is not None or args.exact):
         print("stoker train: error: --receive direct works without --exact and without CurveZMQ keys; drop those or "
-              "use --receive libzmq", file=sys.stderr)
+              "use --receive auto", file=sys.stderr)
         return EXIT_USAGE
     config = TrainConfig(curve=curve, receive=args.receive,
         addresses=[a.strip() for a in args.connect.split(",") if a.strip()], model=args.model, steps=args.steps,
@@ -507,10 +507,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="exact epochs (producers run --exact or --epochs N); training ends early when a finite run "
                    "of the producers does")
     t.add_argument("--trainer-id", default=None, type=_trainer_id, help="exact mode: this trainer's id for the producers (default: random)")
-    t.add_argument("--receive", choices=("libzmq", "direct"), default="libzmq",
-                   help="how batches are received: libzmq, or direct: each producer's stream read over ZMTP straight "
-                   "into memory TensorFlow owns, one copy less per byte (tcp:// addresses; not with --exact or "
-                   "CurveZMQ keys)")
+    t.add_argument("--receive", choices=("auto", "direct", "libzmq"), default="auto",
+                   help="how batches are received (default auto: direct where it applies, else libzmq). direct: each "
+                   "producer's stream read over ZMTP straight into memory TensorFlow owns, one copy less per byte "
+                   "and every message bounded (tcp:// addresses; not with --exact or CurveZMQ keys); libzmq: "
+                   "through libzmq (CurveZMQ, ipc://, exact mode)")
     t.add_argument("--log-consumed", default=None, metavar="FILE", type=_output_file,
                    help="write each step's record indices and epochs as JSON lines, to verify coverage")
     t.add_argument("--report", default=None, metavar="FILE.html", type=_output_file,

@@ -1,7 +1,26 @@
-"""Trainer side of Stoker: ZMQInput feeds TensorFlow from producer daemons (requires tensorflow)."""
+"""Trainer side of Stoker.
+
+``ZMQInput`` feeds TensorFlow (requires tensorflow); ``BatchStream`` yields dicts of NumPy arrays for
+any framework and never imports TensorFlow. Both are imported on first use, so
+``from stoker.consumer import BatchStream`` works where TensorFlow is not installed.
+"""
+
+from typing import Any
 
 from .errors import BatchMismatchError, InputClosedError, InputError, InputFinished, InputTimeoutError
-from .zmq_input import InputStats, ZMQInput
+from .receive_stats import InputStats
 
-__all__ = ["BatchMismatchError", "InputClosedError", "InputError", "InputFinished", "InputStats", "InputTimeoutError",
-           "ZMQInput"]
+__all__ = ["BatchMismatchError", "BatchStream", "InputClosedError", "InputError", "InputFinished", "InputStats",
+           "InputTimeoutError", "ZMQInput"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ZMQInput":
+        from .zmq_input import ZMQInput
+
+        return ZMQInput
+    if name == "BatchStream":
+        from .batch_stream import BatchStream
+
+        return BatchStream
+    raise AttributeError(f"module 'stoker.consumer' has no attribute {name!r}")

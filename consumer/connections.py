@@ -31,7 +31,7 @@ MONITOR_EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNE
 _HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
                      zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 _REVIVE_LOG_EVERY_S = 60.0
-MODE_MISMATCH = ("the producer closed the connection before any handshake: most likely one side runs in exact mode "
+MODE_MISMATCH = ("the producer closed the connection or refused its socket type: most likely one side runs in exact mode "
                  "and the other does not; start the producers with --exact (or --epochs N) exactly when the trainer "
                  "uses ZMQInput(..., exact=True) (stoker train --exact)")
 
@@ -52,6 +52,8 @@ def explain_handshake_failure(event: int, value: int, curve: bool) -> str:
         return ("the producer requires CurveZMQ and this trainer has no keys: pass "
                 "curve=stoker.protocol.curve.load_client_keys(SECRET, SERVER_PUBLIC) to ZMQInput "
                 "(stoker train: --curve-secret-key and --curve-server-key)")
+    if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and value == zmq.PROTOCOL_ERROR_ZMTP_INVALID_METADATA:
+        return MODE_MISMATCH  # the socket types cannot talk: a plain trainer and an exact producer, or the reverse
     if curve:
         return ("the producer broke off the CurveZMQ handshake: most likely the trainer's server key "
                 "(--curve-server-key) is not that producer's public key")
@@ -102,6 +104,8 @@ class ConnectionWatcher:
         self._disconnected_at: dict[str, float] = {}
         self._revive_logged_at: dict[str, float] = {}
         self._definitive: set[str] = set()  # endpoints whose failure cause is known for sure
+        #: per endpoint, handshakes refused in a row for a mode mismatch (exact vs plain): waiting cannot fix it
+        self.mode_mismatches: dict[str, int] = {}
         try:
             for address in self.addresses:
                 sock.connect(address)
@@ -121,6 +125,7 @@ class ConnectionWatcher:
                 self.handshakes += 1
                 self._tcp_only.discard(endpoint)
                 self._disconnected_at.pop(endpoint, None)
+                self.mode_mismatches.pop(endpoint, None)
             elif kind in _HANDSHAKE_FAILED:
                 self._tcp_only.discard(endpoint)
                 self.failures.count += 1
@@ -130,6 +135,8 @@ class ConnectionWatcher:
                     self.failures.reason = explain_handshake_failure(kind, value, self.curve)
                 if _is_definitive(kind, value):
                     self._definitive.add(endpoint)
+                if kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and value == zmq.PROTOCOL_ERROR_ZMTP_INVALID_METADATA:
+                    self.mode_mismatches[endpoint] = self.mode_mismatches.get(endpoint, 0) + 1
                 if self.failures.count == 1:
                     log.warning("handshake with %s failed: %s", endpoint, self.failures.reason)
             elif kind == zmq.EVENT_DISCONNECTED:
@@ -140,6 +147,7 @@ class ConnectionWatcher:
                     self.failures.count += 1
                     self.failures.endpoint = endpoint
                     self.failures.reason = MODE_MISMATCH
+                    self.mode_mismatches[endpoint] = self.mode_mismatches.get(endpoint, 0) + 1
             elif kind in (zmq.EVENT_CONNECT_RETRIED, zmq.EVENT_CONNECT_DELAYED, zmq.EVENT_CONNECTED):
                 self._disconnected_at.pop(endpoint, None)  # libzmq is retrying by itself
                 if kind == zmq.EVENT_CONNECTED:

@@ -7,7 +7,7 @@ message costs no allocation and is skipped to its end (the connection stays up);
 that cannot be followed any more is dropped and connected again. ``DirectReceiver.run``
 connects (again every 0.1-1 s while refused), hands each good batch to ``deliver`` and each
 bad one to ``reject``, and returns when ``should_stop()`` says so (checked every ``poll_s``)
-or when TensorFlow cancels the queue.
+or when the sink is closed (``SinkClosed``).
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ import time
 from typing import Callable
 
 import numpy as np
-import tensorflow as tf
 
 from stoker.protocol import DecodeLimits, ProtocolError
 from stoker.protocol.batch_codec import MAX_HEADER_BYTES, Batch, decode_header
 from stoker.protocol.batch_spec import BatchSpec
 
-from .zmtp import Stopped, ZMTPConnection
+from .receive_core import SinkClosed
+from .zmtp import SocketTypeMismatch, Stopped, ZMTPConnection
 
 log = logging.getLogger("stoker.consumer")
 
@@ -71,7 +71,7 @@ class DirectReceiver:
 
     def __init__(self, endpoint: str, spec: BatchSpec, limits: DecodeLimits, empty: EmptyArray,
                  deliver: Callable[[Batch, list[np.ndarray]], None], reject: Callable[[ProtocolError], None],
-                 should_stop: Callable[[], bool], on_connection: Callable[[str, bool, str, bool], None],
+                 should_stop: Callable[[], bool], on_connection: Callable[..., None],
                  poll_s: float = 0.1) -> None:
         self.endpoint, self.spec, self.limits, self.empty = endpoint, spec, limits, empty
         self.deliver, self.reject, self.should_stop, self.on_connection = deliver, reject, should_stop, on_connection
@@ -86,7 +86,8 @@ class DirectReceiver:
             except Stopped:
                 return
             except (OSError, ProtocolError) as exc:  # refused, unreachable, not a producer: try again
-                self.on_connection(self.endpoint, False, _describe(exc), isinstance(exc, ProtocolError))
+                self.on_connection(self.endpoint, False, _describe(exc), isinstance(exc, ProtocolError),
+                                   mode_mismatch=isinstance(exc, SocketTypeMismatch))
                 if self._sleep(backoff):
                     return
                 backoff = min(1.0, backoff * 2)
@@ -98,8 +99,8 @@ class DirectReceiver:
                 return
             except Stopped:
                 return
-            except (tf.errors.CancelledError, tf.errors.OutOfRangeError, tf.errors.AbortedError):
-                return  # the queue was closed: close() or a failure
+            except SinkClosed:
+                return  # the sink was closed: close() or a failure
             except (OSError, ProtocolError) as exc:  # the peer went away, or its stream cannot be followed
                 self.on_connection(self.endpoint, False, _describe(exc), False)
             finally:

@@ -58,7 +58,7 @@ class TrainConfig:
     consumed_log: Optional[str] = None  # JSON lines: each step's record indices and epochs
     report: Optional[str] = None  # write the bottleneck report (HTML) here at the end
     timeline: bool = False  # record a Timeline even without a report (stoker doctor writes its own)
-    receive: str = "libzmq"  # or "direct": ZMQInput(receive=...)
+    receive: str = "auto"  # or "direct" / "libzmq": ZMQInput(receive=...)
 
 
 @dataclass

@@ -35,6 +35,10 @@ _MAX_COMMAND_BYTES = 4096
 _MAX_COMMANDS_IN_A_ROW = 64  # PINGs between two frames: more is not a producer
 
 
+class SocketTypeMismatch(ProtocolError):
+    """The peer is a ZMTP socket of another type: a producer in exact mode (ROUTER) for a plain trainer."""
+
+
 class Stopped(Exception):
     """``should_stop()`` said so while a read waited."""
 
@@ -177,7 +181,14 @@ class ZMTPConnection:
 
     def _handshake(self) -> None:
         self._sock.sendall(_GREETING)
-        peer = self._read(64)
+        try:
+            peer = self._read(64)
+        except ConnectionError:  # a CurveZMQ producer hangs up on a NULL greeting, often before sending its own
+            raise ProtocolError(f"{self.endpoint} closed the connection during the ZMTP greeting: most likely the "
+                                "producer requires CurveZMQ and this trainer has no keys: pass curve=stoker.protocol."
+                                "curve.load_client_keys(SECRET, SERVER_PUBLIC) to ZMQInput (stoker train: "
+                                "--curve-secret-key and --curve-server-key), or check the address is a Stoker "
+                                "producer") from None
         if peer[0] != 0xFF or peer[9] != 0x7F:
             raise ProtocolError(f"{self.endpoint} does not speak ZMTP (greeting {peer[:10].hex()}): is it a Stoker "
                                 "producer?")
@@ -189,7 +200,13 @@ class ZMTPConnection:
                                 "only NULL; give the trainer its curve keys and leave receive='libzmq'")
         ready = b"\x05READY" + _property("Socket-Type", b"PULL")
         self._sock.sendall(bytes([_COMMAND, len(ready)]) + ready)
-        flags, size = self._frame_head()
+        try:
+            flags, size = self._frame_head()
+        except ConnectionError:  # libzmq closes on a socket type it cannot talk to, often before its READY
+            raise SocketTypeMismatch(f"{self.endpoint} closed the connection at the READY command: most likely the "
+                                     "producer runs in exact mode (--exact or --epochs N) and this trainer does not; "
+                                     "use ZMQInput(..., exact=True) (stoker train --exact), or start the producer "
+                                     "without --exact") from None
         if not flags & _COMMAND or size > _MAX_COMMAND_BYTES:
             raise ProtocolError(f"{self.endpoint} sent no READY command after its greeting")
         body = self._read(size)
@@ -197,8 +214,12 @@ class ZMTPConnection:
             reason = body[7:7 + body[6]].decode("ascii", "replace") if len(body) > 6 else ""
             raise ProtocolError(f"{self.endpoint} refused the handshake: {reason}")
         socket_type = _properties(body[6:]).get("Socket-Type") if body[:6] == b"\x05READY" else None
+        if socket_type == b"ROUTER":
+            raise SocketTypeMismatch(f"{self.endpoint} is a ROUTER socket: the producer runs in exact mode (--exact or "
+                                     "--epochs N) and this trainer does not; use ZMQInput(..., exact=True) "
+                                     "(stoker train --exact), or start the producer without --exact")
         if socket_type != b"PUSH":
-            raise ProtocolError(f"{self.endpoint} is a {socket_type!r} socket, not a producer's PUSH socket")
+            raise SocketTypeMismatch(f"{self.endpoint} is a {socket_type!r} socket, not a producer's PUSH socket")
 
 
 def _property(name: str, value: bytes) -> bytes:

@@ -33,6 +33,7 @@ import numpy as np
 import zmq
 
 from stoker.protocol import encode_batch
+from stoker.protocol.input_state import StreamKey
 
 from .batch_slots import GRANT, HELLO, READY, SlotLayout, decode_work, parse_slot, sample_rows, slot_frame
 from .dataset_format import LmdbDataset, RecordError, record_key
@@ -143,6 +144,8 @@ def run_worker(worker: int, config: WorkerConfig, stats: StageStats, stop: Any, 
                            f"{config.layout_arrays} in the daemon: it must not depend on the process it runs in")
     dataset = LmdbDataset(config.lmdb_path)
     records = config.shard.records(len(dataset))
+    # Named in every batch header, so a trainer sees producers whose shards overlap.
+    stream_key = str(StreamKey(config.shard.index, config.shard.count, len(dataset), config.seed))
     stream = worker_stream(records, config.seed, worker, config.workers, shuffle=True)
     batch_size = config.batch_size
     views = layout.views(buffer)
@@ -161,8 +164,8 @@ def run_worker(worker: int, config: WorkerConfig, stats: StageStats, stop: Any, 
     def hand_off(slot: int, arrays: dict[str, np.ndarray], batch_no: int,
                  stages: Optional[dict[str, float]] = None) -> None:
         """Tell the daemon ``slot`` holds a finished batch: only its header crosses the ipc socket."""
-        header = encode_batch(arrays, producer=config.producer_id,
-                              seq=batch_no * config.workers + worker, worker=worker, stages=stages)[0]
+        header = encode_batch(arrays, producer=config.producer_id, seq=batch_no * config.workers + worker,
+                              worker=worker, stages=stages, stream=stream_key)[0]
         sock.send_multipart([READY, slot_frame(slot), header])
 
     batch_no = 0

@@ -136,6 +136,7 @@ def encode_batch(
     seq: int,
     worker: int = 0,
     stages: Mapping[str, float] | None = None,
+    stream: str = "",
 ) -> list[Any]:
     """Return the frames of one batch message: ``[header, array0, array1, ...]``.
 
@@ -143,7 +144,8 @@ def encode_batch(
     list to ``socket.send_multipart(frames, copy=False)`` and do not modify the
     arrays until ZMQ is done with them. Non-contiguous or big-endian arrays are
     converted (that one case copies). ``stages``: seconds spent making the batch, per
-    stage (``STAGES``), for the trainer's bottleneck report. Raises ProtocolError for a
+    stage (``STAGES``), for the trainer's bottleneck report. ``stream``: the shard the batch
+    belongs to (``I/N:records:seed``), so a trainer sees producers whose shards overlap. Raises ProtocolError for a
     dtype outside ALLOWED_DTYPES, an invalid name or invalid stage times, so a sender
     never emits what a receiver would refuse.
     """
@@ -172,6 +174,10 @@ def encode_batch(
         "sent_at": time.time(),
         "arrays": specs,
     }
+    if stream:
+        if len(stream) > 64:
+            raise ProtocolError(f"stream {stream!r} must be at most 64 characters")
+        header["stream"] = stream
     if stages:
         if not _stages_ok(dict(stages)):
             raise ProtocolError(f"{_STAGES_RULE}, got {dict(stages)!r}")

@@ -96,10 +96,20 @@ def test_bad_messages_are_rejected_and_counted_and_the_stream_goes_on():
         ctx.term()
 
 
+def test_direct_receive_is_the_default_for_tcp_and_learns_the_spec_from_the_first_batch(synth_lmdb):
+    with _producer(synth_lmdb, "--mode", "eval") as producer, ZMQInput([producer.endpoint], recv_timeout=30) as inp:
+        assert inp.receive == "direct"
+        assert inp.spec["images"].shape == (BATCH, *SHAPE) and inp.batch_size == BATCH
+        images, labels = inp.get()
+        assert images.shape == (BATCH, *SHAPE) and labels.shape == (BATCH,)
+        assert inp.max_batches_held() == 50 + 3 + 2 + 1  # one batch per producer, not rcvhwm + 1
+    with ZMQInput(["ipc:///tmp/stoker-not-there"], batch_size=BATCH, recv_timeout=5) as inp:
+        assert inp.receive == "libzmq"  # direct receive speaks TCP only
+
+
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(receive="fast"), "choose 'libzmq'"),
+    (dict(receive="fast"), "choose 'auto'"),
     (dict(receive="direct", exact=True), "without exact mode"),
-    (dict(receive="direct", batch_size=None), "declare it"),
 ])
 def test_what_direct_receive_cannot_do_is_refused_with_the_fix(kwargs, message):
     args = dict(batch_size=BATCH, recv_timeout=5)

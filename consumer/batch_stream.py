@@ -1,0 +1,202 @@
+"""BatchStream: batches from Stoker producers as dicts of NumPy arrays, for JAX, PyTorch or any framework.
+
+The same receive core as ``ZMQInput`` (direct ZMTP by default, libzmq for CurveZMQ and ipc://,
+exact mode with its state), feeding a bounded queue instead of TensorFlow; TensorFlow is
+never imported. Iterate it::
+
+    from stoker.consumer.batch_stream import BatchStream
+
+    with BatchStream(["tcp://datahost:5555"]) as stream:       # learns the spec from the first batch
+        for step, batch in zip(range(1000), stream):
+            images, labels = batch["images"], batch["labels"]  # uint8 [B, H, W, 3], int32 [B]
+
+Ownership: every batch is a dict of fresh, 64-byte-aligned, C-contiguous arrays that belong
+to the caller. Stoker never reads or writes them again, so they may be kept, modified or
+handed to a device transfer (``jax.device_put``) without a copy; each array is received
+straight into its memory (direct receive) or copied into it once (libzmq path).
+
+Memory: at most ``queue_capacity`` batches wait in the queue, plus one per producer being
+received (direct; libzmq: ``rcvhwm + 1``) and the one the caller holds.
+
+Exact mode (``exact=True``, producers ``--exact`` or ``--epochs N``): a batch's records count as
+consumed when ``next()`` returns it; ``save_state()`` gives bytes to store with the model's
+checkpoint and ``resume_state=`` / ``restore_state()`` (before the first ``next()``) continue
+from them. Padding rows of a finite run's last batch are cut off; the iteration ends
+(StopIteration) after the last batch of the last epoch.
+
+Errors: the input's error (InputTimeoutError when no acceptable batch arrived for
+``recv_timeout`` seconds, saying why; InputError for a certain misconfiguration) is raised by
+``next()`` once the batches that arrived before it are consumed; InputClosedError after ``close()``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from typing import Any, Iterator, Optional, Sequence
+
+import numpy as np
+
+from stoker.protocol import DEFAULT_MAX_MESSAGE_BYTES
+from stoker.protocol.curve import CurveClientKeys
+
+from .errors import InputError
+from .exact_receiver import ExactReceiver
+from .exact_state import pack_state, parse_state
+from .input_setup import SpecArg, declared_spec, exact_identity, open_core, split_addresses
+from .receive_core import POLL_S, SinkClosed, aligned_empty
+from .receive_stats import InputStats
+
+_END = object()  # no batch follows: a finite exact run ended
+
+
+class QueueSink:
+    """A ``BatchSink`` holding at most ``capacity`` batches (lists of arrays); see the module doc on ownership."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._items: deque[Any] = deque()
+        self._cond = threading.Condition()
+        self._closed = False
+
+    def empty(self, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+        return aligned_empty(dtype, shape)
+
+    def put(self, arrays: Sequence[np.ndarray], owned: bool) -> None:
+        if not owned:  # views of libzmq's frames: one copy into memory the caller will own
+            copies = []
+            for array in arrays:
+                owner = aligned_empty(array.dtype, array.shape)
+                np.copyto(owner, array)
+                copies.append(owner)
+            arrays = copies
+        with self._cond:
+            while len(self._items) >= self.capacity and not self._closed:
+                self._cond.wait(POLL_S)
+            if self._closed:
+                raise SinkClosed()
+            self._items.append(list(arrays))
+            self._cond.notify_all()
+
+    def size(self) -> int:
+        with self._cond:
+            return sum(item is not _END for item in self._items)
+
+    def end(self) -> None:
+        with self._cond:
+            self._items.append(_END)  # past capacity: the marker takes no batch's room
+            self._cond.notify_all()
+
+    def close(self, cancel: bool) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def take(self, timeout: float) -> Any:
+        """The next batch (a list of arrays), ``_END``, or None if nothing came within ``timeout``."""
+        with self._cond:
+            if not self._items:
+                self._cond.wait(timeout)
+            if not self._items:
+                return None
+            item = self._items.popleft()
+            self._cond.notify_all()
+            return item
+
+
+class BatchStream:
+    """An iterator of ``{name: np.ndarray}`` batches from Stoker producers; see the module doc.
+
+    Args (as ``ZMQInput``'s, defaults included): ``addresses``; ``batch_size``/``image_shape`` or
+    ``spec`` to declare the batches (default: learned from the first batch); ``queue_capacity``
+    (default 8 batches); ``recv_timeout`` (60 s); ``rcvhwm`` (4); ``max_message_bytes`` (512 MiB);
+    ``curve`` keys; ``exact``, ``resume_state``, ``trainer_id``; ``receive`` (``"auto"``).
+    """
+
+    def __init__(self, addresses: Sequence[str] | str, batch_size: Optional[int] = None,
+                 image_shape: Optional[Sequence[int]] = None, spec: SpecArg = None, queue_capacity: int = 8,
+                 recv_timeout: float = 60.0, rcvhwm: int = 4, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+                 curve: Optional[CurveClientKeys] = None, exact: bool = False, resume_state: Optional[bytes] = None,
+                 trainer_id: Optional[str] = None, receive: str = "auto") -> None:
+        self.addresses = split_addresses(addresses)
+        if queue_capacity < 1 or recv_timeout <= 0:
+            raise ValueError("queue_capacity must be >= 1 and recv_timeout > 0")
+        self.exact = exact
+        self.trainer_id, state = exact_identity(exact, resume_state, trainer_id)
+        self._core = open_core(self.addresses, declared_spec(spec, batch_size, image_shape, exact), receive,
+                               recv_timeout, rcvhwm, max_message_bytes, curve, exact, self.trainer_id, state)
+        self.spec = self._core.spec
+        receiver = self._core.receiver
+        self._exact = receiver.transport if isinstance(receiver, ExactReceiver) else None
+        self._sink = QueueSink(queue_capacity)
+        self._ended = False
+        if self._exact is None:
+            self._core.start(self._sink)  # exact mode starts at the first next(): a state may be restored first
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        return self
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        if self._ended:
+            raise StopIteration
+        if self._exact is not None and not self._exact.active:
+            self._exact.activate()
+            self._core.start(self._sink)
+        while True:
+            item = self._sink.take(POLL_S)
+            if item is _END:
+                self._ended = True
+                raise StopIteration
+            if item is not None:
+                return self._named(item)
+            error = self._core.error
+            if error is not None and self._sink.size() == 0:
+                raise error
+
+    def _named(self, arrays: list[np.ndarray]) -> dict[str, np.ndarray]:
+        names = self.spec.names
+        batch = dict(zip(names, arrays))
+        if self._exact is not None:  # handed to the caller: consumed now; padding rows cut off
+            source = int(arrays[len(names)][0])
+            mask = batch["mask"]
+            self._exact.record_consumed(source, batch["epoch"], batch["index"], mask)
+            if not mask.all():
+                batch = {name: np.ascontiguousarray(a[mask]) for name, a in batch.items()}
+        return batch
+
+    def save_state(self) -> bytes:
+        """Exact mode: this consumer's id and every record handed out so far, as bytes for a checkpoint."""
+        if self._exact is None:
+            raise ValueError("save_state() is for exact mode: BatchStream(..., exact=True) with producers --exact")
+        return pack_state(self.trainer_id, self._exact.snapshot())
+
+    def restore_state(self, data: bytes) -> None:
+        """Exact mode: continue from ``save_state()`` bytes; before the first ``next()``."""
+        if self._exact is None:
+            raise ValueError("restore_state() is for exact mode: BatchStream(..., exact=True)")
+        trainer_id, state = parse_state(data)
+        self._exact.restore(state)
+        self.trainer_id = self._exact.trainer_id = trainer_id
+
+    @property
+    def stats(self) -> InputStats:
+        return self._core.stats.snapshot()
+
+    @property
+    def error(self) -> Optional[InputError]:
+        return self._core.error
+
+    def queue_occupancy(self) -> float:
+        """Fraction of the queue in use right now; near 0 means the consumer waits for input."""
+        return self._sink.size() / self._sink.capacity
+
+    def close(self) -> None:
+        """Stop receiving and close the sockets; bounded (about 2 s). Idempotent."""
+        self._core.close()
+
+    def __enter__(self) -> "BatchStream":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+

@@ -1,0 +1,144 @@
+"""Exact mode's receiver: ``ExactTransport`` (a DEALER per producer, credit, hellos) driven for the core.
+
+Receives only while the sink has room (credit: one batch per batch queued), never blocking,
+so heartbeats and consumed-record reports keep going while a step is slow. Each delivered
+batch carries one more array, ``stoker_source`` (which producer it came from), so the
+records a step consumes are reported to that producer. Batches sent under an older session
+are dropped (their records are served again). A producer's status keeps the input alive
+while it waits (for more trainers, or for steps to report). Stays on libzmq: exact mode
+sends as well as receives on each connection (docs/decisions.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import zmq
+
+from stoker.protocol import DecodeLimits, ProtocolError, decode_batch
+from stoker.protocol.batch_spec import BatchSpec
+from stoker.protocol.curve import CurveClientKeys
+from stoker.protocol.input_state import InputState
+
+from .exact_transport import ExactTransport
+from .libzmq_receiver import socket_options
+from .receive_core import POLL_S, ReceiveCore
+
+log = logging.getLogger("stoker.consumer")
+
+_WAITING_LOG_EVERY_S = 10.0
+SOURCE = "stoker_source"
+
+
+class ExactReceiver:
+    """See the module doc. ValueError for an address libzmq cannot parse."""
+
+    exact = True
+
+    def __init__(self, addresses: Sequence[str], limits: DecodeLimits, rcvhwm: int, trainer_id: str,
+                 state: InputState, curve: Optional[CurveClientKeys] = None) -> None:
+        self.addresses = list(addresses)
+        self.limits = limits
+        self.held_per_producer = rcvhwm + 1
+        self._ctx = zmq.Context()
+        try:
+            self.transport = ExactTransport(self._ctx, self.addresses, trainer_id, state, rcvhwm,
+                                            socket_options(rcvhwm, limits.max_message_bytes), curve)
+        except zmq.ZMQError as exc:
+            self._ctx.destroy(linger=0)
+            raise ValueError(f"cannot connect to the producer addresses {self.addresses}: {exc.strerror}; "
+                             "expected e.g. tcp://host:5555") from None
+        self._waiting_logged_at = -_WAITING_LOG_EVERY_S
+
+    def resolve_spec(self, declared: Optional[BatchSpec], core: ReceiveCore) -> BatchSpec:
+        """The declared spec plus ``mask``, or ask the producers to describe their batches (nothing is received)."""
+        if declared is not None:
+            return declared
+        started = time.monotonic()
+        while True:
+            self._watch(core)
+            for i in self.transport.poll(int(POLL_S * 1000)):
+                try:
+                    self.transport.receive(i)  # before a hello only status can come
+                except ProtocolError as exc:
+                    core.reject(exc)
+            described = self.transport.spec()
+            if described is not None:
+                learned = BatchSpec.from_dict({n: (d, shape) for n, d, shape in described})
+                log.info("producers describe their batches: %s", learned)
+                return learned
+            failure = core.failure(time.monotonic() - started, "; no batch spec was given, so the trainer asked the "
+                                   "producers to describe their batches")
+            if failure is not None:
+                raise failure
+
+    def run(self, core: ReceiveCore) -> None:
+        transport, spec = self.transport, core.spec
+        batch_size = spec.batch_size
+        while True:
+            self._watch(core)
+            transport.flush()
+            if transport.finished:
+                core.finish()
+                return
+            room = core.room() if transport.active else 0
+            if not transport.active or core.queued() > 0:
+                core.alive()  # the step is not waiting for data: not silence
+            if not core.watch():
+                return
+            if room <= 0:
+                time.sleep(0.02)
+                continue
+            for i in transport.poll(int(POLL_S * 1000)):
+                try:
+                    frames = transport.receive(i)
+                    if frames is None:  # a status: the producer is alive, perhaps waiting for steps to report
+                        core.alive()
+                        self._log_waiting(transport.status[i])
+                        continue
+                    batch = decode_batch(frames, self.limits)
+                    if not transport.accept(i, batch.header.stream, batch.header.session):
+                        continue  # sent before our latest hello: its records are served again
+                    arrays = spec.check(batch)
+                except ProtocolError as exc:
+                    core.reject(exc)
+                    continue
+                except zmq.ZMQError as exc:
+                    core.reject(ProtocolError(f"receive failed: {exc}"))
+                    continue
+                core.deliver(batch, [*arrays, np.full(batch_size, i, np.int32)], owned=False)
+                transport.queued(i, batch["epoch"], batch["index"], batch["mask"])
+                if core.room() <= 0:
+                    break
+
+    def _watch(self, core: ReceiveCore) -> None:
+        if self.transport.watch():
+            t = self.transport
+            count, _, reason = t.failures()
+            core.stats.set_connections(t.connected(), count, reason, sum(w.reconnects for w in t.watchers))
+
+    def _log_waiting(self, status: Any) -> None:
+        """Say (every 10 s) that a producer waits for more trainers: a synchronous job waits for all of them."""
+        now = time.monotonic()
+        if status is None or status.waiting <= 0 or now - self._waiting_logged_at < _WAITING_LOG_EVERY_S:
+            return
+        self._waiting_logged_at = now
+        log.warning("producer %s serves nothing until %d more trainer(s) join (it runs --min-trainers); "
+                    "start the other trainers, or the producers with a smaller --min-trainers", status.producer,
+                    status.waiting)
+
+    def failures(self) -> tuple[int, str, str]:
+        return self.transport.failures()
+
+    def mode_mismatches(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for watcher in self.transport.watchers:
+            out.update(watcher.mode_mismatches)
+        return out
+
+    def close(self) -> None:
+        self.transport.close()
+        self._ctx.term()

@@ -1,0 +1,106 @@
+"""What ZMQInput and BatchStream share before receiving: arguments checked, the spec declared, a receiver chosen.
+
+``open_core`` turns the user's arguments into a running ``ReceiveCore`` (spec resolved, not yet
+delivering). The receive path (``receive=``):
+
+- ``"auto"`` (default): direct ZMTP receive (``zmtp_receiver``) wherever it applies, that is
+  plain mode over tcp:// without CurveZMQ; libzmq otherwise (CurveZMQ, ipc://, and exact mode,
+  whose DEALER connections send as well as receive: docs/decisions.md);
+- ``"direct"`` or ``"libzmq"``: that path, or ValueError saying why it does not apply.
+
+Every argument error is a ValueError that names the fix.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any, Mapping, Optional, Sequence
+
+from stoker.protocol import DecodeLimits
+from stoker.protocol.batch_codec import is_valid_id
+from stoker.protocol.batch_spec import BatchSpec
+from stoker.protocol.curve import CurveClientKeys
+from stoker.protocol.input_state import InputState
+
+from .exact_receiver import ExactReceiver
+from .exact_state import parse_state
+from .libzmq_receiver import LibzmqReceiver
+from .receive_core import ReceiveCore, Receiver
+from .zmtp import tcp_address
+from .zmtp_receiver import ZMTPReceiver
+
+RECEIVE_PATHS = ("auto", "direct", "libzmq")
+SpecArg = Optional[BatchSpec | Mapping[str, tuple[Any, Sequence[int]]]]
+
+
+def split_addresses(addresses: Sequence[str] | str) -> list[str]:
+    if isinstance(addresses, str):
+        addresses = [a.strip() for a in addresses.split(",") if a.strip()]
+    if not addresses:
+        raise ValueError("give at least one producer address, e.g. tcp://datahost:5555")
+    return list(addresses)
+
+
+def declared_spec(spec: SpecArg, batch_size: Optional[int], image_shape: Optional[Sequence[int]],
+                  exact: bool) -> Optional[BatchSpec]:
+    """The declared spec with Stoker's bookkeeping arrays added (``index``, ``epoch``; exact: ``mask``), or None."""
+    if spec is not None and (batch_size is not None or image_shape is not None):
+        raise ValueError("give either spec or batch_size/image_shape, not both")
+    if spec is not None:
+        declared = spec if isinstance(spec, BatchSpec) else BatchSpec.from_dict(spec)
+    elif batch_size is not None or image_shape is not None:
+        declared = BatchSpec.classification(batch_size or 64, tuple(int(d) for d in (image_shape or (224, 224, 3))))
+    else:
+        return None
+    bookkeeping = [("index", "int64"), ("epoch", "int32")] + ([("mask", "bool")] if exact else [])
+    extra = {n: d for n, d in bookkeeping if n not in declared}
+    if extra:
+        declared = BatchSpec.from_dict({**{a.name: (a.dtype, a.shape) for a in declared.arrays},
+                                        **{n: (d, [declared.batch_size]) for n, d in extra.items()}})
+    return declared
+
+
+def exact_identity(exact: bool, resume_state: Optional[bytes], trainer_id: Optional[str]) -> tuple[str, InputState]:
+    """The trainer id and starting state: from ``resume_state``, or ``trainer_id`` (default: a random one)."""
+    if (resume_state is not None or trainer_id is not None) and not exact:
+        raise ValueError("resume_state and trainer_id belong to exact mode: pass exact=True (and start the "
+                         "producers with --exact)")
+    if trainer_id is not None and not is_valid_id(trainer_id):
+        raise ValueError(f"trainer_id {trainer_id!r} must be 1-128 printable ASCII characters without spaces "
+                         "(the producers refuse any other)")
+    if resume_state:
+        return parse_state(resume_state)
+    return trainer_id or f"trainer-{secrets.token_hex(4)}", InputState()
+
+
+def direct_applies(addresses: Sequence[str], curve: Optional[CurveClientKeys], exact: bool) -> Optional[str]:
+    """None if direct receive can serve these arguments, else why not (with the fix)."""
+    if curve is not None or exact:
+        return ("receive='direct' speaks ZMTP without CurveZMQ and without exact mode: leave receive='auto' (or "
+                "'libzmq') for curve keys or exact=True")
+    for address in addresses:
+        try:
+            tcp_address(address)
+        except ValueError as exc:
+            return str(exc)
+    return None
+
+
+def open_core(addresses: Sequence[str], spec: Optional[BatchSpec], receive: str, recv_timeout: float, rcvhwm: int,
+              max_message_bytes: int, curve: Optional[CurveClientKeys], exact: bool, trainer_id: str,
+              state: InputState) -> ReceiveCore:
+    """A receive core over the chosen transport, its spec resolved (may wait up to ``recv_timeout``)."""
+    if receive not in RECEIVE_PATHS:
+        raise ValueError(f"receive={receive!r}: choose 'auto' (default: direct where it applies), 'direct' or 'libzmq'")
+    why_not = direct_applies(addresses, curve, exact)
+    if receive == "direct" and why_not:
+        raise ValueError(why_not)
+    limits = DecodeLimits(max_message_bytes=max_message_bytes)
+    receiver: Receiver
+    if exact:
+        receiver = ExactReceiver(addresses, limits, rcvhwm, trainer_id, state, curve)
+    elif receive == "direct" or (receive == "auto" and why_not is None):
+        receiver = ZMTPReceiver(addresses, limits)
+    else:
+        receiver = LibzmqReceiver(addresses, limits, rcvhwm, curve)
+    return ReceiveCore(receiver, spec, recv_timeout)

@@ -1,0 +1,318 @@
+"""The receive core under every trainer input: a transport receiver feeding a sink, watched for silence.
+
+    Receiver (libzmq PULL | direct ZMTP | exact DEALERs) --deliver--> ReceiveCore --put--> BatchSink
+                                                                       (TF feeder, NumPy stream)
+
+A *receiver* owns its sockets, connects to the producer addresses, validates every message
+and calls ``deliver`` with whole batches held to the spec; bad messages go to ``reject``
+(counted, logged rate-limited). A *sink* takes the arrays: the TensorFlow feeder
+(``tf_feeder``) or the plain-Python ``BatchStream``. The core in between knows neither
+sockets nor frameworks: it resolves the batch spec (declared, learned from the first batch,
+or described by exact-mode producers), runs the receiver on one thread, and fails the input
+with one error that says why when no acceptable batch arrived for ``recv_timeout`` seconds,
+or at once when every producer refused the handshake because one side runs exact mode and
+the other does not (a mismatch that waiting cannot fix). ``close()`` is bounded (about 2 s).
+No TensorFlow is imported here.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Optional, Protocol, Sequence
+
+import numpy as np
+
+from stoker.protocol import ProtocolError
+from stoker.protocol.batch_codec import Batch
+from stoker.protocol.batch_spec import BatchSpec
+
+from .errors import InputClosedError, InputError, InputTimeoutError
+from .receive_stats import ReceiveStats
+
+log = logging.getLogger("stoker.consumer")
+
+ALIGN = 64
+POLL_S = 0.1
+SAMPLE_EVERY_S = 0.05
+#: Refused handshakes per producer, all for a mode mismatch, after which waiting longer cannot help.
+MISMATCH_REFUSALS = 3
+
+
+class SinkClosed(Exception):
+    """The sink was closed (the input is stopping or failed): the receiver stops delivering."""
+
+
+def aligned_empty(dtype: np.dtype, shape: Sequence[int]) -> np.ndarray:
+    """A fresh C-contiguous array whose data starts on a 64-byte boundary (what TensorFlow and SIMD want)."""
+    nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    raw = np.empty(nbytes + ALIGN, np.uint8)
+    offset = (-raw.ctypes.data) % ALIGN
+    return raw[offset:offset + nbytes].view(dtype).reshape(tuple(shape))
+
+
+class BatchSink(Protocol):
+    """Where validated batches go. ``put`` may block while full; every method is thread-safe."""
+
+    capacity: int
+
+    def empty(self, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+        """Memory a receiver reads a batch array into, then hands over with ``put(..., owned=True)``."""
+
+    def put(self, arrays: Sequence[np.ndarray], owned: bool) -> None:
+        """Take one batch (arrays in spec order; ``owned``: from ``empty``, else copied). SinkClosed once closed."""
+
+    def size(self) -> int:
+        """Batches waiting for the consumer."""
+
+    def end(self) -> None:
+        """No batch will follow (a finite exact run finished): the consumer drains what is there, then ends."""
+
+    def close(self, cancel: bool) -> None:
+        """No more puts; ``cancel`` also wakes a blocked ``put`` (it raises SinkClosed)."""
+
+
+class Receiver(Protocol):
+    """One transport's receiving end; see the module doc. Runs on the core's thread unless it says otherwise."""
+
+    addresses: list[str]
+    #: what the per-producer memory bound counts: batches one producer's connection may hold
+    held_per_producer: int
+
+    def resolve_spec(self, declared: Optional[BatchSpec], core: "ReceiveCore") -> BatchSpec:
+        """The spec batches are held to: ``declared``, or learned/described (bounded by the core's timeout)."""
+
+    def run(self, core: "ReceiveCore") -> None:
+        """Receive and deliver until ``core.watch()`` returns False or the sink closes."""
+
+    def failures(self) -> tuple[int, str, str]:
+        """Failed handshakes so far: ``(count, last endpoint, why)``."""
+
+    def mode_mismatches(self) -> dict[str, int]:
+        """Per endpoint, handshakes refused in a row because one side runs exact mode and the other not."""
+
+    def close(self) -> None:
+        """Close every socket (called by the last thread that may be inside one)."""
+
+
+class ReceiveCore:
+    """Runs ``receiver`` into a sink; see the module doc.
+
+    ``spec`` (declared, or None to learn it) is resolved in the constructor, which may wait up to
+    ``recv_timeout`` for producers. ``start(sink)`` begins delivering; ``error`` says why the input
+    failed (also after ``close()``: InputClosedError); ``finished`` is set when a finite run ended.
+    """
+
+    def __init__(self, receiver: Receiver, spec: Optional[BatchSpec], recv_timeout: float) -> None:
+        self.receiver = receiver
+        self.addresses = receiver.addresses
+        self.recv_timeout = recv_timeout
+        self.stats = ReceiveStats()
+        self.error: Optional[InputError] = None
+        self.finished = False
+        self._stop = threading.Event()
+        self._sink: Optional[BatchSink] = None
+        self._sink_ready = threading.Event()
+        self._lock = threading.Lock()
+        self._delivering = 0
+        self._last_batch_at = time.monotonic()
+        self._handshake_failures_at_batch = 0
+        self._thread: Optional[threading.Thread] = None
+        self._sampler: Optional[threading.Thread] = None
+        # Sockets are closed by whoever last may use them: close() once the receive thread has ended, else
+        # that thread on its way out (closing a socket another thread is inside aborts libzmq).
+        self._socket_owner = threading.Lock()
+        self._receiver_ended = True
+        self._abandoned = False
+        self._closed_sockets = False
+        try:
+            self.spec = receiver.resolve_spec(spec, self)
+        except BaseException:
+            self._stop.set()
+            self._close_receiver()
+            raise
+
+    # ---- for the receivers ----------------------------------------------------------------------
+
+    def stopped(self) -> bool:
+        return self._stop.is_set() or self.error is not None
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep up to ``seconds``; True if the input is stopping."""
+        return self._stop.wait(seconds)
+
+    def empty(self, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+        sink = self._sink
+        return sink.empty(dtype, shape) if sink is not None else aligned_empty(dtype, shape)
+
+    def deliver(self, batch: Batch, arrays: Sequence[np.ndarray], owned: bool) -> None:
+        """A good batch into the sink (waits for it to exist, and for room). SinkClosed once closing."""
+        while not self._sink_ready.wait(POLL_S):
+            if self.stopped():
+                raise SinkClosed()
+        assert self._sink is not None
+        with self._lock:
+            self._delivering += 1
+        try:
+            self._sink.put(arrays, owned)
+        finally:
+            with self._lock:
+                self._delivering -= 1
+        self._handshake_failures_at_batch = self.receiver.failures()[0]
+        self._last_batch_at = time.monotonic()
+        conflict = self.stats.accepted(batch, arrays)
+        if conflict and self.exact:
+            self.fail(InputError(f"exact mode cannot hold every record once per epoch: {conflict}"))
+
+    @property
+    def exact(self) -> bool:
+        return bool(getattr(self.receiver, "exact", False))
+
+    def reject(self, exc: ProtocolError) -> None:
+        self.stats.rejected(exc)
+
+    def alive(self) -> None:
+        """The producers are alive, or the step is not waiting for data: this is not silence."""
+        self._last_batch_at = time.monotonic()
+
+    def room(self) -> int:
+        """Batches the sink can take without blocking (0 before it exists)."""
+        sink = self._sink
+        return 0 if sink is None else sink.capacity - sink.size()
+
+    def queued(self) -> int:
+        sink = self._sink
+        return 0 if sink is None else sink.size()
+
+    def watch(self) -> bool:
+        """Called by the receiver at least every ``POLL_S``: fails a silent or mismatched input; False to stop."""
+        if self.stopped():
+            return False
+        with self._lock:
+            if self._delivering:  # waiting for room in a full queue is not silence from the producers
+                self._last_batch_at = time.monotonic()
+        failure = self.failure(time.monotonic() - self._last_batch_at)
+        if failure is not None:
+            self.fail(failure)
+            return False
+        return True
+
+    def failure(self, silent: float, waiting_for: str = "") -> Optional[InputError]:
+        """The error to fail with now, if any: a certain mode mismatch, or ``silent`` past ``recv_timeout``."""
+        mismatches = self.receiver.mode_mismatches()
+        # Counted per endpoint as the transport names it (libzmq may spell an address its own way).
+        if self.addresses and sum(n >= MISMATCH_REFUSALS for n in mismatches.values()) >= len(self.addresses):
+            return InputError(f"every producer at {', '.join(self.addresses)} refused the connection "
+                              f"{MISMATCH_REFUSALS} times in a row: {self.receiver.failures()[2]}")
+        if silent > self.recv_timeout:
+            return InputTimeoutError(self.timeout_message(silent) + waiting_for)
+        return None
+
+    def timeout_message(self, silent: float) -> str:
+        """Why no acceptable batch arrived: rejected batches, failed handshakes, or silence."""
+        message = (f"no acceptable batch from any producer at {', '.join(self.addresses)} for {silent:.0f} s "
+                   f"(recv_timeout={self.recv_timeout:g})")
+        causes = []
+        rejected = self.stats.rejected_since_batch
+        if rejected:
+            causes.append(f"{rejected} message(s) arrived and were rejected, the last one because: "
+                          f"{self.stats.last_error}")
+        count, endpoint, reason = self.receiver.failures()
+        handshakes = count - self._handshake_failures_at_batch
+        if handshakes:
+            causes.append(f"{handshakes} connection handshake(s) failed, the last with {endpoint}: {reason}")
+        talked = bool(causes)
+        for endpoint, reason in self.stats.endpoint_errors():
+            causes.append(f"cannot receive from {endpoint}: {reason}")
+        if not talked:
+            causes.append("nothing arrived: check the producers run (`stoker produce`) and that this host can reach "
+                          "those addresses")
+        return message + "; " + "; ".join(causes)
+
+    def finish(self) -> None:
+        """Every producer finished its epochs: the sink ends after what it holds."""
+        self.finished = True
+        log.info("every producer finished its epochs: the input ends after the last batch")
+        if self._sink is not None:
+            self._sink.end()
+
+    def fail(self, error: InputError) -> None:
+        """Fail the input once (the first error wins); the consumer drains what is queued, then sees it."""
+        with self._lock:
+            if self.error is not None:
+                return
+            self.error = error
+        if not isinstance(error, InputClosedError):
+            log.error("%s", error)
+        if self._sink is not None:
+            try:
+                self._sink.close(cancel=False)
+            except Exception:  # the v1 Session may already be closed
+                pass
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+
+    def start(self, sink: BatchSink) -> None:
+        """Deliver into ``sink`` from now on (on a thread of the core's). Idempotent."""
+        if self._thread is not None:
+            return
+        self._sink = sink
+        self._last_batch_at = time.monotonic()
+        self._receiver_ended = False
+        self._thread = threading.Thread(target=self._run, name="stoker-receive", daemon=True)
+        self._thread.start()
+        self._sink_ready.set()
+        # Occupancy is sampled by time, not per put: a queue that sits full while puts block still counts as full.
+        self._sampler = threading.Thread(target=self._sample, args=(sink,), name="stoker-occupancy", daemon=True)
+        self._sampler.start()
+
+    def _sample(self, sink: BatchSink) -> None:
+        while not self._stop.wait(SAMPLE_EVERY_S):
+            try:
+                size = sink.size()
+            except Exception:  # the v1 Session is gone
+                return
+            self.stats.add_occupancy(size / sink.capacity)
+
+    def _run(self) -> None:
+        try:
+            self.receiver.run(self)
+        except SinkClosed:
+            pass
+        except Exception as exc:  # never die silently: surface it to the consumer
+            log.exception("receive thread failed")
+            self.fail(InputError(f"receive thread failed: {exc!r}"))
+        finally:
+            with self._socket_owner:
+                self._receiver_ended = True
+                if self._abandoned:
+                    self._close_receiver()
+
+    def close(self) -> None:
+        """Stop receiving, wake a blocked delivery, close the sockets. Idempotent, bounded (about 2 s)."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        if self.error is None:
+            self.error = InputClosedError(f"the input from {', '.join(self.addresses)} was closed")
+        if self._sink is not None:
+            try:
+                self._sink.close(cancel=True)
+            except Exception:  # the v1 Session may already be closed
+                pass
+        for thread in (self._thread, self._sampler):
+            if thread is not None:
+                thread.join(2.0)
+        with self._socket_owner:
+            if not self._receiver_ended:
+                # Still inside a libzmq or TensorFlow call: it closes the sockets when it returns.
+                log.warning("the receive thread did not stop within 2 s; it closes its sockets when it does")
+                self._abandoned = True
+                return
+            self._close_receiver()
+
+    def _close_receiver(self) -> None:
+        if not self._closed_sockets:
+            self._closed_sockets = True
+            self.receiver.close()

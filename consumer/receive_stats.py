@@ -1,0 +1,200 @@
+"""What a trainer's input counts, written by any number of receive threads: ``ReceiveStats``.
+
+Batches, bytes and samples per producer, rejected messages (logged rate-limited: the first
+three one by one, then one line per 10 s with the count since the last line), connections
+and failed handshakes, queue occupancy, and the producers' shards: each batch header names
+the stream it belongs to (shard ``I/N`` of a dataset of ``count`` records with ``seed``), and
+two producers whose streams overlap (shard counts that disagree, or the same shard with the
+same seed) would serve records more than once per epoch; that is warned once per pair and
+counted. No TensorFlow here: the framework-free ``BatchStream`` uses it too.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from stoker.protocol import ProtocolError
+from stoker.protocol.batch_spec import BatchMismatchError
+from stoker.protocol.input_state import StreamKey
+
+log = logging.getLogger("stoker.consumer")
+
+_REJECT_LOG_EVERY_S = 10.0
+
+
+@dataclass
+class InputStats:
+    """Counters of one input (ZMQInput or BatchStream). ``stats`` returns a consistent copy."""
+
+    batches: int = 0
+    bytes: int = 0
+    protocol_errors: int = 0
+    mismatched_batches: int = 0
+    reconnects: int = 0
+    connected_producers: int = 0
+    connected_endpoints: tuple[str, ...] = ()
+    handshake_failures: int = 0
+    last_handshake_error: str = ""
+    last_error: str = ""
+    per_producer: dict[str, int] = field(default_factory=dict)
+    samples_per_producer: dict[str, int] = field(default_factory=dict)
+    #: producer -> stage (read, decode, augment, send: waiting to hand off) -> seconds its workers spent on what we received
+    stage_seconds: dict[str, dict[str, float]] = field(default_factory=dict)
+    occupancy_sum: float = 0.0
+    occupancy_samples: int = 0
+    #: producer -> the stream it serves (``I/N:records:seed``), from its batch headers
+    producer_streams: dict[str, str] = field(default_factory=dict)
+    #: pairs of producers whose shards overlap (each pair counted once), and what the latest said
+    shard_conflicts: int = 0
+    last_shard_conflict: str = ""
+
+    @property
+    def mean_queue_occupancy(self) -> float:
+        """Time-sampled mean fraction of queue capacity in use (near 0: input-bound)."""
+        return self.occupancy_sum / self.occupancy_samples if self.occupancy_samples else 0.0
+
+
+def shard_conflict(a: str, a_stream: str, b: str, b_stream: str) -> Optional[str]:
+    """Why producers ``a`` and ``b`` serving these streams would repeat records within an epoch, or None."""
+    try:
+        ka, kb = StreamKey.parse(a_stream), StreamKey.parse(b_stream)
+    except ValueError:
+        return None
+    if ka.records != kb.records:
+        return None  # different datasets: nothing to compare
+    if ka.count != kb.count:
+        why = f"their shard counts disagree ({ka.index}/{ka.count} vs {kb.index}/{kb.count})"
+    elif ka.index == kb.index and ka.seed == kb.seed:
+        why = f"both serve shard {ka.index}/{ka.count} with seed {ka.seed}"
+    else:
+        return None
+    return (f"producers {a} (shard {ka.index}/{ka.count}, seed {ka.seed}) and {b} (shard {kb.index}/{kb.count}, "
+            f"seed {kb.seed}) serve the same {ka.records}-record dataset and {why}: records come more than once per "
+            "epoch; start N producers with --shard 0/N ... N-1/N (each a different shard, the same N)")
+
+
+class ReceiveStats:
+    """Thread-safe counters behind ``InputStats``; see the module doc."""
+
+    def __init__(self) -> None:
+        self._stats = InputStats()
+        self._lock = threading.Lock()
+        self.rejected_since_batch = 0  # rejects since the last accepted batch, for the timeout's message
+        self._last_reject_log = -_REJECT_LOG_EVERY_S
+        self._unlogged_rejects = 0
+        self._conflicting: set[frozenset[str]] = set()
+        self._endpoint_errors: dict[str, str] = {}  # endpoint -> why it is not connected (direct receive)
+
+    def snapshot(self) -> InputStats:
+        with self._lock:
+            s = self._stats
+            return replace(s, per_producer=dict(s.per_producer), samples_per_producer=dict(s.samples_per_producer),
+                           stage_seconds={p: dict(t) for p, t in s.stage_seconds.items()},
+                           producer_streams=dict(s.producer_streams))
+
+    def accepted(self, batch: Any, arrays: Sequence[np.ndarray]) -> Optional[str]:
+        """Count a batch the input took; returns a shard conflict it reveals for the first time, else None."""
+        header = batch.header
+        producer = header.producer
+        # Real samples: an exact run's last batch is padded (mask); otherwise every row.
+        samples = int(batch["mask"].sum()) if "mask" in batch.arrays else len(arrays[0]) if arrays else 0
+        conflict = None
+        with self._lock:
+            stats = self._stats
+            self.rejected_since_batch = 0
+            stats.batches += 1
+            stats.bytes += sum(a.nbytes for a in arrays)
+            stats.per_producer[producer] = stats.per_producer.get(producer, 0) + 1
+            stats.samples_per_producer[producer] = stats.samples_per_producer.get(producer, 0) + samples
+            if header.stages:
+                stages = stats.stage_seconds.setdefault(producer, {})
+                for name, seconds in header.stages.items():
+                    stages[name] = stages.get(name, 0.0) + seconds
+            if header.stream and stats.producer_streams.get(producer) != header.stream:
+                stats.producer_streams[producer] = header.stream
+                conflict = self._check_streams(producer, header.stream)
+        if conflict:
+            log.warning("%s", conflict)
+        return conflict
+
+    def _check_streams(self, producer: str, stream: str) -> Optional[str]:
+        """Caller holds the lock."""
+        found = None
+        for other, other_stream in self._stats.producer_streams.items():
+            pair = frozenset((producer, other))
+            if other == producer or pair in self._conflicting:
+                continue
+            why = shard_conflict(other, other_stream, producer, stream)
+            if why:
+                self._conflicting.add(pair)
+                self._stats.shard_conflicts += 1
+                self._stats.last_shard_conflict = found = why
+        return found
+
+    def rejected(self, exc: ProtocolError) -> None:
+        with self._lock:
+            if isinstance(exc, BatchMismatchError):
+                self._stats.mismatched_batches += 1
+            else:
+                self._stats.protocol_errors += 1
+            count = self._stats.protocol_errors + self._stats.mismatched_batches
+            self._stats.last_error = str(exc)
+            self.rejected_since_batch += 1
+            self._unlogged_rejects += 1
+            now = time.monotonic()
+            # The first few one by one, then one line per interval: bad traffic must not flood the log.
+            log_now = count <= 3 or now - self._last_reject_log >= _REJECT_LOG_EVERY_S
+            if log_now:
+                unlogged, self._last_reject_log, self._unlogged_rejects = self._unlogged_rejects, now, 0
+        if log_now:
+            log.warning("rejected message #%d (%d since the last warning): %s", count, unlogged, exc)
+
+    @property
+    def last_error(self) -> str:
+        with self._lock:
+            return self._stats.last_error
+
+    def set_connections(self, connected: set[str], failures: int, reason: str, reconnects: int) -> None:
+        """The whole picture from libzmq's socket monitors."""
+        with self._lock:
+            self._stats.connected_producers = len(connected)
+            self._stats.connected_endpoints = tuple(sorted(connected))
+            self._stats.handshake_failures = failures
+            self._stats.last_handshake_error = reason
+            self._stats.reconnects = reconnects
+
+    def connection_changed(self, endpoint: str, connected: bool, reason: str, handshake_failed: bool,
+                           drops: int = 1) -> bool:
+        """One endpoint's news from a direct receiver; True if it was connected before (a lost connection)."""
+        with self._lock:
+            if handshake_failed:
+                self._stats.handshake_failures += 1
+                self._stats.last_handshake_error = f"{endpoint}: {reason}"
+            endpoints = set(self._stats.connected_endpoints)
+            was = endpoint in endpoints
+            if connected:
+                endpoints.add(endpoint)
+                self._endpoint_errors.pop(endpoint, None)
+            else:
+                if was:
+                    self._stats.reconnects += max(1, drops)
+                endpoints.discard(endpoint)
+                self._endpoint_errors[endpoint] = reason
+            self._stats.connected_endpoints = tuple(sorted(endpoints))
+            self._stats.connected_producers = len(endpoints)
+            return was
+
+    def endpoint_errors(self) -> list[tuple[str, str]]:
+        with self._lock:
+            return sorted(self._endpoint_errors.items())
+
+    def add_occupancy(self, fraction: float) -> None:
+        with self._lock:
+            self._stats.occupancy_sum += fraction
+            self._stats.occupancy_samples += 1
