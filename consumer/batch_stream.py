@@ -46,6 +46,7 @@ from .exact_state import pack_state, parse_state
 from .input_setup import SpecArg, declared_spec, exact_identity, open_core, split_addresses
 from .receive_core import POLL_S, SinkClosed, aligned_empty
 from .receive_stats import InputStats
+from .zmtp_receiver import ZMTPReceiver
 
 _END = object()  # no batch follows: a finite exact run ended
 
@@ -127,6 +128,7 @@ class BatchStream:
                                recv_timeout, rcvhwm, max_message_bytes, curve, exact, self.trainer_id, state)
         self.spec = self._core.spec
         receiver = self._core.receiver
+        self.receive = "direct" if isinstance(receiver, ZMTPReceiver) else "libzmq"  # the path chosen
         self._exact = receiver.transport if isinstance(receiver, ExactReceiver) else None
         self._sink = QueueSink(queue_capacity)
         self._ended = False

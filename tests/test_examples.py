@@ -23,5 +23,5 @@ def test_example_trains_to_the_end(example, tmp_path):
     assert not list(tmp_path.glob("stoker-example-*")), "the example left its data behind"
 
 
-def test_there_are_three_examples():
-    assert {e.stem for e in EXAMPLES} >= {"custom_augmentation", "detection", "segmentation"}
+def test_there_are_the_four_examples():
+    assert {e.stem for e in EXAMPLES} >= {"custom_augmentation", "detection", "segmentation", "jax_training"}

@@ -1,0 +1,96 @@
+"""BatchStream: the receive core as a plain iterator of NumPy dicts, with real producers and no TensorFlow."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from stoker.consumer import InputClosedError, InputTimeoutError
+from stoker.consumer.batch_stream import BatchStream
+from stoker.producer.process import ProducerProcess
+from stoker.producer.synthetic import build_synthetic
+
+from conftest import CHECKSUM_WEIGHTS as WEIGHTS, EVAL_SIZE as SIZE
+
+pytestmark = pytest.mark.timeout(180)
+
+BATCH = 8
+
+
+def _producer(lmdb, *extra):
+    return ProducerProcess(lmdb, extra_args=["--workers", "1", "--batch-size", str(BATCH), "--image-size", str(SIZE),
+                                             *extra])
+
+
+@pytest.mark.parametrize("receive", ["auto", "libzmq"])
+def test_batches_are_owned_aligned_numpy_with_the_eval_transforms_pixels(synth_lmdb, record_by_checksum, receive):
+    weights = np.asarray(WEIGHTS, np.int64)
+    with _producer(synth_lmdb, "--mode", "eval") as producer, \
+            BatchStream([producer.endpoint], recv_timeout=30, receive=receive) as stream:
+        assert stream.receive == ("direct" if receive == "auto" else "libzmq")
+        kept = []
+        for _, batch in zip(range(6), stream):
+            images, labels = batch["images"], batch["labels"]
+            assert images.shape == (BATCH, SIZE, SIZE, 3) and images.dtype == np.uint8
+            assert images.ctypes.data % 64 == 0 and images.flags.c_contiguous and images.flags.writeable
+            for image, label in zip(images, labels):
+                index, true_label = record_by_checksum[int((image.astype(np.int64) * weights).sum())]
+                assert label == true_label and index in batch["index"]
+            kept.append((batch, images.copy()))
+        for _ in zip(range(6), stream):  # later batches never write into the ones handed out
+            pass
+        for batch, snapshot in kept:
+            assert np.array_equal(batch["images"], snapshot)
+        assert stream.stats.batches >= 12 and stream.stats.protocol_errors == 0
+
+
+def test_no_producer_ends_the_iteration_with_the_timeout_that_says_why():
+    with BatchStream(["tcp://127.0.0.1:1"], batch_size=BATCH, recv_timeout=1) as stream:
+        with pytest.raises(InputTimeoutError, match="nothing arrived: check the producers run"):
+            next(stream)
+    with pytest.raises(InputTimeoutError, match="waited for a first batch to learn it from"):
+        BatchStream(["tcp://127.0.0.1:1"], recv_timeout=1)
+
+
+def test_next_after_close_raises_closed(synth_lmdb):
+    with _producer(synth_lmdb) as producer:
+        stream = BatchStream([producer.endpoint], recv_timeout=30)
+        next(stream)
+        stream.close()
+        with pytest.raises(InputClosedError):
+            for _ in range(100):  # what was queued may still come out first
+                next(stream)
+
+
+def test_exact_mode_gives_every_record_once_and_resumes_from_saved_state(tmp_path):
+    records = 44  # not a multiple of the batch: the last batch is padded and cut
+    data = tmp_path / "ds"
+    build_synthetic(data, records, seed=1, num_classes=4, progress=False)
+    args = ["--workers", "1", "--batch-size", str(BATCH), "--image-size", "16", "--epochs", "1", "--seed", "5"]
+    seen: Counter = Counter()
+    with ProducerProcess(data, extra_args=args) as producer:
+        with BatchStream([producer.endpoint], exact=True, recv_timeout=60) as first:
+            for _, batch in zip(range(2), first):
+                seen.update(batch["index"].tolist())
+            state = first.save_state()
+        with BatchStream([producer.endpoint], exact=True, recv_timeout=60, resume_state=state) as second:
+            for batch in second:
+                assert batch["mask"].all() and len(batch["index"]) <= BATCH
+                seen.update(batch["index"].tolist())
+    assert sorted(seen) == list(range(records)) and set(seen.values()) == {1}
+
+
+def test_importing_batch_stream_never_imports_tensorflow():
+    code = textwrap.dedent("""
+        import sys
+        from stoker.consumer import BatchStream
+        from stoker.consumer.batch_stream import BatchStream as B
+        assert BatchStream is B
+        assert "tensorflow" not in sys.modules, "BatchStream pulled in TensorFlow"
+    """)
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
