@@ -87,6 +87,11 @@ def cmd_lmdb_build(args: argparse.Namespace) -> int:
     classes = f" in {len(meta.classes)} classes" if meta.classes else ""
     for path, reason in report.skipped:
         print(f"  skipped {path}: {reason}")
+    fields = ", ".join(f"{name} ({kind})" for name, kind in meta.fields.items())
+    source = "declared by the build" if report.schema_from == "declared" else f"inferred from {report.schema_from}"
+    print(f"fields: {fields} ({source})")
+    for warning in report.warnings:
+        print(f"warning: {warning}")
     print(f"wrote {meta.count} records{classes} to {args.out}; skipped {len(report.skipped)} "
           f"{'lines' if args.jsonl else 'files'}")
     return EXIT_OK

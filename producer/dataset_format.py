@@ -210,8 +210,10 @@ def encode_record(record: Mapping[str, Any]) -> bytes:
 def check_value(name: str, value: Any, want: FieldKind) -> Optional[str]:
     """None if ``value`` is of kind ``want``, else why not (used on write and on read)."""
     if want.kind == "image" or want.kind == "bytes":
-        if not isinstance(value, (bytes, bytearray, memoryview)) or not len(value):
+        if not isinstance(value, (bytes, bytearray, memoryview)):
             return f"field {name!r} must be non-empty bytes, got {type(value).__name__}"
+        if not len(value):
+            return f"field {name!r} is empty (0 bytes)" + (": an empty file is not an image" if want.kind == "image" else "")
         return None
     if want.kind == "bool":
         ok = isinstance(value, (bool, np.bool_))

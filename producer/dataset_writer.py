@@ -83,18 +83,23 @@ class DatasetWriter:
     """Append records with add(); finish() publishes the dataset (format version 2).
 
     ``schema`` maps field names to kinds (``"image"``, ``"int"``, ``"array:float32:2"``, FieldKind...);
-    without it the schema is taken from the first record added, and every record must follow it
-    (add() raises ValueError naming the field). Raises DatasetError if ``out`` exists and ``overwrite``
+    without it the schema is inferred from the first record that passes the checks (``schema_from``
+    names it), every declared kind in ``kinds`` taken as given (a folder build knows ``image`` is an
+    image before any file is read, so a broken first file cannot turn the image checks off); every
+    record must follow the schema (add() raises ValueError naming the field). Raises DatasetError if ``out`` exists and ``overwrite``
     is false, at construction or, if another process published ``out`` while this one wrote, at
     finish(). Leaving the context without finish() (an exception) deletes this build's partial directory.
     """
 
     def __init__(self, out: str | os.PathLike, overwrite: bool = False,
-                 schema: Optional[Mapping[str, Any]] = None) -> None:
+                 schema: Optional[Mapping[str, Any]] = None, kinds: Optional[Mapping[str, Any]] = None) -> None:
         self.out = Path(out)
         self.overwrite = overwrite
         self.schema: Optional[dict[str, FieldKind]] = (
             {name: FieldKind.parse(kind) for name, kind in schema.items()} if schema is not None else None)
+        self.kinds = {name: FieldKind.parse(kind) for name, kind in (kinds or {}).items()}
+        #: which record the schema was inferred from ("" while declared or not known yet)
+        self.schema_from = ""
         if self.out.exists() and not overwrite:
             raise DatasetError(f"{self.out} already exists; pass --overwrite to replace it")
         self.out.parent.mkdir(parents=True, exist_ok=True)
@@ -113,30 +118,40 @@ class DatasetWriter:
         """
         if not isinstance(record, Mapping) or not record:
             raise ValueError(f"a record must be a non-empty dict of fields, got {type(record).__name__}")
-        if self.schema is None:
+        schema = self.schema
+        if schema is None:  # inferred from this record, which must then pass the checks itself
+            missing = [n for n in self.kinds if n not in record]
+            if missing:
+                raise ValueError(f"record has fields {sorted(record)}, the dataset's include {sorted(self.kinds)} "
+                                 f"(missing {missing})")
             schema = {}
             for name, value in record.items():
                 if value is None:
                     raise ValueError(f"field {name!r} is None: leave it out of every record or store a value")
-                schema[str(name)] = kind_of(value, is_image=lambda data: sniff_format(data) is not None)
-            return schema
-        missing = [n for n in self.schema if n not in record]
-        extra = [n for n in record if n not in self.schema]
+                schema[str(name)] = self.kinds.get(str(name)) or kind_of(
+                    value, is_image=lambda data: sniff_format(data) is not None)
+        missing = [n for n in schema if n not in record]
+        extra = [n for n in record if n not in schema]
         if missing or extra:
-            raise ValueError(f"record has fields {sorted(record)}, the dataset's are {sorted(self.schema)}"
+            raise ValueError(f"record has fields {sorted(record)}, the dataset's are {sorted(schema)}"
                              + (f" (missing {missing})" if missing else "") + (f" (not in the schema {extra})" if extra else ""))
-        for name, kind in self.schema.items():
+        for name, kind in schema.items():
             problem = check_value(name, record[name], kind)
             if problem:
                 raise ValueError(problem)
-        return self.schema
+        return schema
 
-    def add(self, record: Mapping[str, Any]) -> int:
-        """Check and queue one record; returns its index. ValueError naming the field if it is unusable."""
+    def add(self, record: Mapping[str, Any], position: str = "") -> int:
+        """Check and queue one record; returns its index. ValueError naming the field if it is unusable.
+
+        ``position`` names the record (a file, ``record 3``) if the schema is inferred from it.
+        """
         schema = self.check(record)
         encoded = encode_record(record)
         if len(encoded) > MAX_RECORD_BYTES:
             raise ValueError(f"record is {len(encoded)} bytes, more than the {MAX_RECORD_BYTES} allowed")
+        if self.schema is None:
+            self.schema_from = position or f"record {self.count}"
         self.schema = schema
         index = self.count
         self._pending.append((record_key(index), encoded))
@@ -165,7 +180,7 @@ class DatasetWriter:
     def finish(self, classes: Sequence[str] = (), task: str = "", info: Optional[Mapping[str, Any]] = None) -> DatasetMeta:
         """Write the metadata record last, then rename the directory into place."""
         self._flush()
-        if self.schema is None:
+        if self.schema is None or not self.count:
             raise DatasetError(f"no record was written to {self.out}: nothing to publish")
         meta = DatasetMeta(count=self.count, fields=dict(self.schema), classes=tuple(classes), task=task,
                            info=dict(info or {}))
@@ -213,6 +228,10 @@ class WriteReport:
 
     meta: Optional[DatasetMeta] = None
     skipped: list[tuple[str, str]] = dataclass_field(default_factory=list)
+    #: where the schema came from: "declared", or the record it was inferred from
+    schema_from: str = ""
+    #: things the user should look at although nothing was lost (e.g. images in a field inferred as bytes)
+    warnings: list[str] = dataclass_field(default_factory=list)
 
 
 T = TypeVar("T")
@@ -271,6 +290,8 @@ def write_records(writer: DatasetWriter, items: Iterable[tuple[str, Callable[[],
         except ValueError as exc:
             return None, str(exc), True
 
+    declared = writer.schema is not None
+    images_in_bytes: dict[str, int] = {}  # inferred ``bytes`` fields -> later records holding an image there
     bar = tqdm(total=total, desc="write", unit="rec", disable=not progress)
     for (position, _), (record, reason, images_checked) in map_ahead(prepare, items, threads):
         if record is not None:
@@ -279,7 +300,12 @@ def write_records(writer: DatasetWriter, items: Iterable[tuple[str, Callable[[],
                     problem = _image_problems(record, writer.check(record))
                     if problem:
                         raise ValueError(problem)
-                writer.add(record)
+                known = writer.schema is not None
+                writer.add(record, position)
+                if known and not declared:
+                    for name, kind in writer.schema.items():  # type: ignore[union-attr]
+                        if kind.kind == "bytes" and name not in writer.kinds and sniff_format(bytes(record[name])):
+                            images_in_bytes[name] = images_in_bytes.get(name, 0) + 1
             except ValueError as exc:
                 record, reason = None, str(exc)
         if record is None:
@@ -287,6 +313,12 @@ def write_records(writer: DatasetWriter, items: Iterable[tuple[str, Callable[[],
             bar.write(f"skipped {position}: {reason}")
         bar.update(1)
     bar.close()
+    report.schema_from = "declared" if declared else writer.schema_from
+    for name, count in sorted(images_in_bytes.items()):
+        report.warnings.append(
+            f"field {name!r} was inferred as bytes from {writer.schema_from}, which holds no image, but {count} later "
+            f"record(s) hold images there, stored unchecked: if {name!r} is an image field, declare it "
+            f"(write_lmdb(..., schema={{{name!r}: 'image', ...}}), or --image-field {name} for --jsonl) and rebuild")
 
 
 def write_lmdb(path: str | os.PathLike, records: Iterable[Mapping[str, Any]], *,

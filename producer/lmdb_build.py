@@ -124,6 +124,8 @@ def build_lmdb(
     threads = threads or os.cpu_count() or 1
     classes: list[str] = []
     report = WriteReport()
+    # Known before any record is read: a broken first file must not decide that images are plain bytes.
+    kinds: dict[str, str] = {name: "image" for name in image_fields}
     if jsonl:
         if not src.is_file():
             raise SourceError(f"{src} does not exist; --jsonl expects a file of JSON objects, one per line")
@@ -142,7 +144,9 @@ def build_lmdb(
         items = ((str(path), _image_record(path, label)) for path, label in paths)
         total = len(paths)
         task = task or "classification"
-    with DatasetWriter(out, overwrite=overwrite) as writer:
+    # A folder or list build knows its whole schema; JSON lines know which fields are images.
+    schema = None if jsonl else {"image": "image", "label": "int"}
+    with DatasetWriter(out, overwrite=overwrite, schema=schema, kinds=kinds) as writer:
         write_records(writer, items, report, threads, progress, total, check_images=True,
                       label_classes=len(classes))
         report.meta = writer.finish(classes=classes, task=task)

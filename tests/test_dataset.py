@@ -304,3 +304,70 @@ def test_a_version_1_dataset_is_still_read_as_image_and_label(tmp_path):
         assert ds.read(1) == {"label": 1, "image": _jpeg(1)}
         with pytest.raises(RecordError, match=r"label 7, expected an integer in \[0, 2\)"):
             ds.read(3)
+
+
+# ---- a broken first file must not decide the schema (issue 19, item 1) ------------------------------
+
+def _broken_files() -> dict[str, bytes]:
+    """Non-images a real class folder can hold, named to sort before the good files."""
+    good = _jpeg(7)
+    return {"0-empty.JPEG": b"", "1-text.jpg": b"not an image, just text\n", "2-random.jpg": bytes(range(256)) * 4,
+            "3-magic-only.jpg": good[:3], "4-truncated-header.jpg": good[:40]}
+
+
+def test_a_folder_whose_first_file_is_empty_still_checks_every_image(tmp_path):
+    src = tmp_path / "train" / "cls"
+    src.mkdir(parents=True)
+    for name, data in _broken_files().items():
+        (src / name).write_bytes(data)
+    for i in range(3):
+        (src / f"9-good-{i}.jpg").write_bytes(_jpeg(i))
+    out = tmp_path / "ds.lmdb"
+    run = _stoker("lmdb", "build", str(tmp_path / "train"), str(out), "--quiet")
+    assert run.returncode == 0, run.stderr
+    report_lines = run.stdout.splitlines()
+    for name in _broken_files():
+        assert any(name in line and "skipped" in line for line in report_lines), (name, run.stdout)
+    assert "fields: image (image), label (int) (declared by the build)" in run.stdout
+    assert "must be non-empty bytes, got bytes" not in run.stdout and "is empty (0 bytes)" in run.stdout
+    with LmdbDataset(out) as ds:
+        assert ds.meta.fields["image"].kind == "image" and len(ds) == 3
+        for i in range(len(ds)):
+            assert ds.read(i)["image"] == _jpeg(i)  # every stored record reads back
+
+
+def test_write_lmdb_infers_the_schema_from_the_first_record_that_passes_and_says_which(tmp_path):
+    from stoker.producer.dataset_writer import write_lmdb
+
+    records = [{"image": b"", "label": 0}, {"image": _jpeg(1)[:3], "label": 1},
+               {"image": _jpeg(2), "label": 2}, {"image": b"plain text", "label": 3}, {"image": _jpeg(4), "label": 4}]
+    report = write_lmdb(tmp_path / "w.lmdb", records, progress=False)
+    assert report.schema_from == "record 2" and report.meta.fields["image"].kind == "image"
+    assert [p for p, _ in report.skipped] == ["record 0", "record 1", "record 3"]
+    assert "is empty (0 bytes)" in report.skipped[0][1]
+    with LmdbDataset(tmp_path / "w.lmdb") as ds:
+        assert [ds.read(i)["label"] for i in range(len(ds))] == [2, 4]
+
+
+def test_write_lmdb_warns_when_a_field_inferred_as_bytes_later_holds_images(tmp_path):
+    from stoker.producer.dataset_writer import write_lmdb
+
+    records = [{"image": b"a text file named .jpg", "label": 0}, {"image": _jpeg(1), "label": 1}]
+    report = write_lmdb(tmp_path / "w.lmdb", records, progress=False)
+    assert report.schema_from == "record 0" and report.meta.fields["image"].kind == "bytes"
+    assert len(report.warnings) == 1 and "declare it" in report.warnings[0] and "1 later record" in report.warnings[0]
+    declared = write_lmdb(tmp_path / "d.lmdb", records, schema={"image": "image", "label": "int"}, progress=False)
+    assert declared.schema_from == "declared" and [p for p, _ in declared.skipped] == ["record 0"]
+
+
+def test_a_jsonl_build_takes_its_image_fields_as_images_whatever_comes_first(tmp_path):
+    (tmp_path / "empty.jpg").write_bytes(b"")
+    (tmp_path / "text.jpg").write_bytes(b"hello")
+    (tmp_path / "good.jpg").write_bytes(_jpeg(3))
+    lines = [{"image": "empty.jpg", "boxes": [[0, 0, 1, 1]]}, {"image": "text.jpg", "boxes": [[0, 0, 2, 2]]},
+             {"image": "good.jpg", "boxes": [[1, 1, 3, 3]]}]
+    src = tmp_path / "ann.jsonl"
+    src.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    report = build_lmdb(src, tmp_path / "j.lmdb", jsonl=True, progress=False)
+    assert report.meta.fields["image"].kind == "image" and report.meta.count == 1
+    assert [p.rsplit(":", 1)[1] for p, _ in report.skipped] == ["1", "2"]
