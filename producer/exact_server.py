@@ -7,7 +7,10 @@ The daemon's forwarding thread drives an ``ExactServer``:
   known to be lost (re-served, oldest epoch first), then the epoch's records in its
   deterministic order, skipping what trainers consumed, hold, or what is being made.
   An epoch's successor opens as soon as its first pass is handed out (no drain at
-  epoch boundaries); nothing opens past ``epochs`` in a finite run.
+  epoch boundaries), but at most ``EPOCHS_AHEAD`` (1) epoch beyond the oldest incomplete
+  one: a small dataset and a deep queue never run several epochs ahead, and after a
+  restart the open epoch is resumed (its lost records first) before the next goes on.
+  Nothing opens past ``epochs`` in a finite run.
 - ``on_sent`` records that a batch went to a trainer (its records are outstanding
   there); ``on_skipped`` that records failed (bad data: done, never re-served).
 - ``on_hello`` adopts a trainer's state (the first hello initialises a fresh
@@ -40,6 +43,9 @@ from stoker.protocol.input_state import StreamKey
 from .sharding import epoch_order
 
 _FREE, _MAKING = -1, -2  # owner codes besides a trainer's slot number
+#: Epochs that may be open beyond the oldest incomplete one: its successor starts while its last records are
+#: still in flight (no drain at the boundary), but nothing runs further ahead however much credit trainers give.
+EPOCHS_AHEAD = 1
 
 
 @dataclass
@@ -157,7 +163,7 @@ class ExactServer:
                     epoch.owner[k] = _MAKING
                     epochs.append(e)
                     indices.append(int(self.records[k]))
-            if epoch.cursor >= len(epoch.order) and self._may_open(e + 1):
+            if epoch.cursor >= len(epoch.order) and self._may_open(e + 1) and e + 1 <= self.completed + EPOCHS_AHEAD:
                 self._epoch(e + 1)
             e += 1
         return Chunk(epochs, indices) if indices else None

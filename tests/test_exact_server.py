@@ -144,3 +144,34 @@ def test_nothing_is_served_before_the_minimum_number_of_trainers_joined():
     assert server.next_chunk(4) is not None and server.status().waiting == 0
     server.drop(b"b")  # once started, a trainer leaving does not stop the others
     assert server.next_chunk(4) is not None and server.status().waiting == 0
+
+
+def test_no_producer_serves_more_than_one_epoch_ahead_of_the_oldest_incomplete_one():
+    server = ExactServer(KEY, "p")  # endless run, a 20-record epoch, credit for 100 batches
+    server.on_hello(b"a", _hello(credit=100))
+    sent = _serve(server, n=8)  # nothing consumed: serving must stop, not run epochs ahead
+    assert {e for epochs, _ in sent for e in epochs} == {0, 1}
+    assert sorted(i for epochs, indices in sent for e, i in zip(epochs, indices) if e == 1) == RECORDS
+    only_epoch_0 = [([e for e in epochs if e == 0], [i for e, i in zip(epochs, indices) if e == 0])
+                    for epochs, indices in sent]
+    _consume(server, b"a", [batch for batch in only_epoch_0 if batch[1]])
+    assert server.completed == 1  # epoch 0 complete: epoch 2 may open now, epoch 3 not yet
+    more = _serve(server, n=8)
+    assert {e for epochs, _ in more for e in epochs} == {2}
+
+
+def test_after_a_trainer_restarts_from_a_mid_epoch_state_the_open_epoch_comes_first():
+    server = ExactServer(KEY, "p")
+    server.on_hello(b"a", _hello(credit=100))
+    sent = _serve(server, n=4)  # epochs 0 and 1 handed out to the first incarnation
+    first_half = sent[:2]  # its checkpoint: two batches of epoch 0 consumed
+    _consume(server, b"a", first_half)
+    state = InputState()
+    state.mark(str(KEY), [e for b in first_half for e in b[0]], [i for b in first_half for i in b[1]])
+    server.on_hello(b"b", _hello(session=2, state=state))  # restored from that checkpoint
+    after = _serve(server, b"b", n=4)
+    epochs_in_order = [e for epochs, _ in after for e in epochs]
+    open_epoch = [i for epochs, indices in after for e, i in zip(epochs, indices) if e == 0]
+    assert sorted(open_epoch) == sorted(set(RECORDS) - {i for b in first_half for i in b[1]})
+    assert epochs_in_order == sorted(epochs_in_order)  # the rest of epoch 0 before anything of epoch 1
+    assert max(epochs_in_order) <= 1
