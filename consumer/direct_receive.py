@@ -27,6 +27,8 @@ from .zmtp import SocketTypeMismatch, Stopped, ZMTPConnection
 
 log = logging.getLogger("stoker.consumer")
 
+MAX_BACKOFF_S = 1.0
+
 EmptyArray = Callable[[np.dtype, tuple[int, ...]], np.ndarray]
 
 
@@ -35,24 +37,26 @@ def read_batch(conn: ZMTPConnection, spec: BatchSpec, limits: DecodeLimits, empt
 
     ProtocolError (or BatchMismatchError) for a bad message, read past when ``conn.in_sync``.
     """
-    budget = limits.max_message_bytes
+    budget = limit = limits.max_message_bytes
+    frames = limits.max_arrays  # data frames a message may have after its header
     more, size = conn.next_frame()
-    raw = conn.read_small(size, MAX_HEADER_BYTES, "the header frame", more, budget)
+    raw = conn.read_small(size, MAX_HEADER_BYTES, "the header frame", more, budget, frames, limit)
     budget -= size
     try:
         header = decode_header(raw, limits)
         # Held to the spec by the header alone, before any array memory is taken.
         spec.check_declared(header.producer, [(a.name, a.dtype, a.shape) for a in header.arrays])
     except ProtocolError:
-        conn.skip(0, more, budget)
+        conn.skip(0, more, budget, frames, limit)
         raise
     arrays: dict[str, np.ndarray] = {}
     for i, declared in enumerate(header.arrays):
         if not more:
             raise ProtocolError(f"header lists {len(header.arrays)} arrays but the message has {i} data frames")
         more, size = conn.next_frame()
+        frames -= 1
         if size != declared.nbytes:
-            conn.skip(size, more, budget)
+            conn.skip(size, more, budget, frames, limit)
             raise ProtocolError(f"array {declared.name!r} declares shape {list(declared.shape)} {declared.dtype} = "
                                 f"{declared.nbytes} bytes but its frame has {size}")
         array = empty(declared.wire_dtype, declared.shape)
@@ -60,7 +64,7 @@ def read_batch(conn: ZMTPConnection, spec: BatchSpec, limits: DecodeLimits, empt
         budget -= size
         arrays[declared.name] = array
     if more:
-        conn.skip(0, more, budget)
+        conn.skip(0, more, budget, frames, limit)
         raise ProtocolError(f"header lists {len(header.arrays)} arrays but the message has more data frames")
     batch = Batch(header=header, arrays=arrays)
     return batch, spec.check(batch)
@@ -76,9 +80,15 @@ class DirectReceiver:
         self.endpoint, self.spec, self.limits, self.empty = endpoint, spec, limits, empty
         self.deliver, self.reject, self.should_stop, self.on_connection = deliver, reject, should_stop, on_connection
         self.poll_s = poll_s
+        self.delivered = 0  # batches handed to ``deliver``
 
     def run(self) -> None:
-        """Receive until stopped or cancelled. Connection and protocol trouble is reported, never raised."""
+        """Receive until stopped or the sink closes. Connection and protocol trouble is reported, never raised.
+
+        Reconnects wait ``poll_s``, doubling up to ``MAX_BACKOFF_S`` while connections fail or end
+        without delivering a batch (a peer that accepts and resets costs one attempt a second, not a
+        busy loop); a connection that delivered resets the wait.
+        """
         backoff = self.poll_s
         while not self.should_stop():
             try:
@@ -90,10 +100,10 @@ class DirectReceiver:
                                    mode_mismatch=isinstance(exc, SocketTypeMismatch))
                 if self._sleep(backoff):
                     return
-                backoff = min(1.0, backoff * 2)
+                backoff = min(MAX_BACKOFF_S, backoff * 2)
                 continue
-            backoff = self.poll_s
             self.on_connection(self.endpoint, True, "", False)
+            delivered_before = self.delivered
             try:
                 self._receive(conn)
                 return
@@ -105,6 +115,9 @@ class DirectReceiver:
                 self.on_connection(self.endpoint, False, _describe(exc), False)
             finally:
                 conn.close()
+            backoff = self.poll_s if self.delivered > delivered_before else min(MAX_BACKOFF_S, backoff * 2)
+            if self._sleep(backoff):
+                return
 
     def _receive(self, conn: ZMTPConnection) -> None:
         while not self.should_stop():
@@ -116,6 +129,7 @@ class DirectReceiver:
                     raise
                 continue
             self.deliver(batch, arrays)
+            self.delivered += 1
 
     def _sleep(self, seconds: float) -> bool:
         """Wait ``seconds`` in ``poll_s`` steps; True if told to stop meanwhile."""

@@ -13,7 +13,10 @@ violation raises ``ProtocolError`` naming it. After one, ``in_sync`` says whethe
 can go on (the rest of a bad message was skipped) or the connection must be dropped.
 ``should_stop()`` is asked on every read and at least every ``poll_s`` while one waits, also
 while bytes keep coming; a stop raises ``Stopped``. Connecting and the handshake together
-take at most ``connect_timeout`` (then OSError or ProtocolError naming the endpoint).
+take at most ``connect_timeout`` (then OSError or ProtocolError naming the endpoint). Once a
+message has begun, a peer that sends nothing for ``stall_s`` seconds is dropped
+(ConnectionError); between messages idling and heartbeats (PING, answered with PONG) are
+legal for any length of time. ``skip`` bounds both the bytes and the frames it reads past.
 """
 
 from __future__ import annotations
@@ -32,7 +35,10 @@ from stoker.protocol.errors import ProtocolError
 _MORE, _LONG, _COMMAND = 0x01, 0x02, 0x04
 _GREETING = b"\xff" + b"\0" * 8 + b"\x7f" + b"\x03\x00" + b"NULL".ljust(20, b"\0") + b"\x00" + b"\0" * 31
 _MAX_COMMAND_BYTES = 4096
-_MAX_COMMANDS_IN_A_ROW = 64  # PINGs between two frames: more is not a producer
+#: Seconds a peer may go without sending a byte once a message has begun (libzmq drops a peer after
+#: its heartbeat timeout; a live peer stalled mid-frame would otherwise hold its receive thread forever).
+#: Between messages a producer may be idle, or send nothing but heartbeats, for as long as it likes.
+STALL_S = 30.0
 
 
 class SocketTypeMismatch(ProtocolError):
@@ -55,10 +61,13 @@ class ZMTPConnection:
     """One connected, handshaken ZMTP 3 stream from a PUSH socket; see the module doc."""
 
     def __init__(self, endpoint: str, should_stop: Callable[[], bool], poll_s: float = 0.1,
-                 connect_timeout: float = 2.0) -> None:
+                 connect_timeout: float = 2.0, stall_s: float = STALL_S) -> None:
         self.endpoint = endpoint
         self._should_stop = should_stop
         self._poll_s = poll_s
+        self._stall_s = stall_s
+        self.in_message = False  # a message has begun: silence past stall_s drops the peer
+        self._more = False  # the last message frame had MORE set
         self.in_sync = True
         self._scratch: Optional[memoryview] = None
         self._deadline: Optional[float] = time.monotonic() + connect_timeout  # until the handshake is done
@@ -91,8 +100,10 @@ class ZMTPConnection:
                 assert self._deadline is not None
                 if time.monotonic() > self._deadline:
                     raise TimeoutError(f"connecting to {self.endpoint} took too long")
-                _, writable, _ = select.select([], [sock], [], self._poll_s)
-                if writable:
+                # poll, not select: select fails for descriptors past 1024, common in training processes
+                poller = select.poll()
+                poller.register(sock, select.POLLOUT)
+                if poller.poll(int(self._poll_s * 1000)):
                     error = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
             if error:
                 raise OSError(error, os.strerror(error))
@@ -107,7 +118,8 @@ class ZMTPConnection:
     # ---- reading ---------------------------------------------------------------------------------
 
     def read_into(self, view: memoryview) -> None:
-        """Fill ``view`` from the stream (waits; ConnectionError if the peer closes)."""
+        """Fill ``view`` from the stream (waits; ConnectionError if the peer closes or stalls mid-message)."""
+        progress_at = time.monotonic()
         while view.nbytes:
             if self._should_stop():
                 raise Stopped()
@@ -117,7 +129,11 @@ class ZMTPConnection:
             try:
                 got = self._sock.recv_into(view)
             except socket.timeout:
+                if self.in_message and time.monotonic() - progress_at > self._stall_s:
+                    raise ConnectionError(f"{self.endpoint} sent nothing for {self._stall_s:g} s in the middle of a "
+                                          "message: dropped (a stalled peer would hold its receive thread)") from None
                 continue
+            progress_at = time.monotonic()
             if not got:
                 raise ConnectionError(f"{self.endpoint} closed the connection")
             view = view[got:]
@@ -136,11 +152,18 @@ class ZMTPConnection:
         return flags, size
 
     def next_frame(self) -> tuple[bool, int]:
-        """Head of the next message frame, answering PING and skipping other commands: (more, size)."""
-        for _ in range(_MAX_COMMANDS_IN_A_ROW):
+        """Head of the next message frame, answering PING and skipping other commands: (more, size).
+
+        Heartbeats are legal traffic however long a producer idles: commands cost a bounded read
+        each (at most ``_MAX_COMMAND_BYTES``) and every read checks ``should_stop``.
+        """
+        self.in_message = self._more  # waiting for a frame head is idling only between messages
+        while True:
             flags, size = self._frame_head()
             if not flags & _COMMAND:
-                return bool(flags & _MORE), size
+                self._more = bool(flags & _MORE)
+                self.in_message = True  # its body follows
+                return self._more, size
             if size > _MAX_COMMAND_BYTES:
                 self.in_sync = False
                 raise ProtocolError(f"a {size}-byte command frame: more than the {_MAX_COMMAND_BYTES} allowed")
@@ -149,18 +172,21 @@ class ZMTPConnection:
                 context = body[7:7 + 16]  # after the 2-byte TTL, at most 16 bytes of context
                 pong = b"\x04PONG" + context
                 self._sock.sendall(bytes([_COMMAND, len(pong)]) + pong)
-        self.in_sync = False
-        raise ProtocolError(f"{_MAX_COMMANDS_IN_A_ROW} commands in a row and no message frame")
 
-    def skip(self, size: int, more: bool, budget: int) -> None:
-        """Read past the rest of a message (this frame's ``size`` bytes on); out of sync past ``budget`` bytes."""
+    def skip(self, size: int, more: bool, budget: int, frames: int, limit: int) -> None:
+        """Read past the rest of a message (this frame's ``size`` bytes on).
+
+        Out of sync (ProtocolError) past ``budget`` more bytes or ``frames`` more frames: a peer that
+        never ends its message, even with empty frames, is dropped, not followed forever. ``limit``
+        is the configured message size, for the error.
+        """
         if self._scratch is None:
             self._scratch = memoryview(bytearray(1 << 20))
         scratch = self._scratch
         while True:
             if size > budget:
                 self.in_sync = False
-                raise ProtocolError(f"a message larger than the {budget} bytes allowed")
+                raise ProtocolError(f"a message larger than the {limit} bytes allowed (max_message_bytes)")
             budget -= size
             while size:
                 n = min(size, scratch.nbytes)
@@ -168,12 +194,17 @@ class ZMTPConnection:
                 size -= n
             if not more:
                 return
+            if frames <= 0:
+                self.in_sync = False
+                raise ProtocolError("a message with more frames than a batch may have: the peer never ends it")
+            frames -= 1
             more, size = self.next_frame()
 
-    def read_small(self, size: int, limit: int, what: str, more: bool, budget: int) -> bytes:
+    def read_small(self, size: int, limit: int, what: str, more: bool, budget: int, frames: int,
+                   message_limit: int) -> bytes:
         """A frame body of at most ``limit`` bytes (else skipped to the message's end, ProtocolError)."""
         if size > limit:
-            self.skip(size, more, budget)
+            self.skip(size, more, budget, frames, message_limit)
             raise ProtocolError(f"{what} is {size} bytes, more than the {limit} allowed")
         return self._read(size)
 
@@ -227,16 +258,20 @@ def _property(name: str, value: bytes) -> bytes:
 
 
 def _properties(data: bytes) -> dict[str, Optional[bytes]]:
-    """READY metadata: name (1-byte length) and value (4-byte length) pairs."""
+    """READY metadata: name (1-byte length) and value (4-byte length) pairs, every length checked
+    against what the command holds; ProtocolError for one that runs past its end."""
     out: dict[str, Optional[bytes]] = {}
     i = 0
     while i < len(data):
         n = data[i]
+        if n == 0 or i + 1 + n + 4 > len(data):
+            raise ProtocolError(f"READY property at byte {i} runs past the end of the command: not a ZMTP peer")
         name = data[i + 1:i + 1 + n].decode("ascii", "replace")
         i += 1 + n
-        if i + 4 > len(data):
-            break
         size = struct.unpack(">I", data[i:i + 4])[0]
+        if i + 4 + size > len(data):
+            raise ProtocolError(f"READY property {name!r} declares {size} bytes, the command holds "
+                                f"{len(data) - i - 4}: not a ZMTP peer")
         out[name] = data[i + 4:i + 4 + size]
         i += 4 + size
     return out

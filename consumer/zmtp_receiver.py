@@ -26,6 +26,8 @@ from .zmtp import tcp_address
 
 log = logging.getLogger("stoker.consumer")
 
+_DROP_LOG_EVERY_S = 10.0
+
 
 class LearnedSpec:
     """A ``BatchSpec`` stand-in for ``read_batch``: the first header checked defines the spec (thread-safe)."""
@@ -66,6 +68,8 @@ class ZMTPReceiver:
         self._lock = threading.Lock()
         self._failures = (0, "", "")
         self._mismatches: dict[str, int] = {}
+        self._drop_logged_at: dict[str, float] = {}
+        self._unlogged_drops: dict[str, int] = {}
 
     def resolve_spec(self, declared: Optional[BatchSpec], core: ReceiveCore) -> BatchSpec:
         if declared is not None:
@@ -106,8 +110,19 @@ class ZMTPReceiver:
                 elif mode_mismatch:
                     self._mismatches[endpoint] = self._mismatches.get(endpoint, 0) + 1
             if core.stats.connection_changed(endpoint, connected, reason, handshake_failed, drops) and not connected:
-                log.warning("lost the connection to %s: %s", endpoint, reason)
+                self._log_drop(endpoint, reason)
         return on_connection
+
+    def _log_drop(self, endpoint: str, reason: str) -> None:
+        """The first lost connection per producer, then one line per ``_DROP_LOG_EVERY_S`` with the count."""
+        now = time.monotonic()
+        with self._lock:
+            self._unlogged_drops[endpoint] = self._unlogged_drops.get(endpoint, 0) + 1
+            if now - self._drop_logged_at.get(endpoint, -_DROP_LOG_EVERY_S) < _DROP_LOG_EVERY_S:
+                return
+            count, self._unlogged_drops[endpoint], self._drop_logged_at[endpoint] = \
+                self._unlogged_drops[endpoint], 0, now
+        log.warning("lost the connection to %s (%d time(s) since the last warning): %s", endpoint, count, reason)
 
     @staticmethod
     def _run_one(receiver: DirectReceiver, core: ReceiveCore) -> None:
