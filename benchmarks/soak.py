@@ -65,7 +65,7 @@ def main() -> None:
                         help="extra time per training step (a slow trainer, so the queue fills); 0: none")
     parser.add_argument("--allowance-mib", type=float, default=32.0,
                         help="stated fixed overhead beyond the TF baseline: ZMQ context, threads, traced step")
-    parser.add_argument("--receive", choices=("libzmq", "direct"), default="libzmq", help="ZMQInput(receive=...)")
+    parser.add_argument("--receive", choices=("auto", "direct", "libzmq"), default="auto", help="ZMQInput(receive=...)")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "soak.json"))
     args = parser.parse_args()
     b, s = args.batch_size, args.image_size

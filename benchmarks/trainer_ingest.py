@@ -12,8 +12,9 @@ index, epoch; decoding out of the way) on loopback. This process receives them:
   from ``get()`` (dequeue, StagingArea) without computing on it;
 - ZMQInput as before ``TensorImporter``: the same, with arrays enqueued through
   ``tf.convert_to_tensor`` (the baseline the importer replaced, kept here to measure it);
-- ZMQInput direct: ``receive="direct"``, each producer's stream read over ZMTP straight into
-  aligned memory TensorFlow then owns (no copy beyond the kernel's), the same step.
+- ZMQInput with default arguments (``receive="auto"``: direct receive on tcp://), each producer's
+  stream read over ZMTP straight into aligned memory TensorFlow then owns (no copy beyond the
+  kernel's), the same step. The "ZMQInput (libzmq)" column asks for ``receive="libzmq"``.
 
 For each: images/s, GB/s, and this process's CPU-seconds per GB taken in (user + system),
 with 1 and 4 producers, interleaved rounds, the median kept (this VM is shared: single rounds
@@ -153,7 +154,7 @@ def main() -> None:
                     results["zmq_input"].append(zmq_input(endpoints, args.batch_size, args.image_size, args.warmup,
                                                           args.batches))
                     results["zmq_direct"].append(_zmq_input(endpoints, args.batch_size, args.image_size, args.warmup,
-                                                            args.batches, receive="direct"))
+                                                            args.batches, receive="auto"))
             best = {k: tuple(statistics.median(r[i] for r in v) for i in range(3)) for k, v in results.items()}
             rows.append({"producers": count, "bare_images_per_s": best["bare"][0], "bare_gb_per_s": best["bare"][1] / 1e9,
                          "bare_cpu_s_per_gb": best["bare"][2], "bare_copy_images_per_s": best["bare_copy"][0],
@@ -183,7 +184,7 @@ def main() -> None:
               f"{r['ratio']:>5.3f} | {r['copy_ratio']:>5.3f} | {r['ratio_to_one_copy']:>7.3f} | "
               f"{r['direct_images_per_s']:>12.0f} | {r['direct_cpu_s_per_gb']:>8.3f} | {r['direct_ratio']:>12.3f}")
     print("before: ZMQInput with tf.convert_to_tensor (before TensorImporter); ratio: ZMQInput / bare; "
-          "copy: (bare + one copy) / bare; vs copy: ZMQInput / (bare + one copy); direct: ZMQInput(receive='direct'), "
+          "copy: (bare + one copy) / bare; vs copy: ZMQInput / (bare + one copy); direct: ZMQInput() with default arguments (direct receive), "
           "direct ratio: it / bare")
     result = {"benchmark": "trainer_ingest", "rows": rows, "batch_size": args.batch_size, "image_size": args.image_size,
               "batches_timed": args.batches, "target_ratio": 0.90, "cpus": os.cpu_count(),
