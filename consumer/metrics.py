@@ -30,6 +30,8 @@ class ZMQInputCollector(Collector):
                                   value=s.protocol_errors)
         yield CounterMetricFamily("stoker_trainer_mismatched_batches", "Batches of the wrong shape rejected",
                                   value=s.mismatched_batches)
+        yield CounterMetricFamily("stoker_trainer_shard_conflicts", "Pairs of producers whose shards overlap",
+                                  value=s.shard_conflicts)
         yield CounterMetricFamily("stoker_trainer_handshake_failures",
                                   "Connection handshakes that failed (CurveZMQ keys missing, wrong or not authorised)",
                                   value=s.handshake_failures)

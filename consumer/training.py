@@ -103,6 +103,8 @@ class TrainReport:
                 "mean queue occupancy": f"{self.mean_queue_occupancy:.2f}",
                 "batches received": ", ".join(f"{p}: {n}" for p, n in sorted(s.per_producer.items())) or "none",
                 "batches rejected": str(s.protocol_errors + s.mismatched_batches),
+                "producers whose shards overlap": (f"{s.shard_conflicts} pair(s): {s.last_shard_conflict}"
+                                                   if s.shard_conflicts else "none"),
                 "final loss / accuracy": f"{self.final_loss:.3f} / {self.final_accuracy:.2f}",
                 "how step times were taken": "waiting for each step's result (a sync per step; staging still "
                                              "runs ahead, a step's dispatch no longer overlaps the previous one)"}
@@ -117,6 +119,8 @@ class TrainReport:
             f"final loss {self.final_loss:.3f}, accuracy {self.final_accuracy:.2f}",
             f"batches received: {s.batches} ({', '.join(f'{p}: {n}' for p, n in sorted(s.per_producer.items()))}); "
             f"rejected: {s.protocol_errors + s.mismatched_batches}",
+            *([f"warning: {s.shard_conflicts} pair(s) of producers whose shards overlap: {s.last_shard_conflict}"]
+              if s.shard_conflicts else []),
             f"bottleneck: {self.bottleneck()}",
         ])
 
