@@ -46,7 +46,8 @@ def test_stoker_cluster_trains_from_producers_on_separate_hosts_and_tears_down(s
     assert sorted(name.rsplit("#", 1)[1] for name in counts) == ["0/2", "1/2"], counts
     assert all(int(n) > 0 for n in counts.values()), counts
     assert "trained 30 steps" in result.stdout
-    assert _our_namespaces() == before, "namespaces left behind"
+    # Namespaces this run made are gone; stale ones of an earlier, killed run may be cleaned meanwhile.
+    assert not _our_namespaces() - before, "namespaces left behind"
 
 
 @pytest.mark.skipif(bool(_harness_missing()), reason=_harness_missing() or "harness available")
@@ -70,7 +71,8 @@ def test_two_trainer_hosts_and_two_producer_hosts_train_and_cover_the_epoch_exac
             for index in step["index"]:
                 seen[index] = seen.get(index, 0) + 1
     assert sorted(seen) == list(range(96)) and set(seen.values()) == {1}, "coverage across trainers is not exact"
-    assert _our_namespaces() == before, "namespaces left behind"
+    # Namespaces this run made are gone; stale ones of an earlier, killed run may be cleaned meanwhile.
+    assert not _our_namespaces() - before, "namespaces left behind"
 
 
 def test_stoker_cluster_without_root_says_what_it_needs(synth_lmdb, tmp_path):
