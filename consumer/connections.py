@@ -106,6 +106,7 @@ class ConnectionWatcher:
         self._definitive: set[str] = set()  # endpoints whose failure cause is known for sure
         #: per endpoint, handshakes refused in a row for a mode mismatch (exact vs plain): waiting cannot fix it
         self.mode_mismatches: dict[str, int] = {}
+        self._handshaken: set[str] = set()  # endpoints that completed a handshake once: they speak our mode
         try:
             for address in self.addresses:
                 sock.connect(address)
@@ -126,6 +127,7 @@ class ConnectionWatcher:
                 self._tcp_only.discard(endpoint)
                 self._disconnected_at.pop(endpoint, None)
                 self.mode_mismatches.pop(endpoint, None)
+                self._handshaken.add(endpoint)
             elif kind in _HANDSHAKE_FAILED:
                 self._tcp_only.discard(endpoint)
                 self.failures.count += 1
@@ -136,7 +138,7 @@ class ConnectionWatcher:
                 if _is_definitive(kind, value):
                     self._definitive.add(endpoint)
                 if kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and value == zmq.PROTOCOL_ERROR_ZMTP_INVALID_METADATA:
-                    self.mode_mismatches[endpoint] = self.mode_mismatches.get(endpoint, 0) + 1
+                    self._count_mismatch(endpoint)
                 if self.failures.count == 1:
                     log.warning("handshake with %s failed: %s", endpoint, self.failures.reason)
             elif kind == zmq.EVENT_DISCONNECTED:
@@ -147,7 +149,7 @@ class ConnectionWatcher:
                     self.failures.count += 1
                     self.failures.endpoint = endpoint
                     self.failures.reason = MODE_MISMATCH
-                    self.mode_mismatches[endpoint] = self.mode_mismatches.get(endpoint, 0) + 1
+                    self._count_mismatch(endpoint)
             elif kind in (zmq.EVENT_CONNECT_RETRIED, zmq.EVENT_CONNECT_DELAYED, zmq.EVENT_CONNECTED):
                 self._disconnected_at.pop(endpoint, None)  # libzmq is retrying by itself
                 if kind == zmq.EVENT_CONNECTED:
@@ -155,6 +157,12 @@ class ConnectionWatcher:
             changed = True
         self._revive()
         return changed
+
+    def _count_mismatch(self, endpoint: str) -> None:
+        """One more refusal that looks like a mode mismatch; never for an endpoint that once completed a
+        handshake (a producer shutting down also hangs up before the handshake)."""
+        if endpoint not in self._handshaken:
+            self.mode_mismatches[endpoint] = self.mode_mismatches.get(endpoint, 0) + 1
 
     def _revive(self) -> None:
         now = time.monotonic()

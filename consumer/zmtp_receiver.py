@@ -68,6 +68,7 @@ class ZMTPReceiver:
         self._lock = threading.Lock()
         self._failures = (0, "", "")
         self._mismatches: dict[str, int] = {}
+        self._handshaken: set[str] = set()
         self._drop_logged_at: dict[str, float] = {}
         self._unlogged_drops: dict[str, int] = {}
 
@@ -107,7 +108,8 @@ class ZMTPReceiver:
                     self._failures = (self._failures[0] + 1, endpoint, reason)
                 if connected:
                     self._mismatches.pop(endpoint, None)
-                elif mode_mismatch:
+                    self._handshaken.add(endpoint)
+                elif mode_mismatch and endpoint not in self._handshaken:  # it spoke our mode once: shutting down
                     self._mismatches[endpoint] = self._mismatches.get(endpoint, 0) + 1
             if core.stats.connection_changed(endpoint, connected, reason, handshake_failed, drops) and not connected:
                 self._log_drop(endpoint, reason)
