@@ -310,7 +310,8 @@ def write_records(writer: DatasetWriter, items: Iterable[tuple[str, Callable[[],
                 record, reason = None, str(exc)
         if record is None:
             report.skipped.append((position, reason))
-            bar.write(f"skipped {position}: {reason}")
+            if progress:  # tqdm writes even when disabled; quiet callers list report.skipped themselves
+                bar.write(f"skipped {position}: {reason}")
         bar.update(1)
     bar.close()
     report.schema_from = "declared" if declared else writer.schema_from
