@@ -81,6 +81,7 @@ class ExactReceiver:
         while True:
             self._watch(core)
             transport.flush()
+            core.stats.set_control(*transport.control)
             if transport.finished:
                 core.finish()
                 return

@@ -71,6 +71,8 @@ class ExactTransport:
         self._reports: list[list[tuple[int, int]]] = [[] for _ in range(n)]  # (epoch, index) consumed, unsent
         self._last_sent = [0.0] * n
         self._described_at = [-DESCRIBE_RETRY_S] * n
+        #: control messages sent and received, and their bytes (the receive thread writes them)
+        self.control = [0, 0, 0, 0]
 
     # ---- state ------------------------------------------------------------------------------
 
@@ -134,6 +136,8 @@ class ExactTransport:
         try:
             self.sockets[i].send(frame, flags=zmq.NOBLOCK)
             self._last_sent[i] = time.monotonic()
+            self.control[0] += 1
+            self.control[1] += len(frame)
         except zmq.ZMQError:
             pass  # not connected: the next connection says hello
 
@@ -169,6 +173,8 @@ class ExactTransport:
         if body is None:
             return frames
         status = decode_status(body)  # ProtocolError propagates: counted as a rejected message
+        self.control[2] += 1
+        self.control[3] += memoryview(frames[0]).nbytes
         self.status[i] = status
         if status.stream:
             with self._lock:

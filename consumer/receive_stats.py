@@ -53,6 +53,12 @@ class InputStats:
     #: pairs of producers whose shards overlap (each pair counted once), and what the latest said
     shard_conflicts: int = 0
     last_shard_conflict: str = ""
+    #: exact mode's control plane (docs/protocol.md): hellos, credits and consumed-record reports this
+    #: trainer sent, status messages it received; messages and bytes (0 in plain mode)
+    control_sent: int = 0
+    control_bytes_sent: int = 0
+    control_received: int = 0
+    control_bytes_received: int = 0
 
     @property
     def mean_queue_occupancy(self) -> float:
@@ -193,6 +199,13 @@ class ReceiveStats:
     def endpoint_errors(self) -> list[tuple[str, str]]:
         with self._lock:
             return sorted(self._endpoint_errors.items())
+
+    def set_control(self, sent: int, bytes_sent: int, received: int, bytes_received: int) -> None:
+        """Exact mode's control messages so far (totals, from the receive thread)."""
+        with self._lock:
+            s = self._stats
+            s.control_sent, s.control_bytes_sent, s.control_received, s.control_bytes_received = \
+                sent, bytes_sent, received, bytes_received
 
     def add_occupancy(self, fraction: float) -> None:
         with self._lock:

@@ -82,7 +82,11 @@ def test_exact_mode_gives_every_record_once_and_resumes_from_saved_state(tmp_pat
             for batch in second:
                 assert batch["mask"].all() and len(batch["index"]) <= BATCH
                 seen.update(batch["index"].tolist())
+            stats = second.stats
     assert sorted(seen) == list(range(records)) and set(seen.values()) == {1}
+    # The control plane is counted: a hello, then a credit for every batch queued; the producer's status.
+    assert stats.control_sent >= 1 + stats.batches and stats.control_bytes_sent > stats.control_sent
+    assert stats.control_received >= 1 and stats.control_bytes_received > 0
 
 
 def test_importing_batch_stream_never_imports_tensorflow():
