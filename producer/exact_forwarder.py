@@ -47,6 +47,7 @@ class ExactForwarder(SlotForwarder):
         self.work: dict[tuple[int, int], Chunk] = {}
         self.idle: deque[tuple[int, int]] = deque()
         self.bad_messages = 0
+        self.stale_rows = 0  # rows masked at sending: consumed while being made (see ExactServer.take_consumed)
         self._last_bad_log = -_WARN_EVERY_S
         self._last_status = 0.0
 
@@ -154,6 +155,21 @@ class ExactForwarder(SlotForwarder):
     def _send_to(self, routing_id: bytes, worker: int, slot: int, header: bytes) -> bool:
         arrays = self.views[worker][slot]
         mask, indices, epochs = arrays["mask"], arrays["index"], arrays["epoch"]
+        valid = mask.astype(bool)
+        failed = ~valid & (indices >= 0)
+        stale = np.zeros_like(valid)
+        stale[valid] = self.server.take_consumed(epochs[valid], indices[valid])
+        if stale.any():  # consumed while being made (a trainer's hello said so): never served twice
+            mask[stale] = 0  # the trainer cuts masked rows off, as a last batch's padding
+            valid &= ~stale
+            self.stale_rows += int(stale.sum())
+        if not valid.any():  # nothing of it left to serve: the slot goes back to its worker unsent
+            if failed.any():
+                self.server.on_skipped(epochs[failed].tolist(), indices[failed].tolist())
+            self.work.pop((worker, slot), None)
+            self.state[worker][slot] = SlotState.AT_WORKER
+            self._grant(worker, slot)
+            return True
         body = msgpack.unpackb(header, raw=False)
         body["stream"], body["session"] = str(self.server.key), self.server.session_of(routing_id)
         frames = [zmq.Frame(arrays[name], copy=False, track=True) for name in self.names]
@@ -169,8 +185,6 @@ class ExactForwarder(SlotForwarder):
             return False
         finally:
             del frames
-        valid = mask.astype(bool)
-        failed = ~valid & (indices >= 0)
         self.server.on_sent(routing_id, epochs[valid].tolist(), indices[valid].tolist())
         if failed.any():
             self.server.on_skipped(epochs[failed].tolist(), indices[failed].tolist())

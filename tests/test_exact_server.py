@@ -175,3 +175,25 @@ def test_after_a_trainer_restarts_from_a_mid_epoch_state_the_open_epoch_comes_fi
     assert sorted(open_epoch) == sorted(set(RECORDS) - {i for b in first_half for i in b[1]})
     assert epochs_in_order == sorted(epochs_in_order)  # the rest of epoch 0 before anything of epoch 1
     assert max(epochs_in_order) <= 1
+
+
+def test_records_consumed_while_being_made_again_are_found_before_the_batch_is_sent():
+    # A trainer consumed a batch but died before reporting it: the records are served again, and a
+    # worker is making them into a batch when the trainer's next incarnation says hello with a state
+    # in which they are consumed. The forwarder asks before sending; those rows must not go out.
+    server = ExactServer(KEY, "p", epochs=1)
+    server.on_hello(b"a", _hello(credit=1))
+    chunk = server.next_chunk(6)
+    server.on_sent(b"a", chunk.epochs, chunk.indices)
+    server.drop(b"a")  # unreachable: what it held is servable again
+    again = server.next_chunk(6)
+    assert again.indices == chunk.indices  # lost records come first
+    state = InputState()
+    state.mark(str(KEY), chunk.epochs[:4], chunk.indices[:4])  # it had consumed four of them
+    server.on_hello(b"b", _hello(session=2, state=state))
+    stale = server.take_consumed(np.array(again.epochs), np.array(again.indices))
+    assert stale.tolist() == [True] * 4 + [False] * 2
+    server.on_sent(b"b", again.epochs[4:], again.indices[4:])
+    rest = _serve(server, b"b")
+    served = chunk.indices[:4] + again.indices[4:] + [i for _, indices in rest for i in indices]
+    assert sorted(served) == RECORDS  # each record once: none twice, none lost
