@@ -30,6 +30,9 @@ from .receive_core import POLL_S, ReceiveCore
 log = logging.getLogger("stoker.consumer")
 
 _WAITING_LOG_EVERY_S = 10.0
+#: A status saying "waiting for more trainers" within this long after our hello may predate it (the
+#: answer to a describe sent before we joined counts us among the missing): not yet worth a warning.
+_WAITING_GRACE_S = 2.0
 SOURCE = "stoker_source"
 
 
@@ -98,7 +101,8 @@ class ExactReceiver:
                     frames = transport.receive(i)
                     if frames is None:  # a status: the producer is alive, perhaps waiting for steps to report
                         core.alive()
-                        self._log_waiting(transport.status[i])
+                        if time.monotonic() - transport.hello_at[i] >= _WAITING_GRACE_S:
+                            self._log_waiting(transport.status[i])
                         continue
                     batch = decode_batch(frames, self.limits)
                     if not transport.accept(i, batch.header.stream, batch.header.session):

@@ -301,3 +301,19 @@ def test_train_reports_whether_its_rate_includes_the_warm_up(small_lmdb):
         assert ("tracing and pre-fill included" in report.summary()) is includes
         assert ("images/s (whole run, warm-up included)" in report.facts()) is includes
         assert report.images_per_s > 0
+
+
+def test_a_trainer_in_an_ordinary_job_is_never_told_it_waits_for_more_trainers(small_lmdb, caplog):
+    # The producer's answer to a describe sent before the trainer joined says "waiting for 1 more"
+    # (that trainer itself); read after the trainer's hello, it must not become a warning. The pause
+    # is where a user builds the model between creating the input and the first step.
+    import logging
+
+    caplog.set_level(logging.WARNING, logger="stoker.consumer")
+    with ProducerProcess(small_lmdb, extra_args=_args()) as producer:
+        with ZMQInput([producer.endpoint], exact=True, recv_timeout=60, batch_size=BATCH,
+                      image_shape=(16, 16, 3)) as inp:
+            time.sleep(1.0)
+            rows = _consume(inp)
+    _exactly_once(rows, set(range(RECORDS)))
+    assert "more trainer" not in caplog.text
