@@ -268,11 +268,16 @@ class _ProducerFeed:
             time.sleep(0.002)
 
     def _receive(self) -> None:
-        for batch in self._stream:
-            self.received += 1
-            self.broken += not intact(batch)
-            if self._stop.is_set():
-                return
+        from stoker.consumer.errors import InputClosedError
+
+        try:
+            for batch in self._stream:
+                self.received += 1
+                self.broken += not intact(batch)
+                if self._stop.is_set():
+                    return
+        except InputClosedError:
+            return  # stop() closed the stream while this thread waited for a batch: the expected end
 
     def stop(self) -> tuple[int, int]:
         self._stop.set()
