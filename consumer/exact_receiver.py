@@ -30,9 +30,6 @@ from .receive_core import POLL_S, ReceiveCore
 log = logging.getLogger("stoker.consumer")
 
 _WAITING_LOG_EVERY_S = 10.0
-#: A status saying "waiting for more trainers" within this long after our hello may predate it (the
-#: answer to a describe sent before we joined counts us among the missing): not yet worth a warning.
-_WAITING_GRACE_S = 2.0
 SOURCE = "stoker_source"
 
 
@@ -101,7 +98,7 @@ class ExactReceiver:
                     frames = transport.receive(i)
                     if frames is None:  # a status: the producer is alive, perhaps waiting for steps to report
                         core.alive()
-                        if time.monotonic() - transport.hello_at[i] >= _WAITING_GRACE_S:
+                        if transport.status[i].session == transport.session[i]:  # not an answer from before we joined
                             self._log_waiting(transport.status[i])
                         continue
                     batch = decode_batch(frames, self.limits)

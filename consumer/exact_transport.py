@@ -62,7 +62,6 @@ class ExactTransport:
         self.active = False
         self.session = [0] * n
         self._said_hello = [0] * n  # handshakes seen when the last hello went out
-        self.hello_at = [float("-inf")] * n  # when the last hello went out (monotonic)
         self.stream: list[str] = [""] * n
         self.status: list[Optional[Status]] = [None] * n
         self.stale_batches = 0
@@ -125,7 +124,6 @@ class ExactTransport:
 
     def _hello(self, i: int) -> None:
         self.session[i] += 1
-        self.hello_at[i] = time.monotonic()
         with self._lock:
             state = self._state.copy()
             held: dict[str, Records] = {}

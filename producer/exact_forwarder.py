@@ -47,7 +47,7 @@ class ExactForwarder(SlotForwarder):
         self.work: dict[tuple[int, int], Chunk] = {}
         self.idle: deque[tuple[int, int]] = deque()
         self.bad_messages = 0
-        self.stale_rows = 0  # rows masked at sending: consumed while being made (see ExactServer.take_consumed)
+        self.stale_rows = 0  # rows masked at sending: consumed or held since chosen (ExactServer.take_stale)
         self._last_bad_log = -_WARN_EVERY_S
         self._last_status = 0.0
 
@@ -129,8 +129,11 @@ class ExactForwarder(SlotForwarder):
             self._status_to(routing_id)
 
     def _status_to(self, routing_id: bytes) -> None:
+        status = self.server.status()
+        trainer = self.server.trainers.get(routing_id)
+        status.session = trainer.session if trainer is not None else 0  # 0: it has not joined (a describe)
         try:
-            self.out.send_multipart([routing_id, encode_status(self.server.status())], flags=zmq.NOBLOCK)
+            self.out.send_multipart([routing_id, encode_status(status)], flags=zmq.NOBLOCK)
         except zmq.ZMQError:
             pass  # gone: it will say hello again if it comes back
 
@@ -158,11 +161,14 @@ class ExactForwarder(SlotForwarder):
         valid = mask.astype(bool)
         failed = ~valid & (indices >= 0)
         stale = np.zeros_like(valid)
-        stale[valid] = self.server.take_consumed(epochs[valid], indices[valid])
-        if stale.any():  # consumed while being made (a trainer's hello said so): never served twice
-            mask[stale] = 0  # the trainer cuts masked rows off, as a last batch's padding
+        stale[valid] = self.server.take_stale(epochs[valid], indices[valid])
+        if stale.any():  # consumed or held elsewhere since they were chosen: never served twice
+            # Padding to the trainer (masked rows are cut off) and to a retried send (index -1: not a failure).
+            mask[stale], indices[stale] = 0, -1
             valid &= ~stale
             self.stale_rows += int(stale.sum())
+            log.info("left %d row(s) out of a batch: their records were consumed or are held by a trainer that "
+                     "came back since they were chosen (%d so far)", int(stale.sum()), self.stale_rows)
         if not valid.any():  # nothing of it left to serve: the slot goes back to its worker unsent
             if failed.any():
                 self.server.on_skipped(epochs[failed].tolist(), indices[failed].tolist())

@@ -18,9 +18,9 @@ The daemon's forwarding thread drives an ``ExactServer``:
   everything known from that trainer: records it consumed after the state it now
   reports (a trainer restarted from a checkpoint) and records outstanding under its
   previous session become servable again. Records it says it holds stay its own.
-- ``take_consumed`` is asked just before a made batch goes out: rows whose records a hello
-  reported consumed while a worker was making them (a trainer dropped before reporting what it
-  consumed, then back with its state) are masked by the forwarder, never sent twice.
+- ``take_stale`` is asked just before a made batch goes out: rows whose records a hello reported
+  consumed or held while a worker was making them (a trainer dropped before reporting, then back
+  with its state) are masked by the forwarder, never sent twice.
 - ``on_credit`` adds consumed records and credit; ``expire`` declares trainers dead
   after ``trainer_timeout`` without a message and re-serves what they held.
 - An epoch completes when every record is consumed or skipped; ``finished`` once
@@ -187,26 +187,29 @@ class ExactServer:
                 epoch.owner[ks] = _FREE
                 epoch.lost.extend(int(k) for k in ks)
 
-    def take_consumed(self, epochs: np.ndarray, indices: np.ndarray) -> np.ndarray:
-        """Which rows of a made batch, about to be sent, hold records consumed since they were chosen.
+    def take_stale(self, epochs: np.ndarray, indices: np.ndarray) -> np.ndarray:
+        """Which rows of a made batch, about to be sent, no longer belong in it.
 
-        It happens when a trainer is dropped with records it consumed but had not yet reported:
-        they are served again, and its next hello (its state) says they were consumed while a
-        worker was already making them into a batch. Those rows must not be sent (the forwarder
-        masks them, as it masks a last batch's padding); their records are done here.
+        A batch's records are ``_MAKING`` from ``next_chunk`` until ``on_sent``. A trainer dropped
+        with records it consumed but had not reported, or held, has them served again; its next
+        hello (its state, its holdings) may say so while a worker is already making them into a
+        batch. Such rows are stale: consumed ones are done here (freed), held ones stay the
+        trainer's, and any other row no longer ``_MAKING`` was released to be served again. The
+        forwarder masks stale rows (as a last batch's padding) so no record goes out twice.
         """
         stale = np.zeros(len(indices), bool)
         epochs, indices = np.asarray(epochs, np.int64), np.asarray(indices, np.int64)
         for e in np.unique(epochs):
             rows = np.flatnonzero(epochs == e)
-            if e < self.completed:
-                stale[rows] = True  # the whole epoch completed meanwhile
-            elif int(e) in self.open:
-                epoch = self.open[int(e)]
-                ks = self.key.local(indices[rows])
-                consumed = epoch.consumed[ks]
-                stale[rows[consumed]] = True
-                epoch.owner[ks[consumed]] = _FREE
+            if e < self.completed or int(e) not in self.open:
+                stale[rows] = True  # the whole epoch completed (or was dropped) meanwhile
+                continue
+            epoch = self.open[int(e)]
+            ks = self.key.local(indices[rows])
+            making = epoch.owner[ks] == _MAKING
+            consumed = epoch.consumed[ks]
+            stale[rows[consumed | ~making]] = True
+            epoch.owner[ks[consumed & making]] = _FREE
         return stale
 
     def on_skipped(self, epochs: list[int], indices: list[int]) -> None:

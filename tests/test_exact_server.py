@@ -140,6 +140,9 @@ def test_nothing_is_served_before_the_minimum_number_of_trainers_joined():
     assert server.next_chunk(4) is None
     # The status says so, and the trainer that waits reads it (it logs who it waits for).
     assert decode_status(msgpack.unpackb(encode_status(server.status()))).waiting == 1
+    addressed = server.status()
+    addressed.session = 7  # the forwarder names the session of the trainer a status goes to
+    assert decode_status(msgpack.unpackb(encode_status(addressed))).session == 7
     server.on_hello(b"b", _hello("B"))
     assert server.next_chunk(4) is not None and server.status().waiting == 0
     server.drop(b"b")  # once started, a trainer leaving does not stop the others
@@ -191,9 +194,27 @@ def test_records_consumed_while_being_made_again_are_found_before_the_batch_is_s
     state = InputState()
     state.mark(str(KEY), chunk.epochs[:4], chunk.indices[:4])  # it had consumed four of them
     server.on_hello(b"b", _hello(session=2, state=state))
-    stale = server.take_consumed(np.array(again.epochs), np.array(again.indices))
+    stale = server.take_stale(np.array(again.epochs), np.array(again.indices))
     assert stale.tolist() == [True] * 4 + [False] * 2
     server.on_sent(b"b", again.epochs[4:], again.indices[4:])
     rest = _serve(server, b"b")
     served = chunk.indices[:4] + again.indices[4:] + [i for _, indices in rest for i in indices]
     assert sorted(served) == RECORDS  # each record once: none twice, none lost
+
+
+def test_records_held_again_while_being_made_are_found_before_the_batch_is_sent():
+    # The same, but the trainer's next hello says it *holds* three of them (they sat in its queue):
+    # they stay its own and must not go out in the batch being made.
+    server = ExactServer(KEY, "p", epochs=1)
+    server.on_hello(b"a", _hello(credit=1))
+    chunk = server.next_chunk(6)
+    server.on_sent(b"a", chunk.epochs, chunk.indices)
+    server.drop(b"a")
+    again = server.next_chunk(6)
+    server.on_hello(b"b", _hello(session=2, held={str(KEY): [(0, chunk.indices[:3])]}))
+    stale = server.take_stale(np.array(again.epochs), np.array(again.indices))
+    assert stale.tolist() == [True] * 3 + [False] * 3
+    server.on_sent(b"b", again.epochs[3:], again.indices[3:])
+    rest = _serve(server, b"b")
+    delivered = chunk.indices[:3] + again.indices[3:] + [i for _, indices in rest for i in indices]
+    assert sorted(delivered) == RECORDS  # the held three once (already there), the rest once
