@@ -124,6 +124,15 @@ def _zmq_input(endpoints: list[str], batch: int, size: int, warmup: int, batches
         return images / seconds, nbytes / seconds, cpu / (nbytes / 1e9)
 
 
+def _pin_process(pid: int, cores: set[int]) -> None:
+    """Pin every thread of ``pid`` (sched_setaffinity on a pid moves only that one thread)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            os.sched_setaffinity(int(task.name), cores)
+        except (ProcessLookupError, FileNotFoundError):
+            pass  # a thread that ended meanwhile
+
+
 def _cpu_list(text: str) -> set[int]:
     """Cores from ``0-3,8``-style text (empty: none)."""
     cores: set[int] = set()
@@ -154,7 +163,7 @@ def main() -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     trainer_cpus, producer_cpus = _cpu_list(args.trainer_cpus), _cpu_list(args.producer_cpus)
     if trainer_cpus:
-        os.sched_setaffinity(0, trainer_cpus)
+        _pin_process(os.getpid(), trainer_cpus)  # before TensorFlow starts its thread pools
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bench"
@@ -169,7 +178,7 @@ def main() -> None:
                 if producer_cpus:
                     for p in producers:
                         for pid in (p.pid, *p.child_pids()):
-                            os.sched_setaffinity(pid, producer_cpus)
+                            _pin_process(pid, producer_cpus)
                 results = {"bare": [], "bare_copy": [], "zmq_convert": [], "zmq_input": [], "zmq_direct": []}
                 for _ in range(args.rounds):
                     results["bare"].append(bare(endpoints, args.warmup, args.batches))
