@@ -214,9 +214,12 @@ def test_two_trainers_one_killed_the_epoch_completes_on_the_survivor_with_nothin
     doomed_rows = Counter(r[1] for e in _logged(tmp_path / "doomed.log") for r in e["rows"])
     survivor_rows = Counter(r[1] for e in _logged(tmp_path / "survivor.log") for r in e["rows"])
     assert set(doomed_rows) | set(survivor_rows) == set(range(RECORDS)), "records were lost with the dead trainer"
+    # Served twice can only be what the dead trainer consumed but had not reported when it was killed.
+    # How much that is depends on when its receive loop last flushed (it may have been none of its
+    # three steps), so this test holds the set, not a count; that reported records are never served
+    # again is test_exact_server's test_a_dead_trainers_records_go_to_the_survivor_... .
     twice = {i for i in survivor_rows if i in doomed_rows}
-    # The one bound: what the dead trainer consumed but had not yet reported (its last step or so).
-    assert twice <= set(doomed_rows) and len(twice) <= 2 * BATCH, twice
+    assert twice <= set(doomed_rows), twice
     assert set(survivor_rows.values()) == {1}
 
 
