@@ -45,7 +45,7 @@ import tempfile
 import time
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 SECTIONS = ("correctness", "latency_float32", "latency_mixed_float16", "scaling", "ingest")
@@ -250,6 +250,7 @@ def section_latency(p: dict[str, Any], precision: str) -> dict[str, Any]:
     from stoker.consumer.models import build_model
     from stoker.producer.process import ProducerProcess
     from stoker.producer.synthetic import build_synthetic
+    from trainer_latency import timed  # mean step time after warm-up, the same measure as trainer_latency.py
 
     tf.keras.mixed_precision.set_global_policy(precision)
     device = "/GPU:0" if p["device"] == "GPU" else "/CPU:0"
@@ -271,15 +272,6 @@ def section_latency(p: dict[str, Any], precision: str) -> dict[str, Any]:
         const_labels = tf.constant(np.arange(batch, dtype=np.int32) % classes)
     constant_step = tf.function(lambda: train(const_images, const_labels))
 
-    def timed(step: Callable[[], tf.Tensor], steps: int) -> float:
-        for _ in range(p["warmup"]):
-            float(step())
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            loss = step()
-        float(loss)
-        return (time.perf_counter() - t0) / steps
-
     flags = ["--workers", "1", "--batch-size", str(batch), "--image-size", str(size), "--repeat-batches", "2"]
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         build_synthetic(Path(tmp) / "synth", 64, seed=0, progress=False)
@@ -294,8 +286,8 @@ def section_latency(p: dict[str, Any], precision: str) -> dict[str, Any]:
 
         constant_s, zmq_s = [], []
         for _ in range(p["rounds"]):
-            constant_s.append(timed(constant_step, p["steps"]))
-            zmq_s.append(timed(zmq_step, p["steps"]))
+            constant_s.append(timed(constant_step, p["steps"], p["warmup"]))
+            zmq_s.append(timed(zmq_step, p["steps"], p["warmup"]))
         occupancy = inp.stats.mean_queue_occupancy
         logdir = Path(tmp) / "trace"
         tf.profiler.experimental.start(str(logdir))
