@@ -107,12 +107,33 @@ class ConnectionWatcher:
         #: per endpoint, handshakes refused in a row for a mode mismatch (exact vs plain): waiting cannot fix it
         self.mode_mismatches: dict[str, int] = {}
         self._handshaken: set[str] = set()  # endpoints that completed a handshake once: they speak our mode
+        self._removed: set[str] = set()  # endpoints that left the pool
         try:
             for address in self.addresses:
                 sock.connect(address)
         except zmq.ZMQError:
             self.close()
             raise
+
+    def add(self, address: str) -> None:
+        """Connect to one more producer (it joined the pool); zmq.ZMQError if libzmq cannot parse it."""
+        if address not in self.addresses:
+            self.sock.connect(address)
+            self.addresses.append(address)
+            self._removed.discard(address)
+
+    def remove(self, address: str) -> None:
+        """Disconnect from a producer that left the pool; what it had sent and is queued stays."""
+        if address in self.addresses:
+            self.addresses.remove(address)
+            self._removed.add(address)
+            try:
+                self.sock.disconnect(address)
+            except zmq.ZMQError:
+                pass  # libzmq had already dropped it
+            self.connected.discard(address)
+            self._disconnected_at.pop(address, None)
+            self.mode_mismatches.pop(address, None)
 
     def poll(self) -> bool:
         """Handle pending monitor events and revive dropped endpoints; True if anything changed."""
@@ -121,6 +142,8 @@ class ConnectionWatcher:
             event = recv_monitor_message(self.monitor)
             kind, value = event["event"], event["value"]
             endpoint = event["endpoint"].decode(errors="replace")
+            if endpoint in self._removed:
+                continue  # an event from before it left the pool
             if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self.connected.add(endpoint)
                 self.handshakes += 1

@@ -23,6 +23,7 @@ from stoker.protocol.batch_spec import BatchSpec
 from stoker.protocol.curve import CurveClientKeys
 from stoker.protocol.input_state import InputState
 
+from .discovery import ProducerPool
 from .exact_transport import ExactTransport
 from .libzmq_receiver import socket_options
 from .receive_core import POLL_S, ReceiveCore
@@ -30,6 +31,7 @@ from .receive_core import POLL_S, ReceiveCore
 log = logging.getLogger("stoker.consumer")
 
 _WAITING_LOG_EVERY_S = 10.0
+SPLIT_BATCHES = 16  # an elastic pool's split: this many batches of records
 SOURCE = "stoker_source"
 
 
@@ -38,18 +40,18 @@ class ExactReceiver:
 
     exact = True
 
-    def __init__(self, addresses: Sequence[str], limits: DecodeLimits, rcvhwm: int, trainer_id: str,
+    def __init__(self, pool: ProducerPool, limits: DecodeLimits, rcvhwm: int, trainer_id: str,
                  state: InputState, curve: Optional[CurveClientKeys] = None) -> None:
-        self.addresses = list(addresses)
+        self.pool = pool
         self.limits = limits
         self.held_per_producer = rcvhwm + 1
         self._ctx = zmq.Context()
         try:
-            self.transport = ExactTransport(self._ctx, self.addresses, trainer_id, state, rcvhwm,
+            self.transport = ExactTransport(self._ctx, pool.endpoints, trainer_id, state, rcvhwm,
                                             socket_options(rcvhwm, limits.max_message_bytes), curve)
         except zmq.ZMQError as exc:
             self._ctx.destroy(linger=0)
-            raise ValueError(f"cannot connect to the producer addresses {self.addresses}: {exc.strerror}; "
+            raise ValueError(f"cannot connect to the producer addresses {pool.endpoints}: {exc.strerror}; "
                              "expected e.g. tcp://host:5555") from None
         self._waiting_logged_at = -_WAITING_LOG_EVERY_S
 
@@ -78,6 +80,8 @@ class ExactReceiver:
     def run(self, core: ReceiveCore) -> None:
         transport, spec = self.transport, core.spec
         batch_size = spec.batch_size
+        mask_at = [a.name for a in spec.arrays].index("mask")
+        transport.split_records = batch_size * SPLIT_BATCHES
         while True:
             self._watch(core)
             transport.flush()
@@ -111,16 +115,30 @@ class ExactReceiver:
                 except zmq.ZMQError as exc:
                     core.reject(ProtocolError(f"receive failed: {exc}"))
                     continue
+                keep = transport.arrived(i, batch.header.stream, batch["epoch"], batch["index"], batch["mask"])
+                if keep is not None:  # an elastic pool: rows whose record arrived before are cut off like padding
+                    if not keep.any():
+                        transport.dropped(i)
+                        continue
+                    batch.arrays["mask"] = arrays[mask_at] = keep
                 core.deliver(batch, [*arrays, np.full(batch_size, i, np.int32)], owned=False)
                 transport.queued(i, batch["epoch"], batch["index"], batch["mask"])
                 if core.room() <= 0:
                     break
 
     def _watch(self, core: ReceiveCore) -> None:
-        if self.transport.watch():
+        joined, left = core.follow_pool()
+        for endpoint in left:
+            self.transport.remove(endpoint)
+        for endpoint in joined:
+            try:
+                self.transport.add(endpoint)
+            except zmq.ZMQError as exc:
+                core.stats.connection_changed(endpoint, False, f"cannot connect: {exc.strerror}", False)
+        if self.transport.watch() or joined or left:
             t = self.transport
             count, _, reason = t.failures()
-            core.stats.set_connections(t.connected(), count, reason, sum(w.reconnects for w in t.watchers))
+            core.stats.set_connections(t.connected(), count, reason, sum(w.reconnects for w in t.watchers if w is not None))
 
     def _log_waiting(self, status: Any) -> None:
         """Say (every 10 s) that a producer waits for more trainers: a synchronous job waits for all of them."""
@@ -138,7 +156,8 @@ class ExactReceiver:
     def mode_mismatches(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for watcher in self.transport.watchers:
-            out.update(watcher.mode_mismatches)
+            if watcher is not None:
+                out.update(watcher.mode_mismatches)
         return out
 
     def close(self) -> None:

@@ -28,11 +28,13 @@ import numpy as np
 import zmq
 
 from stoker.protocol import ProtocolError
-from stoker.protocol.exact_messages import (Credit, Hello, Records, Status, decode_status, encode_credit,
-                                            encode_describe, encode_hello, unpack_producer_frame)
-from stoker.protocol.input_state import InputState
+from stoker.protocol.exact_messages import (MAX_WORK_ITEMS, Credit, Hello, Records, Status, Work, decode_status,
+                                            encode_credit, encode_describe, encode_hello, encode_work,
+                                            unpack_producer_frame)
+from stoker.protocol.input_state import InputState, StreamKey
 
 from .connections import ConnectionWatcher
+from .split_scheduler import SplitScheduler
 
 log = logging.getLogger("stoker.consumer")
 
@@ -44,35 +46,87 @@ class ExactTransport:
     """See the module doc. ``state``: the consumed records this trainer starts from (a restored checkpoint)."""
 
     def __init__(self, ctx: zmq.Context, addresses: Sequence[str], trainer_id: str, state: InputState, credit: int,
-                 options: Sequence[tuple[int, Any]], curve: Any = None) -> None:
-        self.addresses = list(addresses)
+                 options: Sequence[tuple[int, Any]], curve: Any = None, share: tuple[int, int] = (0, 1)) -> None:
         self.trainer_id, self.credit = trainer_id, credit
-        self.sockets: list[zmq.Socket] = []
-        self.watchers: list[ConnectionWatcher] = []
-        for address in self.addresses:
-            sock = ctx.socket(zmq.DEALER)
-            for option, value in options:
-                sock.setsockopt(option, value)
-            if curve is not None:
-                sock.curve_publickey, sock.curve_secretkey, sock.curve_serverkey = curve.public, curve.secret, \
-                    curve.server_public
-            self.sockets.append(sock)
-            self.watchers.append(ConnectionWatcher(sock, [address], curve=curve is not None))  # connects it
-        n = len(self.sockets)
+        # An elastic pool (producers with --shard auto): this trainer hands out the splits of its share.
+        self.splits: Optional[SplitScheduler] = None
+        self.split_records = 1024  # records per split; the receiver sets it from the batch size
+        self.share = share
+        self._pooled: set[int] = set()  # producers serving this trainer's splits under the current session
+        self._refused_pool: set[str] = set()
+        self._told_finished: set[int] = set()
+        self._ctx, self._options, self._curve = ctx, list(options), curve
+        # Per producer connection, by its number (``stoker_source``), which stays its own after it leaves the pool.
+        self.addresses: list[str] = []
+        self.sockets: list[Optional[zmq.Socket]] = []  # None: it left the pool
+        self.watchers: list[Optional[ConnectionWatcher]] = []
         self.active = False
-        self.session = [0] * n
-        self._said_hello = [0] * n  # handshakes seen when the last hello went out
-        self.stream: list[str] = [""] * n
-        self.status: list[Optional[Status]] = [None] * n
+        self.session: list[int] = []
+        self._said_hello: list[int] = []  # handshakes seen when the last hello went out
+        self.stream: list[str] = []
+        self.status: list[Optional[Status]] = []
         self.stale_batches = 0
         self._lock = threading.Lock()
         self._state = state
-        self._held: list[dict[int, set[int]]] = [defaultdict(set) for _ in range(n)]  # epoch -> indices
-        self._reports: list[list[tuple[int, int]]] = [[] for _ in range(n)]  # (epoch, index) consumed, unsent
-        self._last_sent = [0.0] * n
-        self._described_at = [-DESCRIBE_RETRY_S] * n
+        self._held: list[dict[int, set[int]]] = []  # epoch -> indices
+        self._reports: list[list[tuple[int, int]]] = []  # (epoch, index) consumed, unsent
+        self._last_sent: list[float] = []
+        self._described_at: list[float] = []
         #: control messages sent and received, and their bytes (the receive thread writes them)
         self.control = [0, 0, 0, 0]
+        try:
+            for address in addresses:
+                self.add(address)
+        except zmq.ZMQError:
+            self.close()
+            raise
+
+    def add(self, address: str) -> int:
+        """Connect to one more producer (it joined the pool); its number. zmq.ZMQError for a bad address."""
+        sock = self._ctx.socket(zmq.DEALER)
+        for option, value in self._options:
+            sock.setsockopt(option, value)
+        if self._curve is not None:
+            sock.curve_publickey, sock.curve_secretkey, sock.curve_serverkey = self._curve.public, \
+                self._curve.secret, self._curve.server_public
+        try:
+            watcher = ConnectionWatcher(sock, [address], curve=self._curve is not None)  # connects it
+        except zmq.ZMQError:
+            sock.close(linger=0)
+            raise
+        with self._lock:
+            self.addresses.append(address)
+            self.sockets.append(sock)
+            self.watchers.append(watcher)
+            self.session.append(0)
+            self._said_hello.append(0)
+            self.stream.append("")
+            self.status.append(None)
+            self._held.append(defaultdict(set))
+            self._reports.append([])
+            self._last_sent.append(0.0)
+            self._described_at.append(-DESCRIBE_RETRY_S)
+        return len(self.sockets) - 1
+
+    def remove(self, address: str) -> Optional[int]:
+        """Disconnect from a producer that left the pool; its number (None if unknown). Batches of it that are
+        queued stay valid; what it had not sent is served by others (a shard's own producer comes back, splits
+        are handed out again)."""
+        for i, known in enumerate(self.addresses):
+            if known == address and self.sockets[i] is not None:
+                watcher, sock = self.watchers[i], self.sockets[i]
+                assert watcher is not None and sock is not None
+                watcher.close()
+                sock.close(linger=0)
+                self.watchers[i] = self.sockets[i] = None
+                self.status[i] = None
+                self._leave_pool(i)
+                return i
+        return None
+
+    def live(self) -> list[int]:
+        """The numbers of the producers in the pool now."""
+        return [i for i, sock in enumerate(self.sockets) if sock is not None]
 
     # ---- state ------------------------------------------------------------------------------
 
@@ -102,6 +156,8 @@ class ExactTransport:
             for e, i in zip(epochs.tolist(), indices.tolist()):
                 held[e].discard(i)
                 self._reports[source].append((e, i))
+            if self.splits is not None and stream == str(self.splits.key):
+                self.splits.consumed(epochs, indices)
 
     # ---- connections ------------------------------------------------------------------------
 
@@ -111,8 +167,12 @@ class ExactTransport:
     def watch(self) -> bool:
         """Handle monitor events; say hello on new connections once active. True if anything changed."""
         changed = False
-        for i, watcher in enumerate(self.watchers):
+        for i in self.live():
+            watcher = self.watchers[i]
+            assert watcher is not None
             changed |= watcher.poll()
+            if i in self._pooled and not watcher.connected:
+                self._leave_pool(i)  # gone (killed, cut off): its splits go to the others; back, it says hello
             if self.active and watcher.handshakes > self._said_hello[i]:
                 self._hello(i)
                 self._said_hello[i] = watcher.handshakes
@@ -123,6 +183,7 @@ class ExactTransport:
         return changed
 
     def _hello(self, i: int) -> None:
+        self._leave_pool(i)  # a new session: what it was asked to serve before is void
         self.session[i] += 1
         with self._lock:
             state = self._state.copy()
@@ -133,8 +194,11 @@ class ExactTransport:
         self._send(i, encode_hello(Hello(self.trainer_id, self.session[i], self.credit, state, held)))
 
     def _send(self, i: int, frame: bytes) -> None:
+        sock = self.sockets[i]
+        if sock is None:
+            return  # it left the pool
         try:
-            self.sockets[i].send(frame, flags=zmq.NOBLOCK)
+            sock.send(frame, flags=zmq.NOBLOCK)
             self._last_sent[i] = time.monotonic()
             self.control[0] += 1
             self.control[1] += len(frame)
@@ -146,13 +210,15 @@ class ExactTransport:
         if not self.active:
             return
         now = time.monotonic()
-        for i in range(len(self.sockets)):
+        for i in self.live():
             if self.session[i] == 0:
                 continue  # no hello yet
             with self._lock:
                 reports, self._reports[i] = self._reports[i], []
             if reports or now - self._last_sent[i] >= HEARTBEAT_S:
                 self._credit(i, 0, reports)
+            if i in self._pooled:
+                self._give_work(i)
 
     def _credit(self, i: int, n: int, reports: list[tuple[int, int]]) -> None:
         by_epoch: dict[int, list[int]] = defaultdict(list)
@@ -163,12 +229,18 @@ class ExactTransport:
     # ---- data -------------------------------------------------------------------------------
 
     def poll(self, timeout_ms: int) -> list[int]:
-        ready = zmq.select(self.sockets, [], [], timeout_ms / 1000)[0]
-        return [self.sockets.index(s) for s in ready]
+        live = self.live()
+        if not live:
+            time.sleep(timeout_ms / 1000)
+            return []
+        ready = zmq.select([self.sockets[i] for i in live], [], [], timeout_ms / 1000)[0]
+        return [i for i in live if self.sockets[i] in ready]
 
     def receive(self, i: int) -> Optional[list[Any]]:
         """The frames of a batch from producer ``i``, or None (a status, handled here)."""
-        frames = self.sockets[i].recv_multipart(copy=False)
+        sock = self.sockets[i]
+        assert sock is not None
+        frames = sock.recv_multipart(copy=False)
         body = unpack_producer_frame(frames[0]) if len(frames) == 1 else None
         if body is None:
             return frames
@@ -179,6 +251,12 @@ class ExactTransport:
         if status.stream:
             with self._lock:
                 self.stream[i] = status.stream
+                if status.session == self.session[i] and status.session and status.stream in self._state.streams:
+                    # Epochs the producer completed (every trainer consumed them): their bitmaps need not be kept,
+                    # so a long run's state stays a few bitmaps, not one per epoch ever trained.
+                    self._state.streams[status.stream].advance(status.completed)
+        if status.stream.startswith("splits:") and status.session == self.session[i] and status.session:
+            self._join_pool(i, status)
         return None
 
     def accept(self, i: int, stream: str, session: int) -> bool:
@@ -201,9 +279,83 @@ class ExactTransport:
             reports, self._reports[i] = self._reports[i], []
         self._credit(i, 1, reports)
 
+    # ---- an elastic pool ---------------------------------------------------------------------
+
+    def _join_pool(self, i: int, status: Status) -> None:
+        """Producer ``i`` serves an elastic pool: hand it splits (the first such producer defines the pool)."""
+        if i in self._pooled:
+            return
+        with self._lock:
+            if self.splits is None:
+                key = StreamKey.parse(status.stream)
+                self.splits = SplitScheduler(key, self._state.progress(status.stream), status.epochs,
+                                             self.split_records, *self.share)
+                log.info("elastic pool of %d records (seed %d): handing out splits of %d records%s", key.records,
+                         key.seed, self.split_records, f", share {self.share[0]}/{self.share[1]}"
+                         if self.share[1] > 1 else "")
+            if status.stream != str(self.splits.key) or status.epochs != self.splits.epochs:
+                if status.producer not in self._refused_pool:
+                    self._refused_pool.add(status.producer)
+                    log.error("producer %s serves %s (%s epochs) but this trainer's pool is %s (%s epochs): it gets "
+                              "no work; start every producer of a pool on the same dataset with the same --seed and "
+                              "--epochs", status.producer, status.stream, status.epochs, self.splits.key,
+                              self.splits.epochs)
+                return
+        self._pooled.add(i)
+        self._give_work(i)
+
+    def _leave_pool(self, i: int) -> None:
+        if i in self._pooled:
+            self._pooled.discard(i)
+            with self._lock:
+                assert self.splits is not None
+                released = self.splits.release(i)
+            if released:
+                log.info("producer %s left or restarted: %d unfinished split(s) go to the others",
+                         self.addresses[i], released)
+
+    def _give_work(self, i: int) -> None:
+        with self._lock:
+            assert self.splits is not None
+            if self.splits.finished:
+                items, finished = [], True
+            else:
+                items, finished = self.splits.top_up(i), False
+        if finished and i not in self._told_finished:
+            self._told_finished.add(i)
+            self._send(i, encode_work(Work(self.session[i], [], finished=True)))
+        elif items:
+            for start in range(0, len(items), MAX_WORK_ITEMS):
+                self._send(i, encode_work(Work(self.session[i], items[start:start + MAX_WORK_ITEMS])))
+
+    def arrived(self, i: int, stream: str, epochs: np.ndarray, indices: np.ndarray,
+                mask: np.ndarray) -> Optional[np.ndarray]:
+        """An elastic pool's batch: the rows to keep (new records of this trainer's share); None for fixed shards.
+
+        Every batch of a pool's stream goes through the scheduler, also one from a producer that was just
+        taken for gone: what it sends may still be new, and what is not is dropped."""
+        if not stream.startswith("splits:"):
+            return None
+        with self._lock:
+            if self.splits is None or stream != str(self.splits.key):
+                return np.zeros(len(indices), bool)  # no pool of this trainer's: nothing of it is asked for
+            keep = self.splits.arrived(epochs, indices, mask)
+        if i in self._pooled:
+            self._give_work(i)
+        return keep
+
+    def dropped(self, i: int) -> None:
+        """A batch from producer ``i`` was not queued (nothing new in it): its credit comes back."""
+        with self._lock:
+            reports, self._reports[i] = self._reports[i], []
+        self._credit(i, 1, reports)
+
     @property
     def finished(self) -> bool:
-        return all(s is not None and s.finished for s in self.status)
+        if self.splits is not None:
+            return self.splits.finished
+        live = self.live()
+        return bool(live) and all(self.status[i] is not None and self.status[i].finished for i in live)  # type: ignore[union-attr]
 
     def spec(self) -> Optional[list[tuple[str, str, list[int]]]]:
         """The batch spec a producer described (the first that did), or None yet."""
@@ -214,15 +366,22 @@ class ExactTransport:
 
     def close(self) -> None:
         for watcher in self.watchers:
-            watcher.close()
+            if watcher is not None:
+                watcher.close()
         for sock in self.sockets:
-            sock.close(linger=0)
+            if sock is not None:
+                sock.close(linger=0)
+
+    def _watchers(self) -> list[ConnectionWatcher]:
+        return [w for w in self.watchers if w is not None]
 
     def connected(self) -> set[str]:
-        return set().union(*(w.connected for w in self.watchers))
+        return set().union(*(w.connected for w in self._watchers()))
 
     def failures(self) -> tuple[int, str, str]:
-        """``(count, endpoint, reason)`` of failed handshakes over all producers."""
-        count = sum(w.failures.count for w in self.watchers)
-        last = max(self.watchers, key=lambda w: w.failures.count)
-        return count, last.failures.endpoint, last.failures.reason
+        """``(count, endpoint, reason)`` of failed handshakes over the producers in the pool."""
+        watchers = self._watchers()
+        if not watchers:
+            return 0, "", ""
+        last = max(watchers, key=lambda w: w.failures.count)
+        return sum(w.failures.count for w in watchers), last.failures.endpoint, last.failures.reason

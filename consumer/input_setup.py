@@ -14,7 +14,7 @@ Every argument error is a ValueError that names the fix.
 from __future__ import annotations
 
 import secrets
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from stoker.protocol import DecodeLimits
 from stoker.protocol.batch_codec import is_valid_id
@@ -22,6 +22,7 @@ from stoker.protocol.batch_spec import BatchSpec
 from stoker.protocol.curve import CurveClientKeys
 from stoker.protocol.input_state import InputState
 
+from .discovery import DEFAULT_REFRESH_S, AddressSource, ProducerPool, check_source
 from .exact_receiver import ExactReceiver
 from .exact_state import parse_state
 from .libzmq_receiver import LibzmqReceiver
@@ -33,12 +34,9 @@ RECEIVE_PATHS = ("auto", "direct", "libzmq")
 SpecArg = Optional[BatchSpec | Mapping[str, tuple[Any, Sequence[int]]]]
 
 
-def split_addresses(addresses: Sequence[str] | str) -> list[str]:
-    if isinstance(addresses, str):
-        addresses = [a.strip() for a in addresses.split(",") if a.strip()]
-    if not addresses:
-        raise ValueError("give at least one producer address, e.g. tcp://datahost:5555")
-    return list(addresses)
+def split_addresses(addresses: AddressSource) -> list[str] | Callable[[], Sequence[str]]:
+    """The producer sources as a list (or the user's discovery callable); ValueError naming the fix."""
+    return check_source(addresses)
 
 
 def declared_spec(spec: SpecArg, batch_size: Optional[int], image_shape: Optional[Sequence[int]],
@@ -73,12 +71,13 @@ def exact_identity(exact: bool, resume_state: Optional[bytes], trainer_id: Optio
     return trainer_id or f"trainer-{secrets.token_hex(4)}", InputState()
 
 
-def direct_applies(addresses: Sequence[str], curve: Optional[CurveClientKeys], exact: bool) -> Optional[str]:
+def direct_applies(addresses: Sequence[str] | Callable[[], Sequence[str]], curve: Optional[CurveClientKeys],
+                   exact: bool) -> Optional[str]:
     """None if direct receive can serve these arguments, else why not (with the fix)."""
     if curve is not None or exact:
         return ("receive='direct' speaks ZMTP without CurveZMQ and without exact mode: leave receive='auto' (or "
                 "'libzmq') for curve keys or exact=True")
-    for address in addresses:
+    for address in addresses if not callable(addresses) else []:  # a callable's answers are checked as they come
         try:
             tcp_address(address)
         except ValueError as exc:
@@ -86,21 +85,24 @@ def direct_applies(addresses: Sequence[str], curve: Optional[CurveClientKeys], e
     return None
 
 
-def open_core(addresses: Sequence[str], spec: Optional[BatchSpec], receive: str, recv_timeout: float, rcvhwm: int,
-              max_message_bytes: int, curve: Optional[CurveClientKeys], exact: bool, trainer_id: str,
-              state: InputState) -> ReceiveCore:
-    """A receive core over the chosen transport, its spec resolved (may wait up to ``recv_timeout``)."""
+def open_core(addresses: Sequence[str] | Callable[[], Sequence[str]], spec: Optional[BatchSpec], receive: str,
+              recv_timeout: float, rcvhwm: int, max_message_bytes: int, curve: Optional[CurveClientKeys], exact: bool,
+              trainer_id: str, state: InputState, discover_every: float = DEFAULT_REFRESH_S) -> ReceiveCore:
+    """A receive core over the chosen transport, its spec resolved (may wait up to ``recv_timeout``).
+
+    ``addresses`` are producer sources (``discovery``): names are resolved again every ``discover_every`` s."""
     if receive not in RECEIVE_PATHS:
         raise ValueError(f"receive={receive!r}: choose 'auto' (default: direct where it applies), 'direct' or 'libzmq'")
     why_not = direct_applies(addresses, curve, exact)
     if receive == "direct" and why_not:
         raise ValueError(why_not)
     limits = DecodeLimits(max_message_bytes=max_message_bytes)
+    pool = ProducerPool(addresses, discover_every)
     receiver: Receiver
     if exact:
-        receiver = ExactReceiver(addresses, limits, rcvhwm, trainer_id, state, curve)
+        receiver = ExactReceiver(pool, limits, rcvhwm, trainer_id, state, curve)
     elif receive == "direct" or (receive == "auto" and why_not is None):
-        receiver = ZMTPReceiver(addresses, limits)
+        receiver = ZMTPReceiver(pool, limits)
     else:
-        receiver = LibzmqReceiver(addresses, limits, rcvhwm, curve)
+        receiver = LibzmqReceiver(pool, limits, rcvhwm, curve)
     return ReceiveCore(receiver, spec, recv_timeout)

@@ -26,6 +26,7 @@ from stoker.protocol.batch_spec import BatchSpec
 from stoker.protocol.curve import CurveClientKeys
 
 from .connections import ConnectionWatcher
+from .discovery import ProducerPool
 from .receive_core import POLL_S, ReceiveCore
 
 log = logging.getLogger("stoker.consumer")
@@ -54,9 +55,9 @@ def set_curve(sock: zmq.Socket, curve: Optional[CurveClientKeys]) -> None:
 class LibzmqReceiver:
     """See the module doc. ValueError for an address libzmq cannot parse."""
 
-    def __init__(self, addresses: Sequence[str], limits: DecodeLimits, rcvhwm: int,
+    def __init__(self, pool: ProducerPool, limits: DecodeLimits, rcvhwm: int,
                  curve: Optional[CurveClientKeys] = None) -> None:
-        self.addresses = list(addresses)
+        self.pool = pool
         self.limits = limits
         self.held_per_producer = rcvhwm + 1  # ZMQ's receive buffer plus the message it is assembling
         self._ctx = zmq.Context()
@@ -65,11 +66,11 @@ class LibzmqReceiver:
             self._sock.setsockopt(option, value)
         set_curve(self._sock, curve)
         try:  # the watcher connects, after its monitor runs: no handshake goes unseen
-            self._watcher = ConnectionWatcher(self._sock, self.addresses, curve=curve is not None)
+            self._watcher = ConnectionWatcher(self._sock, pool.endpoints, curve=curve is not None)
         except zmq.ZMQError as exc:
             self._sock.close(0)
             self._ctx.term()
-            raise ValueError(f"cannot connect to the producer addresses {self.addresses}: {exc.strerror}; "
+            raise ValueError(f"cannot connect to the producer addresses {pool.endpoints}: {exc.strerror}; "
                              "expected e.g. tcp://host:5555") from None
         self._first: Optional[Any] = None  # the batch a spec was learned from, delivered first
 
@@ -123,7 +124,15 @@ class LibzmqReceiver:
             core.deliver(batch, arrays, owned=False)  # may block on a full queue: not silence from the producers
 
     def _watch(self, core: ReceiveCore) -> None:
-        if self._watcher.poll():
+        joined, left = core.follow_pool()
+        for endpoint in left:
+            self._watcher.remove(endpoint)
+        for endpoint in joined:
+            try:
+                self._watcher.add(endpoint)
+            except zmq.ZMQError as exc:
+                core.stats.connection_changed(endpoint, False, f"cannot connect: {exc.strerror}", False)
+        if self._watcher.poll() or joined or left:
             w = self._watcher
             core.stats.set_connections(w.connected, w.failures.count, w.failures.reason, w.reconnects)
 

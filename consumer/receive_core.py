@@ -28,6 +28,7 @@ from stoker.protocol import ProtocolError
 from stoker.protocol.batch_codec import Batch
 from stoker.protocol.batch_spec import BatchSpec
 
+from .discovery import ProducerPool
 from .errors import InputClosedError, InputError, InputTimeoutError
 from .receive_stats import ReceiveStats
 
@@ -76,7 +77,8 @@ class BatchSink(Protocol):
 class Receiver(Protocol):
     """One transport's receiving end; see the module doc. Runs on the core's thread unless it says otherwise."""
 
-    addresses: list[str]
+    #: the producers it connects to; it applies the changes ``core.follow_pool()`` returns, at least every POLL_S
+    pool: ProducerPool
     #: what the per-producer memory bound counts: batches one producer's connection may hold
     held_per_producer: int
 
@@ -106,9 +108,11 @@ class ReceiveCore:
 
     def __init__(self, receiver: Receiver, spec: Optional[BatchSpec], recv_timeout: float) -> None:
         self.receiver = receiver
-        self.addresses = receiver.addresses
+        self.pool = receiver.pool
+        self.sources = receiver.pool.describe()  # the addresses or names the user gave, for messages
         self.recv_timeout = recv_timeout
         self.stats = ReceiveStats()
+        self.stats.pool_changed([], [], len(self.pool.endpoints))
         self.error: Optional[InputError] = None
         self.finished = False
         self._stop = threading.Event()
@@ -134,6 +138,13 @@ class ReceiveCore:
             raise
 
     # ---- for the receivers ----------------------------------------------------------------------
+
+    def follow_pool(self) -> tuple[list[str], list[str]]:
+        """Re-resolve the producer pool when due; the endpoints that joined and left (the receiver applies them)."""
+        joined, left = self.pool.refresh()
+        if joined or left:
+            self.stats.pool_changed(joined, left, len(self.pool.endpoints))
+        return joined, left
 
     def stopped(self) -> bool:
         return self._stop.is_set() or self.error is not None
@@ -202,8 +213,9 @@ class ReceiveCore:
         """The error to fail with now, if any: a certain mode mismatch, or ``silent`` past ``recv_timeout``."""
         mismatches = self.receiver.mode_mismatches()
         # Counted per endpoint as the transport names it (libzmq may spell an address its own way).
-        if self.addresses and sum(n >= MISMATCH_REFUSALS for n in mismatches.values()) >= len(self.addresses):
-            return InputError(f"every producer at {', '.join(self.addresses)} refused the connection "
+        endpoints = self.pool.endpoints
+        if endpoints and sum(mismatches.get(e, 0) >= MISMATCH_REFUSALS for e in endpoints) >= len(endpoints):
+            return InputError(f"every producer at {self.sources} refused the connection "
                               f"{MISMATCH_REFUSALS} times in a row: {self.receiver.failures()[2]}")
         if silent > self.recv_timeout:
             return InputTimeoutError(self.timeout_message(silent) + waiting_for)
@@ -211,7 +223,7 @@ class ReceiveCore:
 
     def timeout_message(self, silent: float) -> str:
         """Why no acceptable batch arrived: rejected batches, failed handshakes, or silence."""
-        message = (f"no acceptable batch from any producer at {', '.join(self.addresses)} for {silent:.0f} s "
+        message = (f"no acceptable batch from any producer at {self.sources} for {silent:.0f} s "
                    f"(recv_timeout={self.recv_timeout:g})")
         causes = []
         rejected = self.stats.rejected_since_batch
@@ -225,7 +237,10 @@ class ReceiveCore:
         talked = bool(causes)
         for endpoint, reason in self.stats.endpoint_errors():
             causes.append(f"cannot receive from {endpoint}: {reason}")
-        if not talked:
+        if not self.pool.endpoints:
+            causes.append(f"{self.sources} named no producer (a name that resolves to nothing: is any producer "
+                          "running and ready?)")
+        elif not talked:
             causes.append("nothing arrived: check the producers run (`stoker produce`) and that this host can reach "
                           "those addresses")
         return message + "; " + "; ".join(causes)
@@ -295,7 +310,7 @@ class ReceiveCore:
             return
         self._stop.set()
         if self.error is None:
-            self.error = InputClosedError(f"the input from {', '.join(self.addresses)} was closed")
+            self.error = InputClosedError(f"the input from {self.sources} was closed")
         if self._sink is not None:
             try:
                 self._sink.close(cancel=True)

@@ -26,6 +26,55 @@ from stoker.protocol.input_state import StreamKey
 log = logging.getLogger("stoker.consumer")
 
 _REJECT_LOG_EVERY_S = 10.0
+COVERAGE_EPOCHS = 4
+MAX_COVERAGE_RECORDS = 1 << 28  # one byte per record and epoch tracked: 256 MiB per epoch at most
+
+
+class Coverage:
+    """Which records of each epoch arrived (plain and exact mode alike): a bitmap per recent epoch.
+
+    The dataset's size comes from the stream in the batch headers; batches of streams that name another
+    size are not counted (two datasets in one job have no single coverage). Not thread-safe: the caller locks.
+    """
+
+    def __init__(self) -> None:
+        self.records = 0
+        self._seen: dict[int, np.ndarray] = {}
+        self._count: dict[int, int] = {}
+
+    def add(self, stream: str, epochs: np.ndarray, indices: np.ndarray, rows: np.ndarray) -> None:
+        if not stream:
+            return
+        try:
+            records = StreamKey.parse(stream).records
+        except ValueError:
+            return
+        if not self.records:
+            if not 0 < records <= MAX_COVERAGE_RECORDS:
+                return
+            self.records = records
+        if records != self.records:
+            return
+        epochs, indices = epochs[rows], indices[rows]
+        ok = (indices >= 0) & (indices < records) & (epochs >= 0)
+        epochs, indices = epochs[ok], indices[ok]
+        for e in np.unique(epochs).tolist():
+            if e not in self._seen:
+                if self._seen and e < min(self._seen) and len(self._seen) >= COVERAGE_EPOCHS:
+                    continue  # older than anything kept
+                self._seen[e], self._count[e] = np.zeros(records, bool), 0
+                while len(self._seen) > COVERAGE_EPOCHS:
+                    oldest = min(self._seen)
+                    del self._seen[oldest], self._count[oldest]
+            if e not in self._seen:
+                continue
+            bitmap = self._seen[e]
+            fresh = np.unique(indices[epochs == e])
+            self._count[e] += int((~bitmap[fresh]).sum())
+            bitmap[fresh] = True
+
+    def snapshot(self) -> dict[int, tuple[int, int]]:
+        return {e: (n, self.records) for e, n in sorted(self._count.items())}
 
 
 @dataclass
@@ -59,6 +108,13 @@ class InputStats:
     control_bytes_sent: int = 0
     control_received: int = 0
     control_bytes_received: int = 0
+    #: the producer pool (``consumer/discovery.py``): producers in it now, and how many joined and left since the start
+    pool_size: int = 0
+    producers_joined: int = 0
+    producers_left: int = 0
+    #: epoch -> (distinct records received, records in the dataset), from the batches' ``index``/``epoch`` rows and
+    #: the dataset size their headers' streams name; the last ``COVERAGE_EPOCHS`` epochs seen
+    coverage: dict[int, tuple[int, int]] = field(default_factory=dict)
 
     @property
     def mean_queue_occupancy(self) -> float:
@@ -74,6 +130,13 @@ def shard_conflict(a: str, a_stream: str, b: str, b_stream: str) -> Optional[str
         return None
     if ka.records != kb.records:
         return None  # different datasets: nothing to compare
+    if ka.splits and kb.splits:
+        return None  # one elastic pool: the trainers hand out splits, nothing overlaps
+    if ka.splits or kb.splits:
+        fixed, name = (kb, b) if ka.splits else (ka, a)
+        return (f"producer {name} serves a fixed shard {fixed.index}/{fixed.count} of the same {ka.records}-record "
+                f"dataset that an elastic pool (--shard auto) shares: records come more than once per epoch; start "
+                "every producer of a pool with --shard auto")
     if ka.count != kb.count:
         why = f"their shard counts disagree ({ka.index}/{ka.count} vs {kb.index}/{kb.count})"
     elif ka.index == kb.index and ka.seed == kb.seed:
@@ -96,13 +159,14 @@ class ReceiveStats:
         self._unlogged_rejects = 0
         self._conflicting: set[frozenset[str]] = set()
         self._endpoint_errors: dict[str, str] = {}  # endpoint -> why it is not connected (direct receive)
+        self._coverage = Coverage()
 
     def snapshot(self) -> InputStats:
         with self._lock:
             s = self._stats
             return replace(s, per_producer=dict(s.per_producer), samples_per_producer=dict(s.samples_per_producer),
                            stage_seconds={p: dict(t) for p, t in s.stage_seconds.items()},
-                           producer_streams=dict(s.producer_streams))
+                           producer_streams=dict(s.producer_streams), coverage=self._coverage.snapshot())
 
     def accepted(self, batch: Any, arrays: Sequence[np.ndarray]) -> Optional[str]:
         """Count a batch the input took; returns a shard conflict it reveals for the first time, else None."""
@@ -122,6 +186,9 @@ class ReceiveStats:
                 stages = stats.stage_seconds.setdefault(producer, {})
                 for name, seconds in header.stages.items():
                     stages[name] = stages.get(name, 0.0) + seconds
+            if "index" in batch.arrays and "epoch" in batch.arrays:
+                rows = batch["mask"].astype(bool) if "mask" in batch.arrays else slice(None)
+                self._coverage.add(header.stream, np.asarray(batch["epoch"]), np.asarray(batch["index"]), rows)
             if header.stream and stats.producer_streams.get(producer) != header.stream:
                 stats.producer_streams[producer] = header.stream
                 conflict = self._check_streams(producer, header.stream)
@@ -195,6 +262,18 @@ class ReceiveStats:
             self._stats.connected_endpoints = tuple(sorted(endpoints))
             self._stats.connected_producers = len(endpoints)
             return was
+
+    def pool_changed(self, joined: Sequence[str], left: Sequence[str], size: int) -> None:
+        """The producer pool changed (or was first resolved): producers that left are no longer connected."""
+        with self._lock:
+            s = self._stats
+            s.pool_size = size
+            s.producers_joined += len(joined)
+            s.producers_left += len(left)
+            endpoints = set(s.connected_endpoints) - set(left)
+            s.connected_endpoints, s.connected_producers = tuple(sorted(endpoints)), len(endpoints)
+            for endpoint in left:
+                self._endpoint_errors.pop(endpoint, None)
 
     def endpoint_errors(self) -> list[tuple[str, str]]:
         with self._lock:

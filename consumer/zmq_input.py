@@ -46,7 +46,12 @@ class ZMQInput(tf.train.experimental.PythonState):
 
     Args:
         addresses: producer addresses, e.g. ``["tcp://hostA:5555", "tcp://hostB:5555"]``
-            (a comma-separated string works too).
+            (a comma-separated string works too). A host *name* stands for every address it
+            resolves to, resolved again every ``discover_every`` seconds: with a Kubernetes headless
+            Service (``tcp://stoker-producer.NS.svc:5555``) the input follows ``kubectl scale``,
+            connecting to producers that appear and dropping those that vanish. A callable returning
+            addresses plugs in any other discovery (consumer/discovery.py).
+        discover_every: seconds between re-resolving names (default 5; 0: resolve once).
         batch_size, image_shape: the ``imagenet`` pipeline's batches (images uint8
             ``[batch_size, *image_shape]``, labels int32): give either (the other defaults to 64
             or ``(224, 224, 3)``) as a shortcut for its ``spec``.
@@ -127,6 +132,7 @@ class ZMQInput(tf.train.experimental.PythonState):
         resume_state: Optional[bytes] = None,
         trainer_id: Optional[str] = None,
         receive: str = "auto",
+        discover_every: float = 5.0,
     ) -> None:
         try:
             self.addresses = split_addresses(addresses)
@@ -153,7 +159,7 @@ class ZMQInput(tf.train.experimental.PythonState):
         self._closed = False
         self._metrics: Any = None
         self._core = open_core(self.addresses, declared, receive, recv_timeout, rcvhwm, max_message_bytes, curve,
-                               exact, self.trainer_id, state)
+                               exact, self.trainer_id, state, discover_every)
         self.receive = "direct" if isinstance(self._core.receiver, ZMTPReceiver) else "libzmq"  # the path chosen
         self.spec = self._core.spec
         self.batch_size = self.spec.batch_size
@@ -168,7 +174,7 @@ class ZMQInput(tf.train.experimental.PythonState):
         try:
             self._feeder = TFFeeder(
                 self.spec, queue_spec, queue_capacity, self.devices, nr_stage, name, lambda: self._core.error,
-                f"the producers at {', '.join(self.addresses)} finished their epochs: every record was delivered",
+                f"the producers at {self._core.sources} finished their epochs: every record was delivered",
                 record_consumed=self._exact.record_consumed if self._exact is not None else None,
                 activate=self._activate)
         except BaseException:
@@ -297,7 +303,7 @@ class ZMQInput(tf.train.experimental.PythonState):
         """
         per_producer = self._core.receiver.held_per_producer
         return (self.queue_capacity + (self.nr_stage + 1 + 1) * len(self.devices) + 2
-                + per_producer * len(self.addresses))
+                + per_producer * len(self._core.pool.endpoints))
 
     def queue_size(self) -> int:
         """Batches in the FIFOQueue right now."""

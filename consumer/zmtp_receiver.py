@@ -20,6 +20,7 @@ from stoker.protocol.batch_codec import Batch
 from stoker.protocol.batch_spec import ArrayShape, BatchSpec
 
 from .direct_receive import DirectReceiver
+from .discovery import ProducerPool
 from .errors import InputError
 from .receive_core import POLL_S, ReceiveCore
 from .zmtp import tcp_address
@@ -58,13 +59,15 @@ class ZMTPReceiver:
 
     held_per_producer = 1  # the batch its thread reads into, or holds while waiting for room
 
-    def __init__(self, addresses: Sequence[str], limits: DecodeLimits) -> None:
-        self.addresses = list(addresses)
-        for address in self.addresses:
+    def __init__(self, pool: ProducerPool, limits: DecodeLimits) -> None:
+        self.pool = pool
+        for address in pool.endpoints:
             tcp_address(address)
         self.limits = limits
         self._spec: Optional[BatchSpec | LearnedSpec] = None
         self._threads: list[threading.Thread] = []
+        self._leave: dict[str, threading.Event] = {}  # endpoint -> set when it left the pool
+        self._started = False
         self._lock = threading.Lock()
         self._failures = (0, "", "")
         self._mismatches: dict[str, int] = {}
@@ -80,6 +83,7 @@ class ZMTPReceiver:
         self._start(core)
         started = time.monotonic()
         while not learner.learned.wait(POLL_S):
+            self._follow_pool(core)
             failure = core.failure(time.monotonic() - started, "; no batch spec was given, so the trainer waited "
                                    "for a first batch to learn it from")
             if failure is not None:
@@ -88,17 +92,39 @@ class ZMTPReceiver:
         return learner.spec
 
     def _start(self, core: ReceiveCore) -> None:
-        if self._threads:
+        if self._started:
             return
+        self._started = True
+        for address in self.pool.endpoints:
+            self._join_one(address, core)
+
+    def _join_one(self, address: str, core: ReceiveCore) -> None:
+        """A receive thread for one producer, stopped when the input stops or the producer leaves the pool."""
         assert self._spec is not None
-        for i, address in enumerate(self.addresses):
-            receiver = DirectReceiver(address, self._spec, self.limits, core.empty,  # type: ignore[arg-type]
-                                      lambda batch, arrays: core.deliver(batch, arrays, owned=True), core.reject,
-                                      core.stopped, self._connection_callback(core), poll_s=POLL_S)
-            thread = threading.Thread(target=self._run_one, args=(receiver, core), name=f"stoker-receive-{i}",
-                                      daemon=True)
-            thread.start()
-            self._threads.append(thread)
+        try:
+            tcp_address(address)
+        except ValueError as exc:  # a discovery function returned something direct receive cannot reach
+            core.stats.connection_changed(address, False, str(exc), False)
+            return
+        leave = self._leave[address] = threading.Event()
+        receiver = DirectReceiver(address, self._spec, self.limits, core.empty,  # type: ignore[arg-type]
+                                  lambda batch, arrays: core.deliver(batch, arrays, owned=True), core.reject,
+                                  lambda: core.stopped() or leave.is_set(), self._connection_callback(core),
+                                  poll_s=POLL_S)
+        thread = threading.Thread(target=self._run_one, args=(receiver, core), name=f"stoker-receive-{address}",
+                                  daemon=True)
+        thread.start()
+        self._threads = [t for t in self._threads if t.is_alive()] + [thread]
+
+    def _follow_pool(self, core: ReceiveCore) -> None:
+        joined, left = core.follow_pool()
+        for address in left:
+            leave = self._leave.pop(address, None)
+            if leave is not None:
+                leave.set()  # its thread drops the batch it may be reading and closes the connection
+        if self._started:
+            for address in joined:
+                self._join_one(address, core)
 
     def _connection_callback(self, core: ReceiveCore):  # type: ignore[no-untyped-def]
         def on_connection(endpoint: str, connected: bool, reason: str, handshake_failed: bool,
@@ -111,6 +137,8 @@ class ZMTPReceiver:
                     self._handshaken.add(endpoint)
                 elif mode_mismatch and endpoint not in self._handshaken:  # it spoke our mode once: shutting down
                     self._mismatches[endpoint] = self._mismatches.get(endpoint, 0) + 1
+            if endpoint not in self._leave:
+                return  # news from a producer that left the pool
             if core.stats.connection_changed(endpoint, connected, reason, handshake_failed, drops) and not connected:
                 self._log_drop(endpoint, reason)
         return on_connection
@@ -138,6 +166,7 @@ class ZMTPReceiver:
         self._start(core)
         try:
             while core.watch():
+                self._follow_pool(core)
                 core.wait(POLL_S)
         finally:
             self._join()

@@ -43,6 +43,7 @@ from .metrics import ProducerCollector
 from .pipeline import load_pipeline
 from .peer_security import HandshakeFailureLog, RefusalLoggingAuthenticator
 from .sharding import ShardSpec
+from .split_server import SplitServer
 from .stage_stats import StageStats, rate_report
 from .worker import WorkerConfig, run_worker
 
@@ -109,6 +110,14 @@ class ProducerDaemon:
             raise ValueError(f"--epochs must be >= 1, got {config.epochs}")
         if config.epochs is not None and not config.exact:
             config = replace(config, exact=True)  # a finite run is exact: it ends when every record is consumed
+        if config.shard.auto:
+            if config.min_trainers > 1:
+                raise ValueError("--min-trainers does not apply to --shard auto: each trainer hands out its own splits")
+            if config.repeat_batches:
+                raise ValueError("--repeat-batches is a benchmark of the plain mode; it does not combine with --shard auto")
+            # The trainers hand out the splits over exact mode's control channel, and every producer of the pool
+            # must order an epoch alike: the same seed (0 unless given).
+            config = replace(config, exact=True, seed=config.seed if config.seed is not None else 0)
         if config.min_trainers > 1 and not config.exact:
             raise ValueError("--min-trainers needs exact mode (--exact or --epochs N): plain producers do not know "
                              "their trainers")
@@ -162,7 +171,8 @@ class ProducerDaemon:
         self.stats = StageStats(config.workers, mp.get_context("spawn"))
         self.layout = SlotLayout(self.pipeline.batch_arrays(exact=config.exact), config.batch_size,
                                  slots=config.sndhwm + 1)
-        self.stream = StreamKey(config.shard.index, config.shard.count, self.meta.count, self.seed)
+        self.stream = StreamKey(config.shard.index, config.shard.count, self.meta.count, self.seed,
+                                splits=config.shard.auto)
 
     def run(self, stop: threading.Event) -> None:
         """Serve until ``stop`` is set; then stop everything and return. Never returns early on bad data."""
@@ -177,7 +187,12 @@ class ProducerDaemon:
         forwarder: SlotForwarder
         if cfg.exact:
             spec = [(name, dtype, [cfg.batch_size, *shape]) for name, dtype, shape in self.layout.arrays]
-            server = ExactServer(self.stream, self.producer_id, cfg.epochs, cfg.trainer_timeout, spec, cfg.min_trainers)
+            server: ExactServer | SplitServer
+            if cfg.shard.auto:
+                server = SplitServer(self.stream, self.producer_id, cfg.epochs, cfg.trainer_timeout, spec)
+            else:
+                server = ExactServer(self.stream, self.producer_id, cfg.epochs, cfg.trainer_timeout, spec,
+                                     cfg.min_trainers)
             forwarder = ExactForwarder(control, self._out, self.layout, buffers, server)
         else:
             forwarder = SlotForwarder(control, self._out, self.layout, buffers)

@@ -25,7 +25,7 @@ import numpy as np
 import zmq
 
 from stoker.protocol import ProtocolError
-from stoker.protocol.exact_messages import Credit, Describe, Hello, decode_trainer_message, encode_status
+from stoker.protocol.exact_messages import Credit, Describe, Hello, Work, decode_trainer_message, encode_status
 
 from .batch_slots import GRANT, SlotLayout, SlotState, encode_work, slot_frame
 from .exact_server import Chunk, ExactServer
@@ -118,7 +118,13 @@ class ExactForwarder(SlotForwarder):
                 self._last_bad_log = now
                 log.warning("rejected a trainer's control message (%d in all): %s", self.bad_messages, exc)
             return
-        if isinstance(body, Hello):
+        if isinstance(body, Work):
+            try:
+                self.server.on_work(routing_id, body)
+            except ProtocolError as exc:
+                self.bad_messages += 1
+                log.warning("refused a trainer's work (%d bad messages in all): %s", self.bad_messages, exc)
+        elif isinstance(body, Hello):
             self.server.on_hello(routing_id, body)
             log.info("trainer %s (session %d) joined with credit %d; serving epoch %d", body.trainer, body.session,
                      body.credit, self.server.completed)
@@ -146,14 +152,17 @@ class ExactForwarder(SlotForwarder):
             self._status_to(routing_id)
 
     def _send_ready(self) -> None:
-        while self._ready:
-            routing_id = self.server.pick_trainer()
+        """Send made batches in order, each to its trainer (any with credit, or the one it was made for)."""
+        position = 0
+        while position < len(self._ready):
+            worker, slot, header = self._ready[position]
+            routing_id = self.server.route(self.work.get((worker, slot)))
             if routing_id is None:
-                return
-            worker, slot, header = self._ready[0]
+                position += 1  # its trainer has no credit now; later batches may be another trainer's
+                continue
             if not self._send_to(routing_id, worker, slot, header):
                 return
-            self._ready.popleft()
+            del self._ready[position]
 
     def _send_to(self, routing_id: bytes, worker: int, slot: int, header: bytes) -> bool:
         arrays = self.views[worker][slot]
@@ -161,7 +170,11 @@ class ExactForwarder(SlotForwarder):
         valid = mask.astype(bool)
         failed = ~valid & (indices >= 0)
         stale = np.zeros_like(valid)
-        stale[valid] = self.server.take_stale(epochs[valid], indices[valid])
+        chunk = self.work.get((worker, slot))
+        stale[valid] = self.server.take_stale(epochs[valid], indices[valid], chunk)
+        if chunk is not None and chunk.trainer is not None and stale.any():
+            stale[:] = True  # an elastic pool's batch whose trainer left or restarted: not sent at all
+            failed[:] = False
         if stale.any():  # consumed or held elsewhere since they were chosen: never served twice
             # Padding to the trainer (masked rows are cut off) and to a retried send (index -1: not a failure).
             mask[stale], indices[stale] = 0, -1
@@ -169,7 +182,9 @@ class ExactForwarder(SlotForwarder):
             self.stale_rows += int(stale.sum())
             log.info("left %d row(s) out of a batch: their records were consumed or are held by a trainer that "
                      "came back since they were chosen (%d so far)", int(stale.sum()), self.stale_rows)
-        if not valid.any():  # nothing of it left to serve: the slot goes back to its worker unsent
+        # An elastic pool's trainer learns of failed records from the batch: it is sent even if all failed.
+        tell_failures = chunk is not None and chunk.trainer is not None and failed.any() and not stale.any()
+        if not valid.any() and not tell_failures:  # nothing of it left to serve: the slot goes back unsent
             if failed.any():
                 self.server.on_skipped(epochs[failed].tolist(), indices[failed].tolist())
             self.work.pop((worker, slot), None)
@@ -191,7 +206,7 @@ class ExactForwarder(SlotForwarder):
             return False
         finally:
             del frames
-        self.server.on_sent(routing_id, epochs[valid].tolist(), indices[valid].tolist())
+        self.server.on_sent(routing_id, epochs[valid].tolist(), indices[valid].tolist(), chunk)
         if failed.any():
             self.server.on_skipped(epochs[failed].tolist(), indices[failed].tolist())
         self.work.pop((worker, slot), None)

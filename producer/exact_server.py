@@ -40,6 +40,7 @@ from typing import Optional
 
 import numpy as np
 
+from stoker.protocol import ProtocolError
 from stoker.protocol.exact_messages import Credit, Hello, Records, Status
 from stoker.protocol.input_state import StreamKey
 
@@ -57,6 +58,8 @@ class Chunk:
 
     epochs: list[int]
     indices: list[int]
+    trainer: Optional[bytes] = None  # an elastic pool's batch is made for one trainer (split_server.py)
+    session: int = 0
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -187,7 +190,7 @@ class ExactServer:
                 epoch.owner[ks] = _FREE
                 epoch.lost.extend(int(k) for k in ks)
 
-    def take_stale(self, epochs: np.ndarray, indices: np.ndarray) -> np.ndarray:
+    def take_stale(self, epochs: np.ndarray, indices: np.ndarray, chunk: Optional[Chunk] = None) -> np.ndarray:
         """Which rows of a made batch, about to be sent, no longer belong in it.
 
         A batch's records are ``_MAKING`` from ``next_chunk`` until ``on_sent``. A trainer dropped
@@ -221,7 +224,7 @@ class ExactServer:
                 self.skipped_total += len(ks)
         self._close_done()
 
-    def on_sent(self, routing_id: bytes, epochs: list[int], indices: list[int]) -> None:
+    def on_sent(self, routing_id: bytes, epochs: list[int], indices: list[int], chunk: Optional[Chunk] = None) -> None:
         trainer = self.trainers[routing_id]
         trainer.credit -= 1
         for e, ks in self._positions(epochs, indices):
@@ -329,6 +332,14 @@ class ExactServer:
         trainer = self.trainers.pop(routing_id)
         self._release(trainer)
         return trainer.id
+
+    def route(self, chunk: Optional[Chunk]) -> Optional[bytes]:
+        """The trainer a made batch goes to: any with credit (the records are chosen for no one in particular)."""
+        return self.pick_trainer()
+
+    def on_work(self, routing_id: bytes, work: object) -> bool:
+        raise ProtocolError("a trainer handed out splits (work) to a producer with a fixed --shard: start the "
+                            "producers of an elastic pool with --shard auto")
 
     def pick_trainer(self) -> Optional[bytes]:
         """A trainer with credit, round-robin (None: all are full or there are none)."""

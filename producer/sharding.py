@@ -13,13 +13,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from stoker.protocol.input_state import epoch_order
+
+__all__ = ["RecordRng", "ShardSpec", "epoch_order", "worker_stream"]
+
 
 @dataclass(frozen=True)
 class ShardSpec:
-    """Shard ``index`` of ``count`` (``--shard I/N``)."""
+    """Shard ``index`` of ``count`` (``--shard I/N``), or ``auto``: an elastic pool's producer, serving the
+    splits of the whole dataset its trainers hand it (producer/split_server.py)."""
 
     index: int = 0
     count: int = 1
+    auto: bool = False
 
     def __post_init__(self) -> None:
         if self.count < 1 or not 0 <= self.index < self.count:
@@ -27,25 +33,20 @@ class ShardSpec:
 
     @classmethod
     def parse(cls, text: str) -> "ShardSpec":
-        """Parse ``"I/N"``; ValueError with a usage hint otherwise."""
+        """Parse ``"I/N"`` or ``"auto"``; ValueError with a usage hint otherwise."""
+        if text == "auto":
+            return cls(auto=True)
         try:
             index, count = (int(part) for part in text.split("/"))
         except ValueError:
-            raise ValueError(f"--shard expects I/N such as 0/2, got {text!r}") from None
+            raise ValueError(f"--shard expects I/N such as 0/2, or auto, got {text!r}") from None
         return cls(index, count)
 
     def records(self, dataset_size: int) -> np.ndarray:
         return np.arange(self.index, dataset_size, self.count, dtype=np.int64)
 
     def __str__(self) -> str:
-        return f"{self.index}/{self.count}"
-
-
-def epoch_order(shard_records: np.ndarray, seed: int, epoch: int, shuffle: bool = True) -> np.ndarray:
-    """The shard's records in epoch ``epoch``'s order."""
-    if not shuffle:
-        return shard_records
-    return np.random.default_rng([seed, epoch]).permutation(shard_records)
+        return "auto" if self.auto else f"{self.index}/{self.count}"
 
 
 def worker_stream(shard_records: np.ndarray, seed: int, worker: int, workers: int, shuffle: bool = True):

@@ -10,6 +10,10 @@ msgpack frame each:
 - ``credit``: ``n`` more batches may come; the records consumed since the last
   message, by epoch. Sent after each batch is queued and as a heartbeat.
 - ``describe``: asks for the producer's status (with its batch spec) without joining.
+- ``work`` (elastic pools, ``--shard auto``): splits of epochs this producer is to serve to this
+  trainer: ``[epoch, start, end, skip]`` = positions ``start..end-1`` of the epoch's order of the
+  whole dataset, less the offsets in ``skip`` (records the trainer already has); ``finished``:
+  the trainer has every record of its run and wants nothing more.
 
 Producer to trainer: batches (protocol v1 with ``stream`` and ``session`` header
 fields) and ``status``: the stream key, epochs completed, the run's length and
@@ -48,6 +52,25 @@ class Credit:
     session: int
     n: int
     consumed: Records = field(default_factory=list)
+
+
+MAX_SPLIT = 1 << 16  # records in one work item
+MAX_WORK_ITEMS = 64
+
+
+@dataclass
+class WorkItem:
+    epoch: int
+    start: int
+    end: int
+    skip: list[int] = field(default_factory=list)  # offsets in [0, end - start) not to serve
+
+
+@dataclass
+class Work:
+    session: int
+    items: list[WorkItem] = field(default_factory=list)
+    finished: bool = False
 
 
 @dataclass
@@ -121,12 +144,38 @@ def encode_status(status: Status) -> bytes:
                          use_bin_type=True)
 
 
+def encode_work(work: Work) -> bytes:
+    return msgpack.packb({"t": "work", "session": work.session, "finished": work.finished,
+                          "items": [[w.epoch, w.start, w.end, list(map(int, w.skip))] for w in work.items]},
+                         use_bin_type=True)
+
+
+def _work(body: dict) -> Work:
+    items_raw = body.get("items", [])
+    if not isinstance(items_raw, list) or len(items_raw) > MAX_WORK_ITEMS:
+        raise ProtocolError(f"work 'items' must be a list of at most {MAX_WORK_ITEMS} [epoch, start, end, skip]")
+    items = []
+    for item in items_raw:
+        if not (isinstance(item, list) and len(item) == 4 and isinstance(item[3], list)):
+            raise ProtocolError("work items must be [epoch, start, end, [offsets]]")
+        start = _int(item[1], "work 'start'", 0, 10**8)
+        end = _int(item[2], "work 'end'", start + 1, min(start + MAX_SPLIT, 10**8) + 1)
+        if len(item[3]) > end - start:
+            raise ProtocolError("work 'skip' lists more offsets than the split holds")
+        skip = [_int(o, "work skip offset", 0, end - start) for o in item[3]]
+        items.append(WorkItem(_int(item[0], "work 'epoch'"), start, end, skip))
+    finished = body.get("finished", False)
+    if not isinstance(finished, bool):
+        raise ProtocolError("work 'finished' must be true or false")
+    return Work(_int(body.get("session"), "work 'session'"), items, finished)
+
+
 def encode_describe() -> bytes:
     return msgpack.packb({"t": "describe", "v": 1}, use_bin_type=True)
 
 
-def decode_trainer_message(frame: Any) -> Hello | Credit | Describe:
-    """A trainer's hello, credit or describe; ProtocolError naming what is wrong."""
+def decode_trainer_message(frame: Any) -> Hello | Credit | Describe | Work:
+    """A trainer's hello, credit, work or describe; ProtocolError naming what is wrong."""
     body = _unpack(frame)
     kind = body.get("t")
     if kind == "describe":
@@ -151,7 +200,9 @@ def decode_trainer_message(frame: Any) -> Hello | Credit | Describe:
     if kind == "credit":
         return Credit(_int(body.get("session"), "credit 'session'"), _int(body.get("n"), "credit 'n'", 0, 1 << 16),
                       _records(body.get("consumed", []), "credit 'consumed'"))
-    raise ProtocolError(f"unknown control message type {kind!r} (expected hello, credit or describe)")
+    if kind == "work":
+        return _work(body)
+    raise ProtocolError(f"unknown control message type {kind!r} (expected hello, credit, work or describe)")
 
 
 def decode_status(body: dict) -> Status:

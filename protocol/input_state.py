@@ -26,29 +26,54 @@ import numpy as np
 FORMAT = "stoker-input-state"
 VERSION = 1
 _KEY_RE = re.compile(r"^(\d+)/(\d+):(\d+):(-?\d+)$")
+_SPLITS_RE = re.compile(r"^splits:(\d+):(-?\d+)$")
 MAX_STATE_BYTES = 256 * 1024 * 1024
+
+
+def epoch_order(shard_records: np.ndarray, seed: int, epoch: int, shuffle: bool = True) -> np.ndarray:
+    """The shard's records in epoch ``epoch``'s order: a permutation seeded by ``(seed, epoch)``.
+
+    Part of the protocol: an elastic pool's work messages name positions in this order, so
+    producers and trainers must compute it alike (NumPy's PCG64 ``permutation``).
+    """
+    if not shuffle:
+        return shard_records
+    return np.random.default_rng([seed, epoch]).permutation(shard_records)
 
 
 @dataclass(frozen=True)
 class StreamKey:
-    """Shard ``index/count`` of a dataset of ``records`` records, shuffled with ``seed``."""
+    """Shard ``index/count`` of a dataset of ``records`` records, shuffled with ``seed``.
+
+    ``splits``: the whole dataset shared by an elastic pool (``--shard auto``): each trainer hands
+    out splits of every epoch to whichever producers are there (``"splits:count:seed"``).
+    """
 
     index: int
     count: int
     records: int
     seed: int
+    splits: bool = False
 
     @classmethod
     def parse(cls, text: str) -> "StreamKey":
+        match = _SPLITS_RE.match(text)
+        if match:
+            records, seed = (int(g) for g in match.groups())
+            if not 0 <= records < 10**8:
+                raise ValueError(f"stream key {text!r} names an invalid dataset size")
+            return cls(0, 1, records, seed, splits=True)
         match = _KEY_RE.match(text)
         if not match:
-            raise ValueError(f"stream key {text!r} is not I/N:count:seed")
+            raise ValueError(f"stream key {text!r} is not I/N:count:seed or splits:count:seed")
         index, count, records, seed = (int(g) for g in match.groups())
         if count < 1 or not 0 <= index < count or not 0 <= records < 10**8:
             raise ValueError(f"stream key {text!r} names an invalid shard")
         return cls(index, count, records, seed)
 
     def __str__(self) -> str:
+        if self.splits:
+            return f"splits:{self.records}:{self.seed}"
         return f"{self.index}/{self.count}:{self.records}:{self.seed}"
 
     @property
@@ -91,6 +116,13 @@ class StreamProgress:
             closed.append(self.completed)
             self.completed += 1
         return closed
+
+    def advance(self, completed: int) -> None:
+        """Every epoch below ``completed`` is complete (a producer's status says so): their bitmaps go."""
+        if completed > self.completed:
+            for e in [e for e in self.open if e < completed]:
+                del self.open[e]
+            self.completed = completed
 
     def copy(self) -> "StreamProgress":
         return StreamProgress(self.size, self.completed, {e: b.copy() for e, b in self.open.items()})

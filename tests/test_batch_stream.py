@@ -12,6 +12,7 @@ import pytest
 
 from stoker.consumer import InputClosedError, InputTimeoutError
 from stoker.consumer.batch_stream import BatchStream
+from stoker.consumer.exact_state import parse_state
 from stoker.producer.process import ProducerProcess
 from stoker.producer.synthetic import build_synthetic
 
@@ -98,3 +99,18 @@ def test_importing_batch_stream_never_imports_tensorflow():
         assert "tensorflow" not in sys.modules, "BatchStream pulled in TensorFlow"
     """)
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_a_long_exact_run_keeps_only_the_open_epochs_in_its_state(tmp_path):
+    """Epochs the producer completed are closed in the trainer's state too, not kept as one bitmap each
+    (a state holds at most 64 open epochs: a long run would otherwise stop loading after 64)."""
+    data = tmp_path / "ds"
+    build_synthetic(data, 16, seed=1, num_classes=4, progress=False)
+    args = ["--workers", "1", "--batch-size", str(BATCH), "--image-size", "16", "--epochs", "6", "--seed", "5"]
+    with ProducerProcess(data, extra_args=args) as producer:
+        with BatchStream([producer.endpoint], exact=True, recv_timeout=60) as stream:
+            for batch in stream:
+                pass
+            _, state = parse_state(stream.save_state())
+    (progress,) = state.streams.values()
+    assert progress.completed == 6 and not progress.open

@@ -1,0 +1,182 @@
+"""Which producers a trainer reads from right now: the producer pool, found through the platform.
+
+A trainer is given *producer sources*; ``ProducerPool`` turns them into endpoints and, every
+``refresh_s`` seconds, into the endpoints that appeared and vanished since:
+
+- ``tcp://10.0.0.5:5555`` (an IP address) or ``ipc://...``: that one producer, fixed.
+- ``tcp://NAME:5555``: every address ``NAME`` resolves to is a producer, resolved again every
+  ``refresh_s``. A Kubernetes *headless* Service returns one A record per ready pod, so
+  ``tcp://stoker-producer.NAMESPACE.svc:5555`` follows ``kubectl scale`` with no registry of our
+  own. IPv4 addresses are used when a name has any (``localhost`` also resolves to ``::1``, which
+  a producer bound to ``0.0.0.0`` does not serve), IPv6 otherwise. A name that does not exist
+  (a headless Service with no ready pod answers NXDOMAIN) means no producers; a failed lookup
+  (DNS unreachable, timed out) keeps the last answer, so a DNS hiccup never drops a running pool.
+- A callable returning addresses (Python API only): the user's own discovery (Consul, a file,
+  a cloud API), called every ``refresh_s``; what it returns is resolved as above. If it raises,
+  the last answer is kept and the error logged.
+
+Changes are logged (what joined, what left). ``refresh_s=0`` resolves once and never again.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import socket
+import time
+from typing import Callable, Optional, Sequence, Union
+from urllib.parse import urlsplit
+
+log = logging.getLogger("stoker.consumer")
+
+AddressSource = Union[Sequence[str], str, Callable[[], Sequence[str]]]
+DEFAULT_REFRESH_S = 5.0
+_ERROR_LOG_EVERY_S = 60.0
+
+
+class NameNotFound(Exception):
+    """The name does not exist (NXDOMAIN): no producers behind it right now."""
+
+
+def _lookup(host: str, port: int) -> list[str]:
+    """The IP addresses ``host`` resolves to (IPv4 when any); NameNotFound, or OSError for a failed lookup."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        if exc.errno in (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)):
+            raise NameNotFound(host) from None
+        raise
+    v4 = sorted({str(i[4][0]) for i in infos if i[0] == socket.AF_INET})
+    return v4 or sorted({str(i[4][0]) for i in infos if i[0] == socket.AF_INET6})
+
+
+def is_literal(address: str) -> bool:
+    """Whether ``address`` names one producer as it stands (an IP address, ``ipc://``, ``inproc://``)."""
+    parts = urlsplit(address)
+    if parts.scheme != "tcp" or not parts.hostname:
+        return True  # ipc://, inproc://, or something libzmq will judge (and refuse with its own message)
+    try:
+        ipaddress.ip_address(parts.hostname)
+        return True
+    except ValueError:
+        return parts.hostname == "*"
+
+
+def _endpoint(ip: str, port: int) -> str:
+    return f"tcp://[{ip}]:{port}" if ":" in ip else f"tcp://{ip}:{port}"
+
+
+def check_source(source: AddressSource) -> Union[list[str], Callable[[], Sequence[str]]]:
+    """The source as a list of addresses or a callable; ValueError naming the fix for an empty one."""
+    if callable(source):
+        return source
+    if isinstance(source, str):
+        source = [a.strip() for a in source.split(",") if a.strip()]
+    addresses = list(source)
+    if not addresses:
+        raise ValueError("give at least one producer address, e.g. tcp://datahost:5555 (or a name that resolves to "
+                         "every producer, such as a Kubernetes headless Service: tcp://stoker-producer.NS.svc:5555)")
+    for address in addresses:
+        if not isinstance(address, str) or "://" not in address:
+            raise ValueError(f"producer address {address!r} must look like tcp://host:port")
+        parts = urlsplit(address)
+        if parts.scheme == "tcp":
+            try:
+                port = parts.port
+            except ValueError:
+                port = None
+            if not parts.hostname or port is None:
+                raise ValueError(f"producer address {address!r} needs a host and a port, e.g. tcp://datahost:5555")
+    return addresses
+
+
+class ProducerPool:
+    """The current producer endpoints behind some sources; see the module doc. Not thread-safe.
+
+    ``endpoints`` is the set now; ``refresh()`` (cheap unless due) returns ``(joined, left)``.
+    ``describe()`` names the sources for messages.
+    """
+
+    def __init__(self, source: AddressSource, refresh_s: float = DEFAULT_REFRESH_S,
+                 lookup: Callable[[str, int], list[str]] = _lookup) -> None:
+        if refresh_s < 0:
+            raise ValueError(f"refresh every {refresh_s} s: give seconds >= 0 (0: resolve once)")
+        self.source = check_source(source)
+        self.refresh_s = refresh_s
+        self._lookup = lookup
+        self._answers: dict[str, list[str]] = {}  # name -> last good answer
+        self._error_logged_at: dict[str, float] = {}
+        self.lookups = 0
+        self.endpoints: list[str] = []
+        self._next = 0.0
+        self.refresh(force=True)
+
+    @property
+    def dynamic(self) -> bool:
+        """Whether the set can change (a name or a callable, and refreshing on)."""
+        if self.refresh_s == 0:
+            return False
+        return callable(self.source) or not all(is_literal(a) for a in self.source)
+
+    def describe(self) -> str:
+        """The sources as the user gave them (names, not the addresses they resolved to)."""
+        if callable(self.source):
+            return f"{getattr(self.source, '__name__', type(self.source).__name__)}()"
+        return ", ".join(self.source)
+
+    def refresh(self, force: bool = False) -> tuple[list[str], list[str]]:
+        """Re-resolve if due (or ``force``); the endpoints that joined and left since the last call."""
+        now = time.monotonic()
+        if not force and (self.refresh_s == 0 or now < self._next):
+            return [], []
+        self._next = now + self.refresh_s
+        current = self._resolve_all()
+        joined = [e for e in current if e not in self.endpoints]
+        left = [e for e in self.endpoints if e not in current]
+        if (joined or left) and not force:
+            log.info("producer pool %s: %s joined, %s left (%d now)", self.describe(), joined or "none",
+                     left or "none", len(current))
+        self.endpoints = current
+        return joined, left
+
+    def _addresses(self) -> list[str]:
+        if not callable(self.source):
+            return list(self.source)
+        try:
+            got = self.source()
+            return check_source(list(got))  # type: ignore[return-value]
+        except Exception as exc:  # the user's discovery failed: keep what we had
+            self._log_error("discovery", f"{exc!r}; keeping the {len(self.endpoints)} producer(s) known")
+            return [e for e in self.endpoints]
+
+    def _resolve_all(self) -> list[str]:
+        out: list[str] = []
+        for address in self._addresses():
+            for endpoint in self._resolve(address):
+                if endpoint not in out:
+                    out.append(endpoint)
+        return out
+
+    def _resolve(self, address: str) -> list[str]:
+        if is_literal(address):
+            return [address]
+        parts = urlsplit(address)
+        host, port = parts.hostname, parts.port
+        assert host is not None and port is not None
+        self.lookups += 1
+        try:
+            ips = self._lookup(host, port)
+        except NameNotFound:
+            ips = []
+        except OSError as exc:  # DNS unreachable or timed out: a running pool is not dropped for that
+            self._log_error(host, f"lookup failed ({exc}); keeping its last answer "
+                                  f"{self._answers.get(host, [])}")
+            ips = self._answers.get(host, [])
+        self._answers[host] = ips
+        return [_endpoint(ip, port) for ip in ips]
+
+    def _log_error(self, key: str, message: str) -> None:
+        now = time.monotonic()
+        if now - self._error_logged_at.get(key, -_ERROR_LOG_EVERY_S) >= _ERROR_LOG_EVERY_S:
+            self._error_logged_at[key] = now
+            log.warning("producer discovery, %s: %s", key, message)

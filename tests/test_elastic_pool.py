@@ -1,0 +1,118 @@
+"""An elastic producer pool with real processes: producers join, are SIGKILLed and leave mid-epoch.
+
+The pool is a discovery function over a list the test edits (what DNS does for a headless Service);
+every producer runs ``--shard auto`` and the trainer hands out splits. Consumption is driven by the
+test, so every change happens inside epoch 0 whatever the machine's speed: each assertion is about
+which records arrived, never about how fast.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from stoker.consumer.batch_stream import BatchStream
+from stoker.producer.process import ProducerProcess
+from stoker.producer.synthetic import build_synthetic
+
+RECORDS = 3000
+BATCH = 8
+ARGS = ["--shard", "auto", "--workers", "1", "--batch-size", str(BATCH), "--image-size", "16", "--seed", "3",
+        "--trainer-timeout", "5"]
+WAIT_S = 60.0
+
+
+@pytest.fixture(scope="module")
+def pool_lmdb(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("elastic") / "data"
+    build_synthetic(path, RECORDS, seed=1, progress=False)
+    return path
+
+
+def _count(batch: dict, seen: Counter) -> None:
+    for e, i in zip(batch["epoch"].tolist(), batch["index"].tolist()):
+        seen[(e, i)] += 1
+
+
+def _take(stream: BatchStream, seen: Counter, until, what: str) -> None:
+    """Consume batches until ``until()`` holds (bounded: the stream's own recv_timeout and WAIT_S)."""
+    deadline = time.monotonic() + WAIT_S
+    while not until():
+        assert time.monotonic() < deadline, f"waited {WAIT_S:.0f} s for {what}; seen {stream.stats.per_producer}"
+        _count(next(stream), seen)
+
+
+def _epoch_0_open(seen: Counter) -> bool:
+    """Epoch 0 not yet wholly consumed (records of epoch 1 may come meanwhile: no drain at the boundary)."""
+    return sum(1 for e, _ in seen if e == 0) < RECORDS
+
+
+@pytest.mark.timeout(300)
+def test_exact_epochs_hold_while_producers_join_are_killed_and_leave(pool_lmdb: Path) -> None:
+    producers = [ProducerProcess(pool_lmdb, extra_args=[*ARGS, "--epochs", "2"]) for _ in range(2)]
+    pool = [p.endpoint for p in producers]
+    seen: Counter = Counter()
+    try:
+        with BatchStream(lambda: list(pool), exact=True, recv_timeout=60, discover_every=0.2) as stream:
+            _take(stream, seen, lambda: sum(seen.values()) >= 10 * BATCH, "the first batches")
+            # 2 -> 4: two producers join; each must serve within the epoch.
+            producers += [ProducerProcess(pool_lmdb, extra_args=[*ARGS, "--epochs", "2"]) for _ in range(2)]
+            pool.extend(p.endpoint for p in producers[2:])
+            _take(stream, seen, lambda: len(stream.stats.per_producer) == 4, "batches from the producers that joined")
+            assert _epoch_0_open(seen), "the joins must fall inside epoch 0"
+            # 4 -> 3: one SIGKILLed (its address stays in the pool, as DNS lags behind a dead pod) ...
+            producers[1].proc.send_signal(signal.SIGKILL)
+            producers[1].proc.wait(10)
+            # ... 3 -> 2: one scaled down (it leaves the pool first, then stops).
+            pool.remove(producers[3].endpoint)
+            time.sleep(0.5)
+            producers[3].stop()
+            assert _epoch_0_open(seen)
+            for batch in stream:  # to the end of the run: 2 epochs
+                _count(batch, seen)
+            stats = stream.stats
+    finally:
+        for p in producers:
+            p.stop()
+    twice = [k for k, n in seen.items() if n > 1]
+    for epoch in (0, 1):
+        records = sorted(i for e, i in seen if e == epoch)
+        assert records == list(range(RECORDS)), f"epoch {epoch}: {RECORDS - len(set(records))} record(s) never came"
+    assert not twice, f"{len(twice)} record(s) came twice, e.g. {twice[:5]}"
+    assert stats.coverage == {0: (RECORDS, RECORDS), 1: (RECORDS, RECORDS)}
+    assert stats.producers_joined == 2 and stats.producers_left == 1
+
+
+@pytest.mark.timeout(300)
+def test_a_trainer_restored_from_a_checkpoint_mid_epoch_sees_each_record_once_counting_from_it(pool_lmdb: Path) -> None:
+    producers = [ProducerProcess(pool_lmdb, extra_args=[*ARGS, "--epochs", "1"]) for _ in range(3)]
+    pool = [p.endpoint for p in producers]
+    before: Counter = Counter()
+    after: Counter = Counter()
+    try:
+        with BatchStream(lambda: list(pool), exact=True, recv_timeout=60, discover_every=0.2,
+                         trainer_id="rank0") as stream:
+            for _ in range(RECORDS // BATCH // 3):
+                _count(next(stream), before)
+            state = stream.save_state()
+            for _ in range(5):  # consumed after the checkpoint: lost with the trainer, served again
+                next(stream)
+        # The restored trainer, with one producer gone and a new one in the pool meanwhile.
+        producers[0].proc.send_signal(signal.SIGKILL)
+        pool.remove(producers[0].endpoint)
+        producers.append(ProducerProcess(pool_lmdb, extra_args=[*ARGS, "--epochs", "1"]))
+        pool.append(producers[-1].endpoint)
+        with BatchStream(lambda: list(pool), exact=True, recv_timeout=60, discover_every=0.2,
+                         resume_state=state) as stream:
+            for batch in stream:
+                _count(batch, after)
+    finally:
+        for p in producers:
+            p.stop()
+    both = before + after
+    assert sorted(i for _, i in both) == list(range(RECORDS))
+    assert max(both.values()) == 1

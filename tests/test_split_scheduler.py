@@ -1,0 +1,197 @@
+"""An elastic pool's logic without sockets: the trainer's SplitScheduler and the producer's SplitServer together.
+
+A small simulation drives both ends as the transport would (work messages in, batches out), with
+producers joining, dying with batches in flight, and coming back as stragglers; every record of every
+epoch must reach the steps exactly once.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from stoker.consumer.split_scheduler import SplitScheduler
+from stoker.protocol import ProtocolError
+from stoker.protocol.exact_messages import (Credit, Hello, Work, WorkItem, decode_trainer_message, encode_work)
+from stoker.protocol.input_state import InputState, StreamKey, epoch_order
+from stoker.producer.split_server import SplitServer
+
+KEY = StreamKey.parse("splits:103:7")
+
+
+def _scheduler(epochs=2, split=10, rank=0, world=1, state=None):
+    state = state or InputState()
+    return SplitScheduler(KEY, state.progress(str(KEY)), epochs, split, rank, world), state
+
+
+def _server(trainer=b"t", session=1, credit=1000, epochs=2):
+    server = SplitServer(KEY, "p", epochs)
+    server.on_hello(trainer, Hello("trainer", session, credit, InputState()))
+    return server
+
+
+def test_the_stream_key_of_a_pool_round_trips_and_is_the_whole_dataset():
+    assert str(KEY) == "splits:103:7" and KEY.splits and KEY.size == 103
+    assert np.array_equal(KEY.local(np.arange(103)), np.arange(103))
+    with pytest.raises(ValueError):
+        StreamKey.parse("splits:x:7")
+
+
+def test_work_messages_round_trip_and_bad_ones_are_refused_by_name():
+    work = Work(3, [WorkItem(1, 10, 20, [0, 9])], finished=False)
+    assert decode_trainer_message(encode_work(work)) == work
+    import msgpack
+    for bad, why in [({"t": "work", "session": 1, "items": [[0, 5, 5, []]]}, "end"),
+                     ({"t": "work", "session": 1, "items": [[0, 0, 10, [10]]]}, "skip offset"),
+                     ({"t": "work", "session": 1, "items": [[0, 0, 1 << 17, []]]}, "end"),
+                     ({"t": "work", "session": 1, "items": [[0, 0, 2, [0, 1, 1]]]}, "more offsets"),
+                     ({"t": "work", "session": 1, "items": "x"}, "items"),
+                     ({"t": "work", "session": 1, "items": [], "finished": 1}, "finished")]:
+        with pytest.raises(ProtocolError, match=why):
+            decode_trainer_message(msgpack.packb(bad))
+
+
+def test_a_split_outside_the_producers_dataset_is_refused():
+    server = _server()
+    with pytest.raises(ProtocolError, match="same dataset"):
+        server.on_work(b"t", Work(1, [WorkItem(0, 100, 110, [])]))
+
+
+def test_the_producer_serves_exactly_the_split_less_its_skips_in_the_epochs_order():
+    server = _server()
+    assert server.on_work(b"t", Work(1, [WorkItem(1, 10, 20, [0, 5])]))
+    assert not server.on_work(b"t", Work(2, [WorkItem(1, 0, 5, [])]))  # another session: ignored
+    chunk = server.next_chunk(100)
+    order = epoch_order(np.arange(103), 7, 1)[10:20]
+    assert chunk.indices == [int(i) for k, i in enumerate(order) if k not in (0, 5)] and set(chunk.epochs) == {1}
+    assert chunk.trainer == b"t" and server.route(chunk) == b"t"
+
+
+def test_a_batch_made_for_a_trainer_that_restarted_is_stale_whole():
+    server = _server()
+    server.on_work(b"t", Work(1, [WorkItem(0, 0, 8, [])]))
+    chunk = server.next_chunk(8)
+    server.on_hello(b"t", Hello("trainer", 2, 10, InputState()))  # restarted: hands out its splits afresh
+    assert server.take_stale(np.zeros(8), np.asarray(chunk.indices), chunk).all()
+    assert server.next_chunk(8) is None  # the old session's work is gone
+
+
+def test_credit_bounds_what_is_made_for_a_trainer():
+    server = _server(credit=1)
+    server.on_work(b"t", Work(1, [WorkItem(0, 0, 40, [])]))
+    first = server.next_chunk(8)
+    assert first is not None and server.next_chunk(8) is None  # one batch of credit, one being made
+    server.on_sent(b"t", first.epochs, first.indices, first)
+    server.on_credit(b"t", Credit(1, 1))
+    assert server.next_chunk(8) is not None
+
+
+def test_the_scheduler_hands_out_the_oldest_epoch_first_and_at_most_one_epoch_ahead():
+    sched, _ = _scheduler(epochs=5)
+    items = []
+    for producer in range(30):
+        items += sched.top_up(producer)
+    assert {i.epoch for i in items} == {0, 1}  # 11 splits per epoch, 2 epochs open
+    assert [i.epoch for i in items] == sorted(i.epoch for i in items)
+    assert sum(i.end - i.start for i in items) == 2 * 103
+
+
+def _simulate(seed: int, world: int = 1) -> None:
+    """Producers join, die with what they held, straggle; every record of the share arrives once per epoch."""
+    rng = random.Random(seed)
+    trainers = [_scheduler(epochs=3, split=7, rank=r, world=world) for r in range(world)]
+    consumed = [dict() for _ in range(world)]  # epoch -> list of records stepped on
+    servers: dict[int, SplitServer] = {}
+    dead_batches: list = []
+    next_id = 0
+    for step in range(20000):
+        if all(s.finished for s, _ in trainers):
+            break
+        roll = rng.random()
+        if roll < 0.03 or not servers:  # a producer joins
+            servers[next_id] = SplitServer(KEY, f"p{next_id}", 3)
+            for r in range(world):
+                servers[next_id].on_hello(bytes([r]), Hello(f"t{r}", 1, 1000, InputState()))
+            next_id += 1
+        elif roll < 0.05 and len(servers) > 1:  # one dies; some of its made batches still arrive later
+            victim = rng.choice(list(servers))
+            server = servers.pop(victim)
+            for r, (sched, _) in enumerate(trainers):
+                sched.release(victim)
+                chunk = server.next_chunk(5)
+                if chunk is not None:
+                    dead_batches.append((r, chunk))
+        for pid, server in servers.items():
+            for r, (sched, _) in enumerate(trainers):
+                items = sched.top_up(pid)
+                if items:
+                    server.on_work(bytes([r]), Work(1, items))
+        if dead_batches and rng.random() < 0.3:  # a straggler from a dead producer
+            r, chunk = dead_batches.pop(0)
+            keep = trainers[r][0].arrived(np.asarray(chunk.epochs), np.asarray(chunk.indices),
+                                          np.ones(len(chunk), bool))
+            _step(trainers[r][0], consumed[r], chunk, keep)
+        if servers:
+            pid = rng.choice(list(servers))
+            chunk = servers[pid].next_chunk(5)
+            if chunk is not None:
+                r = chunk.trainer[0]
+                servers[pid].on_sent(chunk.trainer, chunk.epochs, chunk.indices, chunk)
+                mask = np.ones(len(chunk), bool)
+                if rng.random() < 0.02:
+                    mask[0] = False  # a record the producer could not make
+                keep = trainers[r][0].arrived(np.asarray(chunk.epochs), np.asarray(chunk.indices), mask)
+                _step(trainers[r][0], consumed[r], chunk, keep)
+    assert all(s.finished for s, _ in trainers), "the run did not finish"
+    failed = sum(s.failed for s, _ in trainers)
+    for epoch in range(3):
+        got = sorted(i for r in range(world) for i in consumed[r].get(epoch, []))
+        assert len(got) == len(set(got)), f"epoch {epoch}: a record came twice"
+        assert len(got) >= 103 - failed and len(set(got)) == len(got)
+    total = sum(len(v) for r in range(world) for v in consumed[r].values())
+    assert total + failed == 3 * 103
+
+
+def _step(sched: SplitScheduler, consumed: dict, chunk, keep: np.ndarray) -> None:
+    epochs, indices = np.asarray(chunk.epochs)[keep], np.asarray(chunk.indices)[keep]
+    for e, i in zip(epochs.tolist(), indices.tolist()):
+        consumed.setdefault(e, []).append(i)
+    for e in set(epochs.tolist()):
+        sched.progress.mark(e, indices[epochs == e])
+    sched.consumed(epochs, indices)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_every_record_once_per_epoch_through_joins_deaths_and_stragglers(seed):
+    _simulate(seed)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_two_trainers_take_disjoint_shares_and_together_every_record(seed):
+    _simulate(seed, world=2)
+
+
+def test_a_restored_state_is_not_asked_for_again():
+    sched, state = _scheduler(epochs=1)
+    items = sched.top_up(0)
+    order = epoch_order(np.arange(103), 7, 0)
+    first = order[items[0].start:items[0].end]
+    sched.arrived(np.zeros(len(first)), first, np.ones(len(first), bool))
+    state.progress(str(KEY)).mark(0, first[:4])
+    restored, _ = _scheduler(epochs=1, state=state.copy())
+    again = restored.top_up(0)
+    assert again[0].start == items[0].start and again[0].skip == [0, 1, 2, 3]
+
+
+def test_released_splits_go_to_the_others_less_what_arrived():
+    sched, _ = _scheduler(epochs=1)
+    items = sched.top_up(0)
+    order = epoch_order(np.arange(103), 7, 0)
+    got = order[items[0].start:items[0].start + 3]
+    assert sched.arrived(np.zeros(3), got, np.ones(3, bool)).all()
+    assert sched.release(0) == 2
+    handed = sched.top_up(1)
+    assert handed[0].start == items[0].start and handed[0].skip == [0, 1, 2]
+    assert not sched.arrived(np.zeros(3), got, np.ones(3, bool)).any() and sched.duplicates == 3
