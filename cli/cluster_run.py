@@ -6,24 +6,30 @@ produce`` in every data host's namespace on its own address with a disjoint
 shard, then runs ``stoker train`` in each trainer host's namespace pointed at all
 of them. With ``epochs`` the producers run exact, finite epochs and wait until
 every trainer joined; each trainer trains until the epochs end and can log what
-it consumed, so coverage across trainers can be checked. Everything is torn down
+it consumed, so coverage across trainers can be checked. With ``add_host_at``/
+``remove_host_at`` the producers form an elastic pool (``--shard auto``) that trainers find by
+name (``cluster_elastic``): a data host joins and one leaves mid-run, and the harness prints
+images/s over time and each epoch's coverage. Everything is torn down
 when training ends, fails, or is interrupted: producers are stopped, any process
 left in the namespaces is killed, the namespaces deleted.
 """
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from stoker.producer.dataset_format import LmdbDataset
 from stoker.producer.process import ProducerProcess
 
+from .cluster_elastic import POOL_NAME, ConsumedWatcher, PoolNames
 from .local_cluster import LocalCluster, check_available
 
 PORT = 5555
@@ -48,36 +54,62 @@ class ClusterRun:
     epochs: Optional[int] = None  # exact, finite: the producers stop after these epochs, the trainers with them
     mode: str = "train"
     log_consumed: Optional[str] = None  # folder: trainer<j>.jsonl per trainer (each step's records)
+    add_host_at: Optional[float] = None  # elastic pool: a data host joins this many seconds into training
+    remove_host_at: Optional[float] = None  # ... and the first data host leaves (scaled down) at this time
+
+    @property
+    def elastic(self) -> bool:
+        return self.add_host_at is not None or self.remove_host_at is not None
+
+
+def _start_producer(run: ClusterRun, cluster: LocalCluster, i: int) -> ProducerProcess:
+    host = cluster.hosts[i]
+    shard = "auto" if run.elastic else f"{i}/{run.hosts}"
+    flags = ["--workers", str(run.workers), "--batch-size", str(run.batch_size), "--mode", run.mode,
+             "--image-size", str(run.image_size), "--shard", shard, "--seed", str(run.seed), "--id", host.name]
+    if run.epochs is not None:
+        flags += ["--epochs", str(run.epochs)]
+        if not run.elastic:
+            flags += ["--min-trainers", str(run.trainers)]
+    producer = ProducerProcess(run.lmdb_path, bind=f"tcp://{host.address}:{PORT}", extra_args=flags,
+                               command_prefix=host.command([]))
+    print(f"{host.name}: producer on {producer.endpoint} (namespace {host.namespace}, "
+          f"shard {shard}{', link ' + run.rate if run.rate else ''})", flush=True)
+    return producer
 
 
 def run_cluster(run: ClusterRun) -> int:
     """Run the job; return the worst trainer exit code. ClusterError if the harness cannot be built here."""
     check_available()  # before anything else: say "needs root" rather than fail on a file
     with LmdbDataset(run.lmdb_path) as dataset:
-        classes = len(dataset.meta.classes)
-    exact = run.epochs is not None
-    with LocalCluster(run.hosts, rate=run.rate, trainers=run.trainers) as cluster:
+        classes, records = len(dataset.meta.classes), dataset.meta.count
+    exact = run.epochs is not None or run.elastic  # an elastic pool's splits are handed out in exact mode
+    extra_host = 1 if run.add_host_at is not None else 0
+    with LocalCluster(run.hosts + extra_host, rate=run.rate, trainers=run.trainers) as cluster:
         producers: list[ProducerProcess] = []
+        names = PoolNames([t.namespace for t in cluster.trainers if t.namespace]) if run.elastic else None
+        log_dir = Path(run.log_consumed or tempfile.mkdtemp(prefix="stoker-cluster-"))
         try:
-            for i, host in enumerate(cluster.hosts):
-                flags = ["--workers", str(run.workers), "--batch-size", str(run.batch_size), "--mode", run.mode,
-                         "--image-size", str(run.image_size), "--shard", f"{i}/{run.hosts}", "--seed", str(run.seed)]
-                if exact:
-                    flags += ["--epochs", str(run.epochs), "--min-trainers", str(run.trainers)]
-                producers.append(ProducerProcess(run.lmdb_path, bind=f"tcp://{host.address}:{PORT}",
-                                                 extra_args=flags, command_prefix=host.command([])))
-                print(f"{host.name}: producer on {producers[-1].endpoint} (namespace {host.namespace}, "
-                      f"shard {i}/{run.hosts}{', link ' + run.rate if run.rate else ''})", flush=True)
-            connect = ",".join(p.endpoint for p in producers)
-            if run.log_consumed:
-                Path(run.log_consumed).mkdir(parents=True, exist_ok=True)
+            for i in range(run.hosts):
+                producers.append(_start_producer(run, cluster, i))
+            if names is not None:
+                names.set([h.address for h in cluster.hosts[:run.hosts]])
+                connect = f"tcp://{POOL_NAME}:{PORT}"
+                print(f"elastic pool: trainers connect to {connect} (resolved in their namespaces, re-resolved "
+                      "every second)", flush=True)
+            else:
+                connect = ",".join(p.endpoint for p in producers)
+            if run.log_consumed or run.elastic:
+                log_dir.mkdir(parents=True, exist_ok=True)
             commands = []
             for j, trainer in enumerate(cluster.trainers):
                 extra = [*run.train_args]
+                if run.elastic:
+                    extra += ["--discover-every", "1", "--share", f"{j}/{run.trainers}"]
                 if exact:
                     extra += ["--exact", "--trainer-id", trainer.name]
-                if run.log_consumed:
-                    extra += ["--log-consumed", str(Path(run.log_consumed) / f"{trainer.name}.jsonl")]
+                if run.log_consumed or run.elastic:
+                    extra += ["--log-consumed", str(log_dir / f"{trainer.name}.jsonl")]
                 if run.trainers > 1 and "--no-progress" not in extra:
                     extra.append("--no-progress")  # progress bars of several trainers would garble each other
                 commands.append(trainer.command([
@@ -86,15 +118,73 @@ def run_cluster(run: ClusterRun) -> int:
                     str(run.image_size), "--classes", str(classes), "--queue-capacity", str(run.queue_capacity),
                     *extra]))
                 print(f"{trainer.name}: namespace {trainer.namespace}, address {trainer.address}", flush=True)
+            if run.elastic:
+                assert names is not None
+                watcher = ConsumedWatcher([log_dir / f"{t.name}.jsonl" for t in cluster.trainers])
+                pool = _ElasticPool(run, cluster, producers, names, watcher)
+                code = _run_prefixed(commands, [t.name for t in cluster.trainers], tick=pool.tick)
+                watcher.poll()
+                print("coverage (records the steps consumed, all trainers):", flush=True)
+                for line in watcher.coverage(records):
+                    print(f"  {line}", flush=True)
+                return code
             if len(commands) == 1:
                 return subprocess.run(commands[0], stdin=subprocess.DEVNULL).returncode
             return _run_prefixed(commands, [t.name for t in cluster.trainers])
         finally:
             for producer in producers:
                 producer.stop()
+            if names is not None:
+                names.close()
+            if not run.log_consumed:
+                shutil.rmtree(log_dir, ignore_errors=True)
 
 
-def _run_prefixed(commands: list[list[str]], names: list[str]) -> int:
+class _ElasticPool:
+    """Adds and removes a data host on schedule and prints images/s every ``REPORT_EVERY_S``."""
+
+    REPORT_EVERY_S = 5.0
+
+    def __init__(self, run: ClusterRun, cluster: LocalCluster, producers: list[ProducerProcess], names: PoolNames,
+                 watcher: ConsumedWatcher) -> None:
+        self.run, self.cluster, self.producers, self.names, self.watcher = run, cluster, producers, names, watcher
+        self.in_pool = list(range(run.hosts))
+        self.started: Optional[float] = None  # the first consumed row: training is on
+        self.added = self.removed = False
+        self._last = (0.0, 0)
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        self.watcher.poll()
+        if self.started is None:
+            if not self.watcher.rows:
+                return
+            self.started, self._last = now, (now, self.watcher.rows)
+        t = now - self.started
+        if self.run.add_host_at is not None and not self.added and t >= self.run.add_host_at:
+            self.added = True
+            i = len(self.cluster.hosts) - 1
+            self.producers.append(_start_producer(self.run, self.cluster, i))
+            self.in_pool.append(i)
+            self.names.set([self.cluster.hosts[k].address for k in self.in_pool])
+            print(f"cluster t={t:.0f}s: {self.cluster.hosts[i].name} joined the pool ({len(self.in_pool)} hosts)",
+                  flush=True)
+        if self.run.remove_host_at is not None and not self.removed and t >= self.run.remove_host_at:
+            self.removed = True
+            gone = self.in_pool.pop(0)
+            self.names.set([self.cluster.hosts[k].address for k in self.in_pool])
+            print(f"cluster t={t:.0f}s: {self.cluster.hosts[gone].name} left the pool ({len(self.in_pool)} hosts); "
+                  "its producer stops", flush=True)
+            self.producers[gone].stop()
+        since, rows = self._last
+        if now - since >= self.REPORT_EVERY_S:
+            rate = (self.watcher.rows - rows) / (now - since)
+            print(f"cluster t={t:.0f}s: {rate:.0f} images/s over the last {now - since:.0f} s, "
+                  f"{len(self.in_pool)} data host(s) in the pool", flush=True)
+            self._last = (now, self.watcher.rows)
+
+
+def _run_prefixed(commands: list[list[str]], names: list[str], tick: Optional[Callable[[], None]] = None) -> int:
     """Run the trainers at once, each output line prefixed with its name; the worst exit code.
 
     When one trainer fails the others are stopped: in a synchronous job (``--min-trainers``) they
@@ -118,6 +208,8 @@ def _run_prefixed(commands: list[list[str]], names: list[str]) -> int:
                         p.terminate()
                 codes = [_wait_or_kill(p) for p in procs]
                 break
+            if tick is not None:
+                tick()
             time.sleep(0.2)
     finally:
         for p in procs:

@@ -250,6 +250,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         queue_capacity=args.queue_capacity, recv_timeout=args.recv_timeout, logdir=args.logdir,
         log_every=args.log_every, metrics_port=args.metrics_port, progress=not args.no_progress,
         exact=args.exact, trainer_id=args.trainer_id, consumed_log=args.log_consumed, report=args.report,
+        discover_every=args.discover_every, share=args.share,
     )
     from stoker.consumer import InputError
     from stoker.consumer.summaries import TensorBoardNotInstalledError
@@ -282,7 +283,8 @@ def cmd_cluster(args: argparse.Namespace) -> int:
                      batch_size=args.batch_size, image_size=args.image_size, model=args.model, steps=args.steps,
                      queue_capacity=args.queue_capacity, seed=args.seed,
                      train_args=["--no-progress"] if args.no_progress else [], trainers=args.trainers,
-                     epochs=args.epochs, mode=args.mode, log_consumed=args.log_consumed)
+                     epochs=args.epochs, mode=args.mode, log_consumed=args.log_consumed,
+                     add_host_at=args.add_host_at, remove_host_at=args.remove_host_at)
     try:
         return run_cluster(run)
     except ClusterError as exc:
@@ -359,6 +361,16 @@ def cmd_doctor(args: argparse.Namespace) -> int:
                      run.timeline, facts)  # type: ignore[arg-type]
         print(f"wrote the report to {args.report}")
     return EXIT_OK
+
+
+def _share(text: str) -> tuple[int, int]:
+    try:
+        rank, world = (int(x) for x in text.split("/"))
+        if 0 <= rank < world:
+            return rank, world
+    except ValueError:
+        pass
+    raise argparse.ArgumentTypeError(f"expected RANK/WORLD with 0 <= RANK < WORLD, e.g. 0/2, got {text!r}")
 
 
 def _addresses(text: str) -> list[str]:
@@ -463,7 +475,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="decode JPEGs with libjpeg-turbo's fast integer IDCT and chroma upsampling: ~6%% faster "
                    "(benchmarks/decoders.py), pixels differ by ~3 levels on average (like tf.image INTEGER_FAST); "
                    "off: exact decode")
-    p.add_argument("--shard", default="0/1", help="serve shard I of N (records with index %% N == I)")
+    p.add_argument("--shard", default="0/1",
+                   help="serve shard I of N (records with index %% N == I); auto: join an elastic pool, where the "
+                   "trainers hand out splits of each epoch to whichever producers are up, so producers may join and "
+                   "leave a running job (implies --exact; every producer of a pool needs the same --seed, default 0)")
     p.add_argument("--exact", action="store_true",
                    help="exact epochs: each record once per epoch through producer crashes and trainer restarts "
                    "(trainers must use ZMQInput(..., exact=True) / stoker train --exact; see README)")
@@ -495,7 +510,15 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", parents=[common], formatter_class=_Formatter, help="train a Keras model fed by producers",
                        description="Train a Keras model on batches from producer daemons through ZMQInput, with a "
                        "progress bar showing images/s and queue occupancy and TensorBoard summaries in --logdir.")
-    t.add_argument("--connect", required=True, help="comma-separated producer addresses, e.g. tcp://hostA:5555,tcp://hostB:5555")
+    t.add_argument("--connect", required=True,
+                   help="comma-separated producer addresses, e.g. tcp://hostA:5555,tcp://hostB:5555; a host name "
+                   "stands for every address it resolves to, re-resolved every --discover-every s (a Kubernetes "
+                   "headless Service: tcp://stoker-producer.NAMESPACE.svc:5555 follows kubectl scale)")
+    t.add_argument("--discover-every", type=float, default=5.0, metavar="S",
+                   help="seconds between re-resolving producer names (0: resolve once)")
+    t.add_argument("--share", type=_share, default=(0, 1), metavar="RANK/WORLD",
+                   help="exact mode with an elastic pool (producers --shard auto): this trainer's share of each "
+                   "epoch's splits, for data-parallel trainers")
     t.add_argument("--model", choices=("small-cnn", "resnet50"), default="small-cnn", help="model to train")
     t.add_argument("--steps", type=_positive_int, default=1000, help="training steps")
     t.add_argument("--batch-size", type=_positive_int, default=64, help="batch size the producers send")
@@ -564,6 +587,11 @@ def build_parser() -> argparse.ArgumentParser:
     cl.add_argument("--steps", type=_positive_int, default=200, help="training steps")
     cl.add_argument("--queue-capacity", type=_positive_int, default=50, help="trainer's FIFOQueue capacity in batches")
     cl.add_argument("--seed", type=int, default=0, help="producers' seed")
+    cl.add_argument("--add-host-at", type=float, default=None, metavar="S",
+                    help="elastic pool: one more data host joins S seconds into training (producers run --shard auto "
+                    "and the trainers find them by name); prints images/s over time and each epoch's coverage")
+    cl.add_argument("--remove-host-at", type=float, default=None, metavar="S",
+                    help="elastic pool: the first data host leaves S seconds into training (scaled down)")
     cl.add_argument("--no-progress", action="store_true", help="log lines instead of the trainer's progress bar")
     cl.set_defaults(func=cmd_cluster)
 

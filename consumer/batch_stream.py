@@ -112,14 +112,16 @@ class BatchStream:
     ``spec`` to declare the batches (default: learned from the first batch); ``queue_capacity``
     (default 8 batches); ``recv_timeout`` (60 s); ``rcvhwm`` (4); ``max_message_bytes`` (512 MiB);
     ``curve`` keys; ``exact``, ``resume_state``, ``trainer_id``; ``receive`` (``"auto"``); ``discover_every``
-    (5 s: names are re-resolved, so the stream follows a growing and shrinking producer pool).
+    (5 s: names are re-resolved, so the stream follows a growing and shrinking producer pool); ``share``
+    (``(rank, world)`` of an elastic pool's splits, exact mode).
     """
 
     def __init__(self, addresses: Sequence[str] | str, batch_size: Optional[int] = None,
                  image_shape: Optional[Sequence[int]] = None, spec: SpecArg = None, queue_capacity: int = 8,
                  recv_timeout: float = 60.0, rcvhwm: int = 4, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
                  curve: Optional[CurveClientKeys] = None, exact: bool = False, resume_state: Optional[bytes] = None,
-                 trainer_id: Optional[str] = None, receive: str = "auto", discover_every: float = 5.0) -> None:
+                 trainer_id: Optional[str] = None, receive: str = "auto", discover_every: float = 5.0,
+                 share: tuple[int, int] = (0, 1)) -> None:
         self.addresses = split_addresses(addresses)
         if queue_capacity < 1 or recv_timeout <= 0:
             raise ValueError("queue_capacity must be >= 1 and recv_timeout > 0")
@@ -127,7 +129,7 @@ class BatchStream:
         self.trainer_id, state = exact_identity(exact, resume_state, trainer_id)
         self._core = open_core(self.addresses, declared_spec(spec, batch_size, image_shape, exact), receive,
                                recv_timeout, rcvhwm, max_message_bytes, curve, exact, self.trainer_id, state,
-                               discover_every)
+                               discover_every, share)
         self.spec = self._core.spec
         receiver = self._core.receiver
         self.receive = "direct" if isinstance(receiver, ZMTPReceiver) else "libzmq"  # the path chosen

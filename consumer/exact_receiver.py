@@ -41,14 +41,14 @@ class ExactReceiver:
     exact = True
 
     def __init__(self, pool: ProducerPool, limits: DecodeLimits, rcvhwm: int, trainer_id: str,
-                 state: InputState, curve: Optional[CurveClientKeys] = None) -> None:
+                 state: InputState, curve: Optional[CurveClientKeys] = None, share: tuple[int, int] = (0, 1)) -> None:
         self.pool = pool
         self.limits = limits
         self.held_per_producer = rcvhwm + 1
         self._ctx = zmq.Context()
         try:
             self.transport = ExactTransport(self._ctx, pool.endpoints, trainer_id, state, rcvhwm,
-                                            socket_options(rcvhwm, limits.max_message_bytes), curve)
+                                            socket_options(rcvhwm, limits.max_message_bytes), curve, share)
         except zmq.ZMQError as exc:
             self._ctx.destroy(linger=0)
             raise ValueError(f"cannot connect to the producer addresses {pool.endpoints}: {exc.strerror}; "

@@ -87,10 +87,17 @@ def direct_applies(addresses: Sequence[str] | Callable[[], Sequence[str]], curve
 
 def open_core(addresses: Sequence[str] | Callable[[], Sequence[str]], spec: Optional[BatchSpec], receive: str,
               recv_timeout: float, rcvhwm: int, max_message_bytes: int, curve: Optional[CurveClientKeys], exact: bool,
-              trainer_id: str, state: InputState, discover_every: float = DEFAULT_REFRESH_S) -> ReceiveCore:
+              trainer_id: str, state: InputState, discover_every: float = DEFAULT_REFRESH_S,
+              share: tuple[int, int] = (0, 1)) -> ReceiveCore:
     """A receive core over the chosen transport, its spec resolved (may wait up to ``recv_timeout``).
 
-    ``addresses`` are producer sources (``discovery``): names are resolved again every ``discover_every`` s."""
+    ``addresses`` are producer sources (``discovery``): names are resolved again every ``discover_every`` s.
+    ``share``: ``(rank, world)`` of an elastic pool's splits this trainer hands out (exact mode)."""
+    rank, world = share
+    if not 0 <= rank < world:
+        raise ValueError(f"share={share}: give (rank, world) with 0 <= rank < world, e.g. (0, 1) for one trainer")
+    if world > 1 and not exact:
+        raise ValueError("share belongs to exact mode's elastic pools: pass exact=True (producers run --shard auto)")
     if receive not in RECEIVE_PATHS:
         raise ValueError(f"receive={receive!r}: choose 'auto' (default: direct where it applies), 'direct' or 'libzmq'")
     why_not = direct_applies(addresses, curve, exact)
@@ -100,7 +107,7 @@ def open_core(addresses: Sequence[str] | Callable[[], Sequence[str]], spec: Opti
     pool = ProducerPool(addresses, discover_every)
     receiver: Receiver
     if exact:
-        receiver = ExactReceiver(pool, limits, rcvhwm, trainer_id, state, curve)
+        receiver = ExactReceiver(pool, limits, rcvhwm, trainer_id, state, curve, share)
     elif receive == "direct" or (receive == "auto" and why_not is None):
         receiver = ZMTPReceiver(pool, limits)
     else:

@@ -59,6 +59,8 @@ class TrainConfig:
     report: Optional[str] = None  # write the bottleneck report (HTML) here at the end
     timeline: bool = False  # record a Timeline even without a report (stoker doctor writes its own)
     receive: str = "auto"  # or "direct" / "libzmq": ZMQInput(receive=...)
+    discover_every: float = 5.0  # seconds between re-resolving producer names (an elastic pool)
+    share: tuple[int, int] = (0, 1)  # (rank, world) of an elastic pool's splits
 
 
 @dataclass
@@ -144,7 +146,8 @@ def train(config: TrainConfig) -> TrainReport:
         inp = stack.enter_context(ZMQInput(
             config.addresses, batch_size=config.batch_size, image_shape=(config.image_size, config.image_size, 3),
             queue_capacity=config.queue_capacity, recv_timeout=config.recv_timeout, curve=config.curve,
-            exact=config.exact, trainer_id=config.trainer_id, receive=config.receive))
+            exact=config.exact, trainer_id=config.trainer_id, receive=config.receive,
+            discover_every=config.discover_every, share=config.share))
         stack.enter_context(close_on_signal(inp.close))
         if config.metrics_port is not None:
             log.info("metrics on http://0.0.0.0:%d/metrics", inp.serve_metrics(config.metrics_port))
@@ -186,6 +189,8 @@ def train(config: TrainConfig) -> TrainReport:
                 if consumed_log is not None:
                     consumed_log.write(json.dumps({"step": i, "index": index.numpy().tolist(),
                                                    "epoch": epoch.numpy().tolist()}) + "\n")
+                    if i % 10 == 0:
+                        consumed_log.flush()  # read as it grows (stoker cluster prints images/s from it)
                 if i == warmup:
                     float(loss)  # wait for the step to finish before the clock starts
                     t_start, stats_start = time.perf_counter(), inp.stats

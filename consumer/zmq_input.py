@@ -52,6 +52,9 @@ class ZMQInput(tf.train.experimental.PythonState):
             connecting to producers that appear and dropping those that vanish. A callable returning
             addresses plugs in any other discovery (consumer/discovery.py).
         discover_every: seconds between re-resolving names (default 5; 0: resolve once).
+        share: ``(rank, world)``, exact mode with an elastic pool (producers ``--shard auto``):
+            this trainer hands out, and trains on, the splits ``s`` of each epoch with
+            ``s % world == rank``; data-parallel trainers give their rank and number.
         batch_size, image_shape: the ``imagenet`` pipeline's batches (images uint8
             ``[batch_size, *image_shape]``, labels int32): give either (the other defaults to 64
             or ``(224, 224, 3)``) as a shortcut for its ``spec``.
@@ -133,6 +136,7 @@ class ZMQInput(tf.train.experimental.PythonState):
         trainer_id: Optional[str] = None,
         receive: str = "auto",
         discover_every: float = 5.0,
+        share: tuple[int, int] = (0, 1),
     ) -> None:
         try:
             self.addresses = split_addresses(addresses)
@@ -159,7 +163,7 @@ class ZMQInput(tf.train.experimental.PythonState):
         self._closed = False
         self._metrics: Any = None
         self._core = open_core(self.addresses, declared, receive, recv_timeout, rcvhwm, max_message_bytes, curve,
-                               exact, self.trainer_id, state, discover_every)
+                               exact, self.trainer_id, state, discover_every, share)
         self.receive = "direct" if isinstance(self._core.receiver, ZMTPReceiver) else "libzmq"  # the path chosen
         self.spec = self._core.spec
         self.batch_size = self.spec.batch_size

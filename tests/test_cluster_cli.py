@@ -99,3 +99,21 @@ def test_an_unreadable_lmdb_is_a_clear_error_not_a_traceback(synth_lmdb, tmp_pat
         capture_output=True, text=True, timeout=120, cwd=tmp_path, env={**os.environ, "HOME": str(tmp_path)})
     assert result.returncode == 2 and "Permission denied" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.skipif(bool(_harness_missing()), reason=_harness_missing() or "harness available")
+def test_an_elastic_pool_gains_and_loses_a_data_host_mid_run_and_every_epoch_stays_exact(synth_lmdb):
+    # At 0 s: as soon as the trainers consume, one host joins and the first leaves; the run then ends by itself.
+    result = subprocess.run(
+        [sys.executable, "-m", "stoker.cli.main", "cluster", "--lmdb", str(synth_lmdb), "--hosts", "2",
+         "--trainers", "2", "--epochs", "2", "--batch-size", "4", "--image-size", "32", "--steps", "1000",
+         "--queue-capacity", "2", "--add-host-at", "0", "--remove-host-at", "0"],
+        capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "data2 joined the pool (3 hosts)" in result.stdout and "data0 left the pool (2 hosts)" in result.stdout
+    for name in ("trainer0", "trainer1"):
+        assert f"{name}: trained " in result.stdout, f"{name} did not train:\n{result.stdout[-3000:]}"
+    for epoch in (0, 1):
+        assert f"epoch {epoch}: 96/96 records (100.0%), 0 seen more than once" in result.stdout, result.stdout[-3000:]
+    assert "epoch 2:" not in result.stdout
+    _assert_its_namespaces_are_gone(result.stdout)
