@@ -47,3 +47,14 @@ class ZMQInputCollector(Collector):
                                 value=s.mean_queue_occupancy)
         yield GaugeMetricFamily("stoker_trainer_connected_producers", "Producer endpoints connected now",
                                 value=s.connected_producers)
+        yield GaugeMetricFamily("stoker_trainer_pool_producers", "Producers the addresses resolve to now",
+                                value=s.pool_size)
+        yield CounterMetricFamily("stoker_trainer_producers_joined", "Producers that joined the pool since the start",
+                                  value=s.producers_joined)
+        yield CounterMetricFamily("stoker_trainer_producers_left", "Producers that left the pool since the start",
+                                  value=s.producers_left)
+        coverage = GaugeMetricFamily("stoker_trainer_epoch_coverage", "Distinct records received / records, per epoch",
+                                     labels=["epoch"])
+        for epoch, (seen, records) in s.coverage.items():
+            coverage.add_metric([str(epoch)], seen / records if records else 0.0)
+        yield coverage

@@ -77,3 +77,18 @@ def test_every_manifest_command_is_a_valid_stoker_command_line():
         env = {e["name"]: e.get("value", "1") for e in c.get("env", [])}
         argv = [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], a) for a in c["args"]]
         _parses(argv)
+
+
+def test_the_kubernetes_pool_is_elastic_a_headless_service_the_trainer_follows_and_an_autoscaler_scales():
+    docs = [d for path in K8S for d in yaml.safe_load_all(path.read_text())]
+    service = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "stoker-producer")
+    assert service["spec"]["clusterIP"] == "None"  # headless: one A record per ready pod
+    producer = next(d for d in docs if d["kind"] == "StatefulSet")
+    args = producer["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--shard") + 1] == "auto"
+    trainer = next(d for d in docs if d["kind"] == "Job")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert trainer[trainer.index("--connect") + 1] == f"tcp://{service['metadata']['name']}:5555"
+    assert "--exact" in trainer and "--discover-every" in trainer
+    hpa = next(d for d in docs if d["kind"] == "HorizontalPodAutoscaler")
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "StatefulSet",
+                                             "name": producer["metadata"]["name"]}
