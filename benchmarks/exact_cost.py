@@ -6,7 +6,8 @@ machine whose ``tf.function`` step only takes the batch (``get()``): the end-to-
 the input's, and every cost of exact mode shows (credit and consumed-record messages, the
 producer choosing each batch's records, the trainer reporting each step's records through a
 ``tf.py_function`` and cutting padding off). Interleaved rounds, the median of each kept.
-Target: exact / plain >= 0.97, plain on ZMQInput's default receive path (direct receive); exact
+Target: exact / plain >= 0.97 with fixed shards and with an elastic pool (``--shard auto``: the
+trainer hands out splits and drops rows that arrived before), plain on ZMQInput's default receive path (direct receive); exact
 mode stays on libzmq (docs/decisions.md), so plain with ``receive="libzmq"`` is measured too: the
 cost of exact mode itself, apart from the transport. Also prints the input state per million records.
 
@@ -29,15 +30,16 @@ import numpy as np
 
 
 def rate(lmdb_path: Path, exact: bool, batch: int, size: int, workers: int, warmup: int, batches: int,
-         receive: str | None = None) -> float:
-    """Images/s end to end; ``receive``: ZMQInput's ``receive=`` (None: its default)."""
+         receive: str | None = None, pool: bool = False) -> float:
+    """Images/s end to end; ``receive``: ZMQInput's ``receive=`` (None: its default); ``pool``: the producer
+    is an elastic pool's (``--shard auto``: the trainer hands out splits, exact mode)."""
     import tensorflow as tf
 
     from stoker.consumer import ZMQInput
     from stoker.producer.process import ProducerProcess
 
     args = ["--workers", str(workers), "--batch-size", str(batch), "--image-size", str(size), "--seed", "0",
-            *(["--exact"] if exact else [])]
+            *(["--exact"] if exact else []), *(["--shard", "auto"] if pool else [])]
     with ProducerProcess(lmdb_path, extra_args=args) as producer:
         shape = dict(batch_size=batch, image_shape=(size, size, 3))
         choice = {} if receive is None else {"receive": receive}
@@ -86,13 +88,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bench"
         build_synthetic(path, args.records, seed=0, progress=False)
-        rounds: dict[str, list[float]] = {"plain": [], "plain_libzmq": [], "exact": []}
+        rounds: dict[str, list[float]] = {"plain": [], "plain_libzmq": [], "exact": [], "exact_pool": []}
         for _ in range(args.rounds):
             for mode in rounds:
-                rounds[mode].append(rate(path, mode == "exact", args.batch_size, args.image_size, args.workers,
-                                         args.warmup, args.batches, "libzmq" if mode == "plain_libzmq" else None))
+                rounds[mode].append(rate(path, mode.startswith("exact"), args.batch_size, args.image_size,
+                                         args.workers, args.warmup, args.batches,
+                                         "libzmq" if mode == "plain_libzmq" else None, pool=mode == "exact_pool"))
     # Medians: single rounds on this shared VM swing by 15% either way, and the best of a few is an outlier.
-    plain, plain_libzmq, exact = (statistics.median(rounds[m]) for m in ("plain", "plain_libzmq", "exact"))
+    plain, plain_libzmq, exact, pool = (statistics.median(rounds[m])
+                                        for m in ("plain", "plain_libzmq", "exact", "exact_pool"))
     sizes = state_sizes()
     print(f"end to end, {args.workers} workers, {args.image_size} px, batches of {args.batch_size}, "
           f"median of {args.rounds} interleaved rounds")
@@ -101,9 +105,12 @@ def main() -> None:
     print(f"{'plain':>6} | {plain:>9.0f} | {1.0:>8.3f}   (ZMQInput's default receive path)")
     print(f"{'libzmq':>6} | {plain_libzmq:>9.0f} | {plain_libzmq / plain:>8.3f}   (plain, receive='libzmq': exact's transport)")
     print(f"{'exact':>6} | {exact:>9.0f} | {exact / plain:>8.3f}   ({exact / plain_libzmq:.3f} of plain on libzmq)")
+    print(f"{'pool':>6} | {pool:>9.0f} | {pool / plain:>8.3f}   (exact, an elastic pool: --shard auto, the trainer "
+          "hands out splits)")
     print("input state per million records: " + ", ".join(f"{k} of an epoch {v} bytes" for k, v in sizes.items()))
     result = {"benchmark": "exact_cost", "plain_images_per_s": plain, "exact_images_per_s": exact,
               "ratio": exact / plain, "target_ratio": 0.97,
+              "pool_images_per_s": pool, "pool_ratio": pool / plain,
               "plain_libzmq_images_per_s": plain_libzmq, "ratio_to_plain_libzmq": exact / plain_libzmq, "rounds": rounds,
               "state_bytes_per_million_records": sizes, "batch_size": args.batch_size,
               "image_size": args.image_size, "workers": args.workers, "cpus": os.cpu_count(),

@@ -143,8 +143,8 @@ class ProducerPool:
         if not callable(self.source):
             return list(self.source)
         try:
-            got = self.source()
-            return check_source(list(got))  # type: ignore[return-value]
+            got = list(self.source())
+            return check_source(got) if got else []  # type: ignore[return-value]  # none: scaled to zero
         except Exception as exc:  # the user's discovery failed: keep what we had
             self._log_error("discovery", f"{exc!r}; keeping the {len(self.endpoints)} producer(s) known")
             return [e for e in self.endpoints]

@@ -11,6 +11,8 @@ import random
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from stoker.consumer.split_scheduler import SplitScheduler
 from stoker.protocol import ProtocolError
@@ -195,3 +197,59 @@ def test_released_splits_go_to_the_others_less_what_arrived():
     handed = sched.top_up(1)
     assert handed[0].start == items[0].start and handed[0].skip == [0, 1, 2]
     assert not sched.arrived(np.zeros(3), got, np.ones(3, bool)).any() and sched.duplicates == 3
+
+
+_values = st.recursive(st.one_of(st.integers(-(2**40), 2**40), st.booleans(), st.none(), st.text(max_size=6),
+                                 st.binary(max_size=8)),
+                       lambda inner: st.lists(inner, max_size=5), max_leaves=20)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(["t", "session", "items", "finished", "v", "n", "consumed"]), _values,
+                       max_size=5), st.sampled_from(["work", "credit", "hello", "describe", None]))
+def test_random_trainer_messages_are_refused_by_name_or_served_within_the_dataset(body, kind):
+    """A producer's parser of trainer messages: anything raises ProtocolError or yields a message that the
+    split server either refuses or turns into records of its own dataset only."""
+    import msgpack
+
+    if kind is not None:
+        body = {**body, "t": kind}
+    server = _server()
+    try:
+        message = decode_trainer_message(msgpack.packb(body))
+    except ProtocolError:
+        return
+    if isinstance(message, Work):
+        try:
+            server.on_work(b"t", Work(1, message.items, message.finished))
+        except ProtocolError:
+            return
+        while (chunk := server.next_chunk(64)) is not None:
+            assert all(0 <= i < KEY.records for i in chunk.indices)
+            server.on_sent(b"t", chunk.epochs, chunk.indices, chunk)
+
+
+_ints = st.integers(-5, 2**17)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(-1, 4), _ints, _ints, st.lists(_ints, max_size=6)), max_size=8))
+def test_random_work_items_are_refused_or_serve_only_their_own_records(items):
+    import msgpack
+
+    server = _server(epochs=3)
+    try:
+        work = decode_trainer_message(msgpack.packb({"t": "work", "session": 1,
+                                                     "items": [[e, s, t, list(k)] for e, s, t, k in items]}))
+        server.on_work(b"t", work)
+    except ProtocolError:
+        return
+    served = []
+    while (chunk := server.next_chunk(64)) is not None:
+        served += list(zip(chunk.epochs, chunk.indices))
+        server.on_sent(b"t", chunk.epochs, chunk.indices, chunk)
+    expected = []
+    for item in work.items:
+        order = epoch_order(np.arange(103), 7, item.epoch)[item.start:item.end]
+        expected += [(item.epoch, int(r)) for k, r in enumerate(order) if k not in set(item.skip)]
+    assert served == expected

@@ -1,0 +1,201 @@
+#!/usr/bin/env python3
+"""An elastic pool in one run: producers added one at a time, then one SIGKILLed and one scaled down.
+
+One consumer (``BatchStream``, exact mode, a bare loop that only counts records) follows a pool
+given as a discovery function over a list this script edits, as DNS does for a Kubernetes headless
+Service. Every producer runs ``--shard auto`` (decode + random-resized crop, one worker each) and the
+trainer hands out splits. Per phase it measures, after the pool changed and the newcomer delivered:
+
+- images/s, and the cores the producers and the consumer used meanwhile (/proc);
+- scaling: rate_k / rate_1 against cores_k / cores_1 (the producers' share of the cores they had):
+  ``linear`` = 1.0 means each producer core delivers as much as the first did (target >= 0.9);
+- for a producer that joins: seconds from its process start, and from joining the pool, to its first
+  batch at the consumer.
+
+At the end, per epoch: records seen twice (must be 0) and, for every epoch the run completed,
+records never seen (must be 0); rows the trainer dropped because their record had arrived before.
+Prints a table and writes JSON (default benchmarks/results/elastic.json).
+Run:  python benchmarks/elastic.py [--producers 3] [--seconds 10] [--records 3000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import signal
+import tempfile
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+from stoker.consumer.batch_stream import BatchStream
+from stoker.producer.process import ProducerProcess
+from stoker.producer.synthetic import build_synthetic
+
+
+def _cpu_seconds(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0  # gone
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _tree_cpu(producer: ProducerProcess) -> float:
+    return _cpu_seconds(producer.pid) + sum(_cpu_seconds(p) for p in producer.child_pids())
+
+
+def _own_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+class Run:
+    """The consumer loop and the pool it follows."""
+
+    def __init__(self, lmdb: Path, args: argparse.Namespace) -> None:
+        self.lmdb, self.args = lmdb, args
+        self.producers: dict[str, ProducerProcess] = {}
+        self.pool: list[str] = []
+        self.seen: dict[int, Counter] = defaultdict(Counter)
+        self.rows = 0
+        self.stream: Any = None
+
+    def start_producer(self, name: str) -> tuple[ProducerProcess, float]:
+        a = self.args
+        started = time.monotonic()
+        producer = ProducerProcess(self.lmdb, extra_args=[
+            "--shard", "auto", "--seed", "0", "--workers", "1", "--batch-size", str(a.batch), "--image-size",
+            str(a.size), "--id", name, "--trainer-timeout", "5"])
+        self.producers[name] = producer
+        return producer, started
+
+    def take_one(self) -> None:
+        batch = next(self.stream)
+        for e, i in zip(batch["epoch"].tolist(), batch["index"].tolist()):
+            self.seen[e][i] += 1
+        self.rows += len(batch["index"])
+
+    def take(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            self.take_one()
+
+    def take_until(self, done, limit: float = 120.0) -> None:
+        deadline = time.monotonic() + limit
+        while not done():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"waited {limit:.0f} s: {self.stream.stats.per_producer}")
+            self.take(0.05)
+
+    def measure(self, label: str) -> dict[str, Any]:
+        live = [p for p in self.producers.values() if p.proc.poll() is None]
+        self.take(self.args.warmup)
+        t0, rows0, me0 = time.monotonic(), self.rows, _own_cpu()
+        cpu0 = {id(p): _tree_cpu(p) for p in live}
+        self.take(self.args.seconds)
+        seconds = time.monotonic() - t0
+        producer_cores = sum(_tree_cpu(p) - cpu0[id(p)] for p in live) / seconds
+        return {"phase": label, "producers": len(self.pool), "images_per_s": (self.rows - rows0) / seconds,
+                "producer_cores": producer_cores, "consumer_cores": (_own_cpu() - me0) / seconds}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--producers", type=int, default=3, help="producers added one at a time (>= 3)")
+    parser.add_argument("--seconds", type=float, default=10.0, help="measured seconds per phase")
+    parser.add_argument("--warmup", type=float, default=3.0, help="seconds after a change before measuring")
+    parser.add_argument("--records", type=int, default=3000, help="records in the synthetic dataset")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--size", type=int, default=160, help="crop size in pixels")
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "elastic.json"))
+    args = parser.parse_args()
+    if args.producers < 3:
+        parser.error("--producers must be at least 3 (the run SIGKILLs one and scales one down)")
+
+    tmp = Path(tempfile.mkdtemp(prefix="stoker-elastic-"))
+    build_synthetic(tmp / "data", args.records, seed=0, progress=False)
+    run = Run(tmp / "data", args)
+    phases: list[dict[str, Any]] = []
+    joins: list[dict[str, Any]] = []
+    try:
+        first, first_started = run.start_producer("p1")
+        run.pool.append(first.endpoint)
+        first_joined = time.monotonic()
+        with BatchStream(lambda: list(run.pool), exact=True, recv_timeout=120, discover_every=0.2,
+                         queue_capacity=8) as stream:
+            run.stream = stream
+            for k in range(1, args.producers + 1):
+                name = f"p{k}"
+                if k == 1:
+                    producer, started, joined = first, first_started, first_joined
+                    run.take_one()  # the stream starts with its first next()
+                else:
+                    producer, started = run.start_producer(name)
+                    joined = time.monotonic()
+                    run.pool.append(producer.endpoint)
+                run.take_until(lambda: stream.stats.per_producer.get(name, 0) > 0)
+                first = time.monotonic()
+                joins.append({"producer": name, "start_to_first_batch_s": first - started,
+                              "join_to_first_batch_s": first - joined})
+                phases.append(run.measure(f"+{name}"))
+            # Shrinking: one SIGKILLed (still in the pool, as DNS lags a dead pod), then one scaled down.
+            victim = run.producers["p2"]
+            victim.proc.send_signal(signal.SIGKILL)
+            victim.proc.wait(10)
+            run.pool.remove(victim.endpoint)
+            phases.append(run.measure("p2 SIGKILLed"))
+            leaving = run.producers["p3"]
+            run.pool.remove(leaving.endpoint)
+            time.sleep(0.3)
+            leaving.stop()
+            phases.append(run.measure("p3 scaled down"))
+            splits = stream._exact.splits
+            dropped, released = splits.duplicates, splits.released
+            completed = splits.progress.completed
+    finally:
+        for producer in run.producers.values():
+            producer.stop()
+
+    base = phases[0]
+    for phase in phases:
+        ratio = phase["images_per_s"] / base["images_per_s"]
+        cores = phase["producer_cores"] / base["producer_cores"]
+        phase["vs_one_producer"] = ratio
+        phase["linear"] = ratio / cores if cores else 0.0
+    epochs = []
+    for epoch in sorted(run.seen):
+        counts = run.seen[epoch]
+        epochs.append({"epoch": epoch, "seen": len(counts), "twice": sum(1 for n in counts.values() if n > 1),
+                       "never": args.records - len(counts) if epoch < completed else None})
+    result = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+              "args": vars(args), "phases": phases, "joins": joins, "epochs": epochs,
+              "epochs_completed": completed, "rows_dropped_as_arrived_before": dropped,
+              "splits_released": released,
+              "twice_total": sum(e["twice"] for e in epochs),
+              "never_total": sum(e["never"] or 0 for e in epochs)}
+
+    print(f"\nElastic pool, {args.records} records, batches of {args.batch} x {args.size} px, one worker per producer, "
+          f"{os.cpu_count()} CPUs")
+    print(f"{'phase':<16}{'producers':>10}{'images/s':>10}{'vs 1':>7}{'prod cores':>11}{'linear':>8}"
+          f"{'consumer cores':>16}")
+    for p in phases:
+        print(f"{p['phase']:<16}{p['producers']:>10}{p['images_per_s']:>10.0f}{p['vs_one_producer']:>7.2f}"
+              f"{p['producer_cores']:>11.2f}{p['linear']:>8.2f}{p['consumer_cores']:>16.2f}")
+    for j in joins:
+        print(f"{j['producer']}: first batch {j['start_to_first_batch_s']:.2f} s after its process started, "
+              f"{j['join_to_first_batch_s']:.2f} s after it joined the pool")
+    print(f"epochs: {completed} completed; records seen twice: {result['twice_total']}, never (completed epochs): "
+          f"{result['never_total']}; rows dropped at the trainer as arrived before: {dropped}; splits taken back "
+          f"from producers that left: {released}")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
