@@ -104,6 +104,46 @@ class Run:
                 "producer_cores": producer_cores, "consumer_cores": (_own_cpu() - me0) / seconds}
 
 
+def plain_join(lmdb: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Plain mode: a second producer (fixed shards 0/2 and 1/2) joins a running consumer's pool; its time to
+    the first batch, images/s before and after, and each epoch's coverage as the consumer reports it."""
+    flags = ["--seed", "0", "--workers", "1", "--batch-size", str(args.batch), "--image-size", str(args.size)]
+    producers = [ProducerProcess(lmdb, extra_args=[*flags, "--shard", "0/2", "--id", "plain0"])]
+    pool = [producers[0].endpoint]
+    out: dict[str, Any] = {}
+    try:
+        with BatchStream(lambda: list(pool), recv_timeout=120, discover_every=0.2, queue_capacity=8) as stream:
+
+            def images_per_s(seconds: float) -> float:
+                t0, rows = time.monotonic(), 0
+                while time.monotonic() - t0 < seconds:
+                    rows += len(next(stream)["index"])
+                return rows / (time.monotonic() - t0)
+
+            images_per_s(args.warmup)
+            out["images_per_s_one"] = images_per_s(args.seconds)
+            started = time.monotonic()
+            producers.append(ProducerProcess(lmdb, extra_args=[*flags, "--shard", "1/2", "--id", "plain1"]))
+            joined = time.monotonic()
+            pool.append(producers[1].endpoint)
+            while stream.stats.per_producer.get("plain1", 0) == 0:
+                if time.monotonic() - joined > 120:
+                    raise RuntimeError("the joining plain producer never delivered")
+                next(stream)
+            first = time.monotonic()
+            out["start_to_first_batch_s"], out["join_to_first_batch_s"] = first - started, first - joined
+            images_per_s(args.warmup)
+            out["images_per_s_two"] = images_per_s(args.seconds)
+            pool.remove(producers[0].endpoint)  # scaled down: the consumer goes on with the other
+            producers[0].stop()
+            out["images_per_s_after_leave"] = images_per_s(args.seconds)
+            out["coverage"] = {str(e): list(c) for e, c in stream.stats.coverage.items()}
+    finally:
+        for producer in producers:
+            producer.stop()
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--producers", type=int, default=3, help="producers added one at a time (>= 3)")
@@ -160,6 +200,7 @@ def main() -> None:
     finally:
         for producer in run.producers.values():
             producer.stop()
+    plain = plain_join(tmp / "data", args)
 
     base = phases[0]
     for phase in phases:
@@ -177,7 +218,7 @@ def main() -> None:
               "epochs_completed": completed, "rows_dropped_as_arrived_before": dropped,
               "splits_released": released,
               "twice_total": sum(e["twice"] for e in epochs),
-              "never_total": sum(e["never"] or 0 for e in epochs)}
+              "never_total": sum(e["never"] or 0 for e in epochs), "plain": plain}
 
     print(f"\nElastic pool, {args.records} records, batches of {args.batch} x {args.size} px, one worker per producer, "
           f"{os.cpu_count()} CPUs")
@@ -192,6 +233,11 @@ def main() -> None:
     print(f"epochs: {completed} completed; records seen twice: {result['twice_total']}, never (completed epochs): "
           f"{result['never_total']}; rows dropped at the trainer as arrived before: {dropped}; splits taken back "
           f"from producers that left: {released}")
+    print(f"plain mode (fixed shards 0/2, 1/2): the second producer's first batch {plain['start_to_first_batch_s']:.2f} s "
+          f"after its start ({plain['join_to_first_batch_s']:.2f} s after joining); images/s "
+          f"{plain['images_per_s_one']:.0f} -> {plain['images_per_s_two']:.0f}, "
+          f"{plain['images_per_s_after_leave']:.0f} after the first left; coverage per epoch (seen, records): "
+          + ", ".join(f"{e}: {s}/{r}" for e, (s, r) in plain["coverage"].items()))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(f"wrote {args.out}")

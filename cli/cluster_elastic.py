@@ -35,8 +35,8 @@ class PoolNames:
         text = "127.0.0.1 localhost\n" + "".join(f"{a} {POOL_NAME}\n" for a in addresses)
         for folder in self.folders:
             with open(folder / "hosts", "r+") as f:  # in place: the bind mount follows the inode
-                f.truncate(0)
-                f.write(text)
+                f.write(text)  # over the old text, then cut: a reader never sees an empty file
+                f.truncate()
 
     def close(self) -> None:
         for folder in self.folders:

@@ -30,7 +30,7 @@ from stoker.producer.dataset_format import LmdbDataset
 from stoker.producer.process import ProducerProcess
 
 from .cluster_elastic import POOL_NAME, ConsumedWatcher, PoolNames
-from .local_cluster import LocalCluster, check_available
+from .local_cluster import ClusterError, LocalCluster, check_available
 
 PORT = 5555
 
@@ -66,7 +66,8 @@ def _start_producer(run: ClusterRun, cluster: LocalCluster, i: int) -> ProducerP
     host = cluster.hosts[i]
     shard = "auto" if run.elastic else f"{i}/{run.hosts}"
     flags = ["--workers", str(run.workers), "--batch-size", str(run.batch_size), "--mode", run.mode,
-             "--image-size", str(run.image_size), "--shard", shard, "--seed", str(run.seed), "--id", host.name]
+             "--image-size", str(run.image_size), "--shard", shard, "--seed", str(run.seed),
+             "--id", f"{host.name}#{shard}"]
     if run.epochs is not None:
         flags += ["--epochs", str(run.epochs)]
         if not run.elastic:
@@ -80,6 +81,8 @@ def _start_producer(run: ClusterRun, cluster: LocalCluster, i: int) -> ProducerP
 
 def run_cluster(run: ClusterRun) -> int:
     """Run the job; return the worst trainer exit code. ClusterError if the harness cannot be built here."""
+    if run.remove_host_at is not None and run.hosts + (run.add_host_at is not None) < 2:
+        raise ClusterError("--remove-host-at needs a data host to remain: give --hosts 2 or more (or --add-host-at)")
     check_available()  # before anything else: say "needs root" rather than fail on a file
     with LmdbDataset(run.lmdb_path) as dataset:
         classes, records = len(dataset.meta.classes), dataset.meta.count

@@ -23,6 +23,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import socket
+import threading
 import time
 from typing import Callable, Optional, Sequence, Union
 from urllib.parse import urlsplit
@@ -91,14 +92,17 @@ def check_source(source: AddressSource) -> Union[list[str], Callable[[], Sequenc
 
 
 class ProducerPool:
-    """The current producer endpoints behind some sources; see the module doc. Not thread-safe.
+    """The current producer endpoints behind some sources; see the module doc.
 
-    ``endpoints`` is the set now; ``refresh()`` (cheap unless due) returns ``(joined, left)``.
-    ``describe()`` names the sources for messages.
+    ``endpoints`` is the set now; ``refresh()`` (cheap, never blocking) returns ``(joined, left)``
+    since the last call. The first resolution happens in the constructor; later ones, with
+    ``background`` (the default), on a thread of the pool's own, so a slow DNS server never stalls
+    the caller (a trainer's receive loop, whose heartbeats keep producers from dropping it).
+    ``describe()`` names the sources for messages; ``close()`` stops the thread.
     """
 
     def __init__(self, source: AddressSource, refresh_s: float = DEFAULT_REFRESH_S,
-                 lookup: Callable[[str, int], list[str]] = _lookup) -> None:
+                 lookup: Callable[[str, int], list[str]] = _lookup, background: bool = True) -> None:
         if refresh_s < 0:
             raise ValueError(f"refresh every {refresh_s} s: give seconds >= 0 (0: resolve once)")
         self.source = check_source(source)
@@ -107,9 +111,25 @@ class ProducerPool:
         self._answers: dict[str, list[str]] = {}  # name -> last good answer
         self._error_logged_at: dict[str, float] = {}
         self.lookups = 0
-        self.endpoints: list[str] = []
-        self._next = 0.0
-        self.refresh(force=True)
+        self.endpoints: list[str] = self._resolve_all()
+        self._latest = list(self.endpoints)  # the resolving thread's last answer
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._next = time.monotonic() + refresh_s
+        self._thread: Optional[threading.Thread] = None
+        if background and self.dynamic:
+            self._thread = threading.Thread(target=self._resolve_loop, name="stoker-discovery", daemon=True)
+            self._thread.start()
+
+    def _resolve_loop(self) -> None:
+        while not self._stop.wait(self.refresh_s):
+            current = self._resolve_all()
+            with self._lock:
+                self._latest = current
+
+    def close(self) -> None:
+        """Stop resolving (a lookup under way finishes on its own: the thread is a daemon)."""
+        self._stop.set()
 
     @property
     def dynamic(self) -> bool:
@@ -124,16 +144,22 @@ class ProducerPool:
             return f"{getattr(self.source, '__name__', type(self.source).__name__)}()"
         return ", ".join(self.source)
 
-    def refresh(self, force: bool = False) -> tuple[list[str], list[str]]:
-        """Re-resolve if due (or ``force``); the endpoints that joined and left since the last call."""
-        now = time.monotonic()
-        if not force and (self.refresh_s == 0 or now < self._next):
+    def refresh(self) -> tuple[list[str], list[str]]:
+        """The endpoints that joined and left since the last call (resolving here only without a thread)."""
+        if not self.dynamic:
             return [], []
-        self._next = now + self.refresh_s
-        current = self._resolve_all()
+        if self._thread is not None:
+            with self._lock:
+                current = list(self._latest)
+        else:
+            now = time.monotonic()
+            if now < self._next:
+                return [], []
+            self._next = now + self.refresh_s
+            current = self._resolve_all()
         joined = [e for e in current if e not in self.endpoints]
         left = [e for e in self.endpoints if e not in current]
-        if (joined or left) and not force:
+        if joined or left:
             log.info("producer pool %s: %s joined, %s left (%d now)", self.describe(), joined or "none",
                      left or "none", len(current))
         self.endpoints = current

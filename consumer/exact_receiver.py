@@ -20,6 +20,7 @@ import zmq
 
 from stoker.protocol import DecodeLimits, ProtocolError, decode_batch
 from stoker.protocol.batch_spec import BatchSpec
+from stoker.protocol.exact_messages import MAX_SPLIT
 from stoker.protocol.curve import CurveClientKeys
 from stoker.protocol.input_state import InputState
 
@@ -32,6 +33,13 @@ log = logging.getLogger("stoker.consumer")
 
 _WAITING_LOG_EVERY_S = 10.0
 SPLIT_BATCHES = 16  # an elastic pool's split: this many batches of records
+
+
+def split_records(batch_size: int) -> int:
+    """Records per split: ``SPLIT_BATCHES`` batches, within the protocol's bound (whole batches where they fit)."""
+    if batch_size * SPLIT_BATCHES <= MAX_SPLIT:
+        return batch_size * SPLIT_BATCHES
+    return (MAX_SPLIT // batch_size) * batch_size or MAX_SPLIT
 SOURCE = "stoker_source"
 
 
@@ -81,12 +89,14 @@ class ExactReceiver:
         transport, spec = self.transport, core.spec
         batch_size = spec.batch_size
         mask_at = [a.name for a in spec.arrays].index("mask")
-        transport.split_records = batch_size * SPLIT_BATCHES
+        transport.split_records = split_records(batch_size)
+        transport.expected_spec = spec
         while True:
             self._watch(core)
             transport.flush()
             core.stats.set_control(*transport.control)
             if transport.finished:
+                transport.flush()  # the pool's "finished" goes out before the sockets close
                 core.finish()
                 return
             room = core.room() if transport.active else 0
@@ -111,9 +121,11 @@ class ExactReceiver:
                     arrays = spec.check(batch)
                 except ProtocolError as exc:
                     core.reject(exc)
+                    transport.rejected(i)
                     continue
                 except zmq.ZMQError as exc:
                     core.reject(ProtocolError(f"receive failed: {exc}"))
+                    transport.rejected(i)
                     continue
                 keep = transport.arrived(i, batch.header.stream, batch["epoch"], batch["index"], batch["mask"])
                 if keep is not None:  # an elastic pool: rows whose record arrived before are cut off like padding

@@ -31,6 +31,7 @@ from stoker.protocol import ProtocolError
 from stoker.protocol.exact_messages import (MAX_WORK_ITEMS, Credit, Hello, Records, Status, Work, decode_status,
                                             encode_credit, encode_describe, encode_hello, encode_work,
                                             unpack_producer_frame)
+from stoker.protocol.batch_spec import BatchMismatchError, BatchSpec
 from stoker.protocol.input_state import InputState, StreamKey
 
 from .connections import ConnectionWatcher
@@ -54,7 +55,9 @@ class ExactTransport:
         self.share = share
         self._pooled: set[int] = set()  # producers serving this trainer's splits under the current session
         self._refused_pool: set[str] = set()
-        self._told_finished: set[int] = set()
+        self._told_finished: set[tuple[int, int]] = set()  # (producer, session) told the run is complete
+        self.expected_spec: Optional[BatchSpec] = None  # the receiver's: a pool producer must send these batches
+        self._warned_share = False
         self._ctx, self._options, self._curve = ctx, list(options), curve
         # Per producer connection, by its number (``stoker_source``), which stays its own after it leaves the pool.
         self.addresses: list[str] = []
@@ -248,6 +251,13 @@ class ExactTransport:
         self.control[2] += 1
         self.control[3] += memoryview(frames[0]).nbytes
         self.status[i] = status
+        if self.active and status.stranger and self.session[i] > 0:
+            # It answers credit or work of ours with "who are you": it dropped this trainer (silent past its
+            # --trainer-timeout) or restarted unseen. Say hello again, or nothing would come from it for ever.
+            log.warning("producer %s no longer knows this trainer: saying hello again", status.producer)
+            self._hello(i)
+            self._said_hello[i] = self.watchers[i].handshakes if self.watchers[i] is not None else 0
+            return None
         if status.stream:
             with self._lock:
                 self.stream[i] = status.stream
@@ -257,6 +267,11 @@ class ExactTransport:
                     self._state.streams[status.stream].advance(status.completed)
         if status.stream.startswith("splits:") and status.session == self.session[i] and status.session:
             self._join_pool(i, status)
+        elif status.stream and self.share[1] > 1 and not self._warned_share:
+            self._warned_share = True
+            log.warning("share %d/%d applies to elastic pools (producers --shard auto); producer %s serves the "
+                        "fixed shard %s, so this trainer takes what its credit earns", *self.share, status.producer,
+                        status.stream)
         return None
 
     def accept(self, i: int, stream: str, session: int) -> bool:
@@ -293,13 +308,20 @@ class ExactTransport:
                 log.info("elastic pool of %d records (seed %d): handing out splits of %d records%s", key.records,
                          key.seed, self.split_records, f", share {self.share[0]}/{self.share[1]}"
                          if self.share[1] > 1 else "")
+            why = ""
             if status.stream != str(self.splits.key) or status.epochs != self.splits.epochs:
+                why = (f"serves {status.stream} ({status.epochs} epochs) but this trainer's pool is {self.splits.key} "
+                       f"({self.splits.epochs} epochs); start every producer of a pool on the same dataset with the "
+                       "same --seed and --epochs")
+            elif self.expected_spec is not None and status.spec:
+                try:
+                    self.expected_spec.check_declared(status.producer, status.spec)
+                except BatchMismatchError as exc:
+                    why = str(exc)
+            if why:
                 if status.producer not in self._refused_pool:
                     self._refused_pool.add(status.producer)
-                    log.error("producer %s serves %s (%s epochs) but this trainer's pool is %s (%s epochs): it gets "
-                              "no work; start every producer of a pool on the same dataset with the same --seed and "
-                              "--epochs", status.producer, status.stream, status.epochs, self.splits.key,
-                              self.splits.epochs)
+                    log.error("producer %s gets no work: %s", status.producer, why)
                 return
         self._pooled.add(i)
         self._give_work(i)
@@ -321,8 +343,8 @@ class ExactTransport:
                 items, finished = [], True
             else:
                 items, finished = self.splits.top_up(i), False
-        if finished and i not in self._told_finished:
-            self._told_finished.add(i)
+        if finished and (i, self.session[i]) not in self._told_finished:
+            self._told_finished.add((i, self.session[i]))
             self._send(i, encode_work(Work(self.session[i], [], finished=True)))
         elif items:
             for start in range(0, len(items), MAX_WORK_ITEMS):
@@ -343,6 +365,12 @@ class ExactTransport:
         if i in self._pooled:
             self._give_work(i)
         return keep
+
+    def rejected(self, i: int) -> None:
+        """A batch from producer ``i`` was rejected (undecodable, wrong spec): in a pool its records would never
+        arrive, so it starts afresh (a new session: its splits go back and its credit is whole again)."""
+        if i in self._pooled:
+            self._hello(i)
 
     def dropped(self, i: int) -> None:
         """A batch from producer ``i`` was not queued (nothing new in it): its credit comes back."""
@@ -365,12 +393,14 @@ class ExactTransport:
         return None
 
     def close(self) -> None:
+        # A finished pool's last word ("finished": the producers may stop) is given a moment to leave.
+        linger = 500 if self.splits is not None and self.splits.finished else 0
         for watcher in self.watchers:
             if watcher is not None:
                 watcher.close()
         for sock in self.sockets:
             if sock is not None:
-                sock.close(linger=0)
+                sock.close(linger=linger)
 
     def _watchers(self) -> list[ConnectionWatcher]:
         return [w for w in self.watchers if w is not None]

@@ -97,7 +97,8 @@ def open_core(addresses: Sequence[str] | Callable[[], Sequence[str]], spec: Opti
     if not 0 <= rank < world:
         raise ValueError(f"share={share}: give (rank, world) with 0 <= rank < world, e.g. (0, 1) for one trainer")
     if world > 1 and not exact:
-        raise ValueError("share belongs to exact mode's elastic pools: pass exact=True (producers run --shard auto)")
+        raise ValueError("share (--share) belongs to exact mode's elastic pools: pass exact=True (--exact), with "
+                         "producers running --shard auto")
     if receive not in RECEIVE_PATHS:
         raise ValueError(f"receive={receive!r}: choose 'auto' (default: direct where it applies), 'direct' or 'libzmq'")
     why_not = direct_applies(addresses, curve, exact)

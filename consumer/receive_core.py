@@ -330,4 +330,5 @@ class ReceiveCore:
     def _close_receiver(self) -> None:
         if not self._closed_sockets:
             self._closed_sockets = True
+            self.pool.close()
             self.receiver.close()

@@ -67,6 +67,9 @@ class SplitScheduler:
         self.rank, self.world, self.ahead = rank, world, ahead
         self.records = key.records
         self.splits = -(-self.records // split)
+        if rank >= self.splits:
+            raise ValueError(f"share {rank}/{world} of an elastic pool is empty: {self.records} records make only "
+                             f"{self.splits} split(s) of {split}; run fewer trainers or smaller batches")
         self.open: dict[int, _Epoch] = {}
         self.assigned: dict[int, dict[tuple[int, int], None]] = {}  # producer -> its unfinished splits, in order
         self.owner: dict[tuple[int, int], int] = {}
@@ -98,17 +101,24 @@ class SplitScheduler:
         consumed = self.progress.consumed(e).copy()
         mine = self._share_mask(order)
         done = consumed | ~mine
-        split_left = np.zeros(self.splits, np.int32)
         pending = ~consumed[order] & mine[order]  # by position
-        np.add.at(split_left, np.arange(self.records) // self.split, pending.astype(np.int32))
+        split_left = np.bincount(np.arange(self.records) // self.split, weights=pending,
+                                 minlength=self.splits).astype(np.int32)
         self.open[e] = _Epoch(order, position, consumed | ~mine, done, int((~done).sum()), split_left)
 
     def _open_epochs(self) -> None:
-        self._close_done()
-        last = self.progress.completed + EPOCHS_AHEAD
-        for e in range(self.progress.completed, last + 1):
-            if e not in self.open and (self.epochs is None or e < self.epochs):
-                self._open(e)
+        """Open the epochs the window allows; an epoch with nothing of this trainer's share in it (a small
+        dataset, several trainers) completes at once, and the window moves on."""
+        while True:
+            self._close_done()
+            last = self.progress.completed + EPOCHS_AHEAD
+            opened = False
+            for e in range(self.progress.completed, last + 1):
+                if e not in self.open and (self.epochs is None or e < self.epochs):
+                    self._open(e)
+                    opened = True
+            if not opened or not any(self.open[e].left == 0 for e in self.open):
+                return
 
     def _close_done(self) -> None:
         while self.progress.completed in self.open and self.open[self.progress.completed].left == 0:

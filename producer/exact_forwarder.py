@@ -50,6 +50,7 @@ class ExactForwarder(SlotForwarder):
         self.stale_rows = 0  # rows masked at sending: consumed or held since chosen (ExactServer.take_stale)
         self._last_bad_log = -_WARN_EVERY_S
         self._last_status = 0.0
+        self._unknown_told: dict[bytes, float] = {}
 
     # ---- the loop ---------------------------------------------------------------------------
 
@@ -112,32 +113,49 @@ class ExactForwarder(SlotForwarder):
                 raise ProtocolError(f"control message of {len(message) - 1} frames, expected 1")
             body = decode_trainer_message(message[1])
         except ProtocolError as exc:
-            self.bad_messages += 1
-            now = time.monotonic()
-            if now - self._last_bad_log >= _WARN_EVERY_S:
-                self._last_bad_log = now
-                log.warning("rejected a trainer's control message (%d in all): %s", self.bad_messages, exc)
+            self._count_bad(f"rejected a trainer's control message: {exc}")
             return
         if isinstance(body, Work):
             try:
-                self.server.on_work(routing_id, body)
+                known = self.server.on_work(routing_id, body)
             except ProtocolError as exc:
-                self.bad_messages += 1
-                log.warning("refused a trainer's work (%d bad messages in all): %s", self.bad_messages, exc)
+                self._count_bad(f"refused a trainer's work: {exc}")
+                return
+            if not known:
+                self._unknown(routing_id)
         elif isinstance(body, Hello):
             self.server.on_hello(routing_id, body)
             log.info("trainer %s (session %d) joined with credit %d; serving epoch %d", body.trainer, body.session,
                      body.credit, self.server.completed)
             self._status_to(routing_id)
         elif isinstance(body, Credit):
-            self.server.on_credit(routing_id, body)
+            if not self.server.on_credit(routing_id, body):
+                self._unknown(routing_id)
         elif isinstance(body, Describe):
             self._status_to(routing_id)
 
-    def _status_to(self, routing_id: bytes) -> None:
+    def _count_bad(self, what: str) -> None:
+        self.bad_messages += 1
+        now = time.monotonic()
+        if now - self._last_bad_log >= _WARN_EVERY_S:
+            self._last_bad_log = now
+            log.warning("%s (%d bad messages in all)", what, self.bad_messages)
+
+    def _unknown(self, routing_id: bytes) -> None:
+        """Credit or work from a trainer this producer dropped (silent past --trainer-timeout) or of an old
+        session: a status of session 0 tells it to say hello again, or it would wait for batches for ever."""
+        now = time.monotonic()
+        if now - self._unknown_told.get(routing_id, -STATUS_EVERY_S) >= STATUS_EVERY_S:
+            self._unknown_told[routing_id] = now
+            if len(self._unknown_told) > 4096:
+                self._unknown_told.clear()
+            self._status_to(routing_id, stranger=True)
+
+    def _status_to(self, routing_id: bytes, stranger: bool = False) -> None:
         status = self.server.status()
         trainer = self.server.trainers.get(routing_id)
         status.session = trainer.session if trainer is not None else 0  # 0: it has not joined (a describe)
+        status.stranger = stranger
         try:
             self.out.send_multipart([routing_id, encode_status(status)], flags=zmq.NOBLOCK)
         except zmq.ZMQError:
@@ -156,25 +174,33 @@ class ExactForwarder(SlotForwarder):
         position = 0
         while position < len(self._ready):
             worker, slot, header = self._ready[position]
-            routing_id = self.server.route(self.work.get((worker, slot)))
+            chunk = self.work.get((worker, slot))
+            routing_id = self.server.route(chunk)
             if routing_id is None:
                 position += 1  # its trainer has no credit now; later batches may be another trainer's
                 continue
             if not self._send_to(routing_id, worker, slot, header):
+                if chunk is not None and chunk.trainer is not None:
+                    position += 1  # that trainer's pipe is full; the others' batches go on
+                    continue
                 return
             del self._ready[position]
 
     def _send_to(self, routing_id: bytes, worker: int, slot: int, header: bytes) -> bool:
         arrays = self.views[worker][slot]
+        chunk = self.work.get((worker, slot))
+        if chunk is not None and chunk.trainer is not None and self.server.gone(chunk):
+            # An elastic pool's batch whose trainer left or restarted: it hands out its splits afresh.
+            self.server.forget(chunk)
+            self.work.pop((worker, slot), None)
+            self.state[worker][slot] = SlotState.AT_WORKER
+            self._grant(worker, slot)
+            return True
         mask, indices, epochs = arrays["mask"], arrays["index"], arrays["epoch"]
         valid = mask.astype(bool)
         failed = ~valid & (indices >= 0)
         stale = np.zeros_like(valid)
-        chunk = self.work.get((worker, slot))
         stale[valid] = self.server.take_stale(epochs[valid], indices[valid], chunk)
-        if chunk is not None and chunk.trainer is not None and stale.any():
-            stale[:] = True  # an elastic pool's batch whose trainer left or restarted: not sent at all
-            failed[:] = False
         if stale.any():  # consumed or held elsewhere since they were chosen: never served twice
             # Padding to the trainer (masked rows are cut off) and to a retried send (index -1: not a failure).
             mask[stale], indices[stale] = 0, -1
@@ -183,7 +209,7 @@ class ExactForwarder(SlotForwarder):
             log.info("left %d row(s) out of a batch: their records were consumed or are held by a trainer that "
                      "came back since they were chosen (%d so far)", int(stale.sum()), self.stale_rows)
         # An elastic pool's trainer learns of failed records from the batch: it is sent even if all failed.
-        tell_failures = chunk is not None and chunk.trainer is not None and failed.any() and not stale.any()
+        tell_failures = chunk is not None and chunk.trainer is not None and failed.any()
         if not valid.any() and not tell_failures:  # nothing of it left to serve: the slot goes back unsent
             if failed.any():
                 self.server.on_skipped(epochs[failed].tolist(), indices[failed].tolist())

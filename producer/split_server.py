@@ -8,9 +8,9 @@ server keeps, per trainer, the records still to make from its splits, and:
 
 - ``next_chunk(n)`` picks up to ``n`` records of one trainer's splits, round-robin over
   trainers with splits to serve and credit to spare (each batch is made for one trainer);
-- ``route(chunk)`` names the trainer a made batch goes to; ``take_stale`` marks every row
-  of a batch stale when its trainer left or said hello again since (a restart: it hands
-  out its splits afresh), so that batch is not sent;
+- ``route(chunk)`` names the trainer a made batch goes to; ``gone(chunk)`` says its trainer
+  left or said hello again since (a restart: it hands out its splits afresh), and then the
+  batch is not sent (``forget``);
 - ``on_hello`` (re)registers a trainer and drops what it asked for before; ``on_work``
   queues splits (ProtocolError for splits outside the dataset); ``on_credit`` adds credit;
   ``expire``/``drop`` forget silent or unreachable trainers.
@@ -18,7 +18,9 @@ server keeps, per trainer, the records still to make from its splits, and:
 The records a producer serves are exactly the splits' records: nothing here decides
 exactness, which the trainer keeps (it drops a record it already has, so a split handed
 out twice, to a producer taken for dead that was not, costs work, never a duplicate).
-``finished`` once every trainer that joined said it has its whole run (``--epochs``).
+``finished`` (``--epochs``) once a trainer said it has its whole run and every other known trainer
+did too or is gone. What one trainer can make a producer hold is bounded (``MAX_QUEUED`` records,
+two epoch orders per message); anything beyond is refused with ProtocolError, counted by the caller.
 """
 
 from __future__ import annotations
@@ -31,13 +33,14 @@ from typing import Optional
 import numpy as np
 
 from stoker.protocol import ProtocolError
-from stoker.protocol.exact_messages import Credit, Hello, Status, Work
+from stoker.protocol.exact_messages import MAX_SPLIT, Credit, Hello, Status, Work
 from stoker.protocol.input_state import StreamKey
 
 from .exact_server import Chunk
 from .sharding import epoch_order
 
 _ORDERS_KEPT = 3  # epoch orders cached (a permutation of the dataset each)
+MAX_QUEUED = 4 * MAX_SPLIT  # records queued for one trainer
 
 
 @dataclass
@@ -63,8 +66,8 @@ class SplitServer:
         self.trainers: dict[bytes, _Trainer] = {}
         self._orders: OrderedDict[int, np.ndarray] = OrderedDict()
         self._rotation = 0
-        self._finished_ids: set[str] = set()
-        self._joined: set[str] = set()
+        self._pending: set[str] = set()  # trainers known and not finished
+        self._any_finished = False
         self.completed = 0  # epochs are the trainers' to count; kept for the forwarder's log line
         self.skipped_total = 0
         self.reserved_total = 0
@@ -86,8 +89,7 @@ class SplitServer:
             if old.id == hello.trainer:  # a reconnect or a restart: what it asked for before is void
                 del self.trainers[old_routing]
         self.trainers[routing_id] = _Trainer(hello.trainer, hello.session, hello.credit, now)
-        self._joined.add(hello.trainer)
-        self._finished_ids.discard(hello.trainer)
+        self._pending.add(hello.trainer)
         self.status_changed = True
 
     def on_work(self, routing_id: bytes, work: Work, now: Optional[float] = None) -> bool:
@@ -101,8 +103,18 @@ class SplitServer:
                 raise ProtocolError(f"work asks for positions {item.start}-{item.end} of epoch {item.epoch}, outside "
                                     f"this producer's run ({self.key.records} records, {self.epochs or 'endless'} "
                                     "epochs): trainer and producers must serve the same dataset")
+        # Bounds on what one trainer can make this producer hold and compute: records queued, and epoch orders
+        # (a permutation of the dataset each) per message; a trainer asks for at most two epochs at a time.
+        epochs = {item.epoch for item in work.items}
+        if len(epochs) > _ORDERS_KEPT - 1:
+            raise ProtocolError(f"work names {len(epochs)} epochs; a trainer hands out at most {_ORDERS_KEPT - 1} "
+                                "at a time")
+        queued = sum(len(r) for _, r in trainer.queue) + sum(item.end - item.start for item in work.items)
+        if queued > MAX_QUEUED:
+            raise ProtocolError(f"work would queue {queued} records for trainer {trainer.id}, more than "
+                                f"{MAX_QUEUED}: a trainer keeps a few splits ahead, not more")
         for item in work.items:
-            records = self._order(item.epoch)[item.start:item.end]
+            records = self._order(item.epoch)[item.start:item.end].copy()  # not a view: the order may be evicted
             if item.skip:
                 keep = np.ones(len(records), bool)
                 keep[np.asarray(item.skip, np.int64)] = False
@@ -111,7 +123,8 @@ class SplitServer:
                 trainer.queue.append((item.epoch, records))
         if work.finished and not trainer.finished:
             trainer.finished = True
-            self._finished_ids.add(trainer.id)
+            self._pending.discard(trainer.id)
+            self._any_finished = True
             self.status_changed = True
         return True
 
@@ -161,6 +174,15 @@ class SplitServer:
                 rows = [i for e, i in zip(chunk.epochs, chunk.indices) if e == epoch]
                 trainer.queue.appendleft((epoch, np.asarray(rows, np.int64)))
 
+    def gone(self, chunk: Chunk) -> bool:
+        """Whether the trainer a made chunk is for left or said hello again since (then the batch is not sent)."""
+        trainer = self.trainers.get(chunk.trainer) if chunk.trainer is not None else None
+        return trainer is None or trainer.session != chunk.session
+
+    def forget(self, chunk: Chunk) -> None:
+        """A made chunk is not sent (its trainer is gone)."""
+        self._done_making(chunk)
+
     def route(self, chunk: Optional[Chunk]) -> Optional[bytes]:
         """The trainer a made batch goes to: its own, once it has credit (a gone one too: the batch is stale)."""
         if chunk is None or chunk.trainer is None:
@@ -171,12 +193,9 @@ class SplitServer:
         return chunk.trainer if trainer.credit > 0 else None
 
     def take_stale(self, epochs: np.ndarray, indices: np.ndarray, chunk: Optional[Chunk] = None) -> np.ndarray:
-        """Every row, if the batch's trainer left or restarted since (it hands out its splits afresh); else none."""
-        trainer = self.trainers.get(chunk.trainer) if chunk is not None and chunk.trainer is not None else None
-        gone = trainer is None or chunk is None or trainer.session != chunk.session
-        if gone and chunk is not None:
-            self._done_making(chunk)
-        return np.full(len(indices), gone, bool)
+        """No row: a batch is made for one trainer, and one whose trainer is ``gone`` is not sent at all; which
+        records that trainer already has is its own to decide."""
+        return np.zeros(len(indices), bool)
 
     def on_sent(self, routing_id: bytes, epochs: list[int], indices: list[int], chunk: Optional[Chunk] = None) -> None:
         trainer = self.trainers[routing_id]
@@ -196,8 +215,12 @@ class SplitServer:
         return [self.drop(r) for r in dead]
 
     def drop(self, routing_id: bytes) -> str:
-        """Forget a trainer that is gone; its splits are its to hand out again."""
-        return self.trainers.pop(routing_id).id
+        """Forget a trainer that is gone; its splits are its to hand out again. A ``--epochs`` producer does not
+        wait for a trainer that died to say it finished."""
+        trainer = self.trainers.pop(routing_id)
+        if not any(t.id == trainer.id for t in self.trainers.values()):
+            self._pending.discard(trainer.id)
+        return trainer.id
 
     def pick_trainer(self) -> Optional[bytes]:
         return None  # every batch is made for one trainer: ``route``
@@ -207,7 +230,7 @@ class SplitServer:
 
     @property
     def finished(self) -> bool:
-        return self.epochs is not None and bool(self._joined) and self._joined <= self._finished_ids
+        return self.epochs is not None and self._any_finished and not self._pending
 
     def status(self) -> Status:
         return Status(str(self.key), self.producer_id, 0, self.epochs, self.finished, self.spec, 0)

@@ -88,6 +88,7 @@ class Status:
     spec: list[tuple[str, str, list[int]]] = field(default_factory=list)  # the batches' arrays: name, dtype, shape
     waiting: int = 0  # trainers still to join before it serves anything (--min-trainers)
     session: int = 0  # the addressed trainer's session it was sent under; 0: before it joined (a describe's answer)
+    stranger: bool = False  # the answer to credit or work from a trainer this producer does not know: say hello
 
 
 def _int(value: Any, what: str, low: int = 0, high: int = 2**31) -> int:
@@ -140,7 +141,7 @@ def encode_status(status: Status) -> bytes:
     return msgpack.packb({"t": "status", "stream": status.stream, "producer": status.producer,
                           "completed": status.completed, "epochs": status.epochs, "finished": status.finished,
                           "spec": [[n, d, list(shape)] for n, d, shape in status.spec], "waiting": status.waiting,
-                          "session": status.session},
+                          "session": status.session, "stranger": status.stranger},
                          use_bin_type=True)
 
 
@@ -227,8 +228,11 @@ def decode_status(body: dict) -> Status:
         spec.append((item[0], item[1], [_int(d, "status spec dimension", 0, 2**31) for d in item[2]]))
     waiting = _int(body.get("waiting", 0), "status 'waiting'", 0, 2**16)
     session = _int(body.get("session", 0), "status 'session'", 0, 2**63)
+    stranger = body.get("stranger", False)
+    if not isinstance(stranger, bool):
+        raise ProtocolError("status 'stranger' must be true or false")
     return Status(stream, producer, _int(body.get("completed"), "status 'completed'"), epochs, finished, spec, waiting,
-                  session)
+                  session, stranger)
 
 
 def unpack_producer_frame(frame: Any) -> Optional[dict]:

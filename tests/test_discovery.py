@@ -31,7 +31,7 @@ def test_a_pool_follows_what_a_name_resolves_to_and_survives_failed_lookups():
             raise answer
         return answer
 
-    pool = ProducerPool("tcp://stoker-producer.ns.svc:5555", refresh_s=0.01, lookup=lookup)
+    pool = ProducerPool("tcp://stoker-producer.ns.svc:5555", refresh_s=0.01, lookup=lookup, background=False)
     assert pool.endpoints == ["tcp://10.0.0.1:5555", "tcp://10.0.0.2:5555"]
     answers[0] = ["10.0.0.2", "10.0.0.3"]
     time.sleep(0.02)
@@ -53,7 +53,7 @@ def test_a_discovery_function_that_raises_keeps_the_pool_and_bad_sources_are_ref
             raise RuntimeError("consul is down")
         return ["tcp://10.0.0.9:1"]
 
-    pool = ProducerPool(discover, refresh_s=0.01)
+    pool = ProducerPool(discover, refresh_s=0.01, background=False)
     time.sleep(0.02)
     assert pool.refresh() == ([], []) and pool.endpoints == ["tcp://10.0.0.9:1"]
     for bad in ("", [], ["datahost:5555"], ["tcp://datahost"]):
@@ -98,3 +98,33 @@ def test_a_plain_trainer_takes_a_joining_producer_and_keeps_going_when_one_leave
             second.stop()
     assert stats.producers_left == 1 and stats.pool_size == 1 and stats.connected_producers == 1
     assert stats.coverage and all(0 < seen <= 64 and records == 64 for seen, records in stats.coverage.values())
+
+
+def test_a_slow_lookup_never_blocks_the_caller():
+    """Resolution runs on the pool's thread: refresh() answers at once with what the last lookup found."""
+    import threading
+
+    release = threading.Event()
+    calls = {"n": 0}
+
+    def lookup(host: str, port: int) -> list[str]:
+        calls["n"] += 1
+        if calls["n"] > 1:
+            release.wait(30)  # a DNS server that does not answer
+            return ["10.0.0.7"]
+        return ["10.0.0.1"]
+
+    pool = ProducerPool("tcp://slow.example:1", refresh_s=0.01, lookup=lookup)
+    try:
+        while calls["n"] < 2:  # the thread is inside the slow lookup
+            time.sleep(0.01)
+        assert pool.refresh() == ([], []) and pool.endpoints == ["tcp://10.0.0.1:1"]
+        release.set()
+        deadline = time.monotonic() + 30
+        while pool.endpoints != ["tcp://10.0.0.7:1"]:
+            assert time.monotonic() < deadline
+            pool.refresh()
+            time.sleep(0.01)
+    finally:
+        release.set()
+        pool.close()

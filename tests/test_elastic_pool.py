@@ -62,6 +62,12 @@ def test_exact_epochs_hold_while_producers_join_are_killed_and_leave(pool_lmdb: 
             # 2 -> 4: two producers join; each must serve within the epoch.
             producers += [ProducerProcess(pool_lmdb, extra_args=[*ARGS, "--epochs", "2"]) for _ in range(2)]
             pool.extend(p.endpoint for p in producers[2:])
+            # Consume nothing until the newcomers are connected: then, whatever the machine's speed, they get
+            # splits of epoch 0 (at most ~12 batches of its 375 are out by then) and deliver them within it.
+            deadline = time.monotonic() + WAIT_S
+            while stream.stats.connected_producers < 4:
+                assert time.monotonic() < deadline, f"the joining producers never connected: {stream.stats}"
+                time.sleep(0.05)
             _take(stream, seen, lambda: len(stream.stats.per_producer) == 4, "batches from the producers that joined")
             assert _epoch_0_open(seen), "the joins must fall inside epoch 0"
             # 4 -> 3: one SIGKILLed (its address stays in the pool, as DNS lags behind a dead pod) ...

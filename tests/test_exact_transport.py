@@ -52,3 +52,71 @@ def test_a_handshake_finished_before_the_trainer_looks_is_seen_and_an_unanswered
         monitor.close(linger=0)
         router.close(linger=0)
         ctx.term()
+
+
+def _next_message(router: zmq.Socket, transport: ExactTransport, kind: type):
+    for _ in range(1000):
+        transport.watch()
+        transport.flush()
+        for i in transport.poll(0):
+            transport.receive(i)
+        if router.poll(20):
+            routing_id, body = router.recv_multipart()
+            message = decode_trainer_message(body)
+            if isinstance(message, kind):
+                return routing_id, message
+    raise AssertionError(f"the trainer never sent a {kind.__name__}")
+
+
+def test_a_producer_that_no_longer_knows_the_trainer_gets_a_new_hello():
+    from stoker.protocol.exact_messages import Hello, Status, encode_status
+
+    ctx = zmq.Context()
+    router, address = _router(ctx)
+    transport = ExactTransport(ctx, [address], "t0", InputState(), credit=4, options=[(zmq.LINGER, 0)])
+    try:
+        transport.activate()
+        routing_id, hello = _next_message(router, transport, Hello)
+        assert hello.session == 1
+        # The producer dropped this trainer (silent past its --trainer-timeout) and answers its credit so:
+        router.send_multipart([routing_id, encode_status(Status("0/1:10:0", "p", 0, None, False, session=0,
+                                                                stranger=True))])
+        _, again = _next_message(router, transport, Hello)
+        assert again.session == 2 and again.trainer == "t0"
+    finally:
+        transport.close()
+        router.close(linger=0)
+        ctx.term()
+
+
+def test_a_producer_answers_a_trainer_it_dropped_as_a_stranger(synth_lmdb):
+    """The producer side: credit from a trainer it took for dead gets a status saying so (a real daemon)."""
+    import time
+
+    from stoker.producer.process import ProducerProcess
+    from stoker.protocol.exact_messages import Credit, Hello, decode_status, encode_credit, encode_hello
+    import msgpack
+
+    with ProducerProcess(synth_lmdb, extra_args=["--exact", "--workers", "1", "--batch-size", "4", "--image-size",
+                                                 "16", "--trainer-timeout", "1"]) as producer:
+        ctx = zmq.Context()
+        dealer = ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.connect(producer.endpoint)
+        try:
+            dealer.send(encode_hello(Hello("t0", 1, 0, InputState())))
+            deadline = time.monotonic() + 60
+            while "taken for dead" not in producer.log_text():  # silent: the producer drops it
+                assert time.monotonic() < deadline, producer.log_text()[-2000:]
+                while dealer.poll(100):
+                    dealer.recv_multipart()
+            dealer.send(encode_credit(Credit(1, 1)))
+            while True:
+                assert dealer.poll(30_000), "no answer to a dropped trainer's credit"
+                frames = dealer.recv_multipart()
+                body = msgpack.unpackb(frames[0]) if len(frames) == 1 else None
+                if isinstance(body, dict) and body.get("t") == "status" and decode_status(body).stranger:
+                    break
+        finally:
+            dealer.close(0)
+            ctx.term()

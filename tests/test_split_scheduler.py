@@ -71,13 +71,38 @@ def test_the_producer_serves_exactly_the_split_less_its_skips_in_the_epochs_orde
     assert chunk.trainer == b"t" and server.route(chunk) == b"t"
 
 
-def test_a_batch_made_for_a_trainer_that_restarted_is_stale_whole():
+def test_a_batch_made_for_a_trainer_that_restarted_or_left_is_not_sent():
     server = _server()
-    server.on_work(b"t", Work(1, [WorkItem(0, 0, 8, [])]))
+    server.on_work(b"t", Work(1, [WorkItem(0, 0, 16, [])]))
     chunk = server.next_chunk(8)
+    assert not server.gone(chunk)
     server.on_hello(b"t", Hello("trainer", 2, 10, InputState()))  # restarted: hands out its splits afresh
-    assert server.take_stale(np.zeros(8), np.asarray(chunk.indices), chunk).all()
+    assert server.gone(chunk)
     assert server.next_chunk(8) is None  # the old session's work is gone
+    server.drop(b"t")
+    assert server.gone(chunk)
+
+
+def test_a_trainer_cannot_make_a_producer_hold_or_compute_without_bound():
+    server = _server()
+    with pytest.raises(ProtocolError, match="epochs"):
+        server.on_work(b"t", Work(1, [WorkItem(e, 0, 10, []) for e in range(3)]))
+    big = SplitServer(StreamKey.parse("splits:1000000:0"), "p")
+    big.on_hello(b"t", Hello("trainer", 1, 10, InputState()))
+    items = [WorkItem(0, s, s + 65536, []) for s in range(0, 65536 * 5, 65536)]
+    with pytest.raises(ProtocolError, match="queue"):
+        big.on_work(b"t", Work(1, items))
+
+
+def test_a_finite_producer_finishes_when_its_trainers_did_or_are_gone():
+    server = _server(epochs=1)
+    server.on_hello(b"u", Hello("other", 1, 10, InputState()))
+    server.on_work(b"t", Work(1, [], finished=True))
+    assert not server.finished  # "other" still trains
+    server.drop(b"u")  # it died: not waited for
+    assert server.finished
+    server.on_hello(b"t", Hello("trainer", 2, 10, InputState()))  # back, with its run to do again
+    assert not server.finished
 
 
 def test_credit_bounds_what_is_made_for_a_trainer():
@@ -253,3 +278,16 @@ def test_random_work_items_are_refused_or_serve_only_their_own_records(items):
         order = epoch_order(np.arange(103), 7, item.epoch)[item.start:item.end]
         expected += [(item.epoch, int(r)) for k, r in enumerate(order) if k not in set(item.skip)]
     assert served == expected
+
+
+def test_a_trainer_whose_share_would_be_empty_is_refused_by_name():
+    # 103 records in splits of 128: one split, rank 0's; rank 1 of 2 would never get a record.
+    with pytest.raises(ValueError, match="share 1/2 of an elastic pool is empty"):
+        _scheduler(epochs=3, split=128, rank=1, world=2)
+
+
+def test_an_epoch_a_restored_state_completed_is_skipped_and_the_window_moves_on():
+    state = InputState()
+    state.progress(str(KEY)).consumed(0)[:] = True  # epoch 0 all consumed, not yet closed
+    sched, _ = _scheduler(epochs=3, split=10, state=state)
+    assert sched.progress.completed == 1 and sorted(sched.open) == [1, 2]
