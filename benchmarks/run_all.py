@@ -31,6 +31,7 @@ BENCHMARKS = {
     "transport": ("transport", []),
     "trainer_ingest": ("trainer_ingest", []),
     "exact_cost": ("exact_cost", []),
+    "elastic": ("elastic", []),
     "trainer_latency": ("trainer_latency", []),
     "peers": ("peers", ["--batches", "150"]),
     "link": ("link", []),
