@@ -63,6 +63,12 @@ class TrainConfig:
     share: tuple[int, int] = (0, 1)  # (rank, world) of an elastic pool's splits
 
 
+def coverage_text(coverage: dict[int, tuple[int, int]]) -> str:
+    """``epoch 3: 1,200/1,200 (100%), ...``: distinct records received per epoch, the last few epochs."""
+    return ", ".join(f"epoch {e}: {seen:,}/{records:,} ({100 * seen / records:.0f}%)"
+                     for e, (seen, records) in sorted(coverage.items()) if records)
+
+
 @dataclass
 class TrainReport:
     """What a run measured, after the warm-up steps (tracing, pre-fill) are excluded.
@@ -107,6 +113,7 @@ class TrainReport:
                 "batches rejected": str(s.protocol_errors + s.mismatched_batches),
                 "producers whose shards overlap": (f"{s.shard_conflicts} pair(s): {s.last_shard_conflict}"
                                                    if s.shard_conflicts else "none"),
+                "records received per epoch": coverage_text(s.coverage) or "not known (no stream in the headers)",
                 "final loss / accuracy": f"{self.final_loss:.3f} / {self.final_accuracy:.2f}",
                 "how step times were taken": "waiting for each step's result (a sync per step; staging still "
                                              "runs ahead, a step's dispatch no longer overlaps the previous one)"}
@@ -123,6 +130,10 @@ class TrainReport:
             f"rejected: {s.protocol_errors + s.mismatched_batches}",
             *([f"warning: {s.shard_conflicts} pair(s) of producers whose shards overlap: {s.last_shard_conflict}"]
               if s.shard_conflicts else []),
+            *([f"producer pool: {s.pool_size} now, {s.producers_joined} joined and {s.producers_left} left during "
+               "the run"] if s.producers_joined or s.producers_left else []),
+            *([f"records received per epoch (the latest still in progress): {coverage_text(s.coverage)}"]
+              if s.coverage else []),
             f"bottleneck: {self.bottleneck()}",
         ])
 
