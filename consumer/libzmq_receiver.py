@@ -40,9 +40,18 @@ def socket_options(rcvhwm: int, max_message_bytes: int) -> tuple[tuple[int, Any]
         (zmq.LINGER, 0),
         (zmq.RECONNECT_IVL, 100),
         (zmq.RECONNECT_IVL_MAX, 1000),
-        # Heartbeats find a dead peer (network cut, killed host) and force a reconnect.
-        (zmq.HEARTBEAT_IVL, 1000),
-        (zmq.HEARTBEAT_TIMEOUT, 5000),
+        # A dead peer (a killed host, a cut link) is found by TCP, not by ZMTP heartbeats: keepalive probes
+        # (idle 5 s, then 3 x 1 s) and, for what this side sent, a 10 s user timeout drop the connection, and
+        # libzmq connects again. Not ZMTP heartbeats: a socket whose receive pipe is full (a slow step) stops
+        # reading, so it cannot see the peer's traffic, and its heartbeat timeout then kills a healthy
+        # connection; the reconnect races with libzmq's stale "resume reading" and aborts the process
+        # (`Assertion failed: _input_stopped (src/stream_engine_base.cpp)`, libzmq issues #3937 and #4767,
+        # open). Keepalive probes are answered by the peer's kernel however full the pipe is.
+        (zmq.TCP_KEEPALIVE, 1),
+        (zmq.TCP_KEEPALIVE_IDLE, 5),
+        (zmq.TCP_KEEPALIVE_INTVL, 1),
+        (zmq.TCP_KEEPALIVE_CNT, 3),
+        (zmq.TCP_MAXRT, 10_000),
     )
 
 

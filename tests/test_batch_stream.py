@@ -114,3 +114,22 @@ def test_a_long_exact_run_keeps_only_the_open_epochs_in_its_state(tmp_path):
             _, state = parse_state(stream.save_state())
     (progress,) = state.streams.values()
     assert progress.completed == 6 and not progress.open
+
+
+def test_an_exact_consumer_that_stops_taking_batches_keeps_its_connection(tmp_path):
+    """A full queue stops the receive side reading. With ZMTP heartbeats that killed a healthy connection after
+    their 5 s timeout (this test failed so), and the reconnect could abort the whole process inside libzmq
+    (issue #3937, seen twice in CI); a pause of any length must leave the connection as it was."""
+    import time
+
+    data = tmp_path / "ds"
+    build_synthetic(data, 64, seed=1, num_classes=4, progress=False)
+    args = ["--workers", "1", "--batch-size", str(BATCH), "--image-size", "128", "--seed", "5", "--exact"]
+    with ProducerProcess(data, extra_args=args) as producer:
+        with BatchStream([producer.endpoint], exact=True, recv_timeout=60, queue_capacity=1) as stream:
+            next(stream)
+            time.sleep(8)  # the step is slow: nothing is taken, the producer's batches back up
+            watchers = stream._core.receiver.transport.watchers
+            assert [w.handshakes for w in watchers] == [1], "the connection was dropped while the consumer paused"
+            for _ in range(3):
+                next(stream)
