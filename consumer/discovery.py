@@ -128,8 +128,10 @@ class ProducerPool:
                 self._latest = current
 
     def close(self) -> None:
-        """Stop resolving (a lookup under way finishes on its own: the thread is a daemon)."""
+        """Stop resolving; waits up to 1 s for the thread (a lookup under way finishes on its own: a daemon)."""
         self._stop.set()
+        if self._thread is not None:
+            self._thread.join(1.0)
 
     @property
     def dynamic(self) -> bool:

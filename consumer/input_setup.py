@@ -107,10 +107,14 @@ def open_core(addresses: Sequence[str] | Callable[[], Sequence[str]], spec: Opti
     limits = DecodeLimits(max_message_bytes=max_message_bytes)
     pool = ProducerPool(addresses, discover_every)
     receiver: Receiver
-    if exact:
-        receiver = ExactReceiver(pool, limits, rcvhwm, trainer_id, state, curve, share)
-    elif receive == "direct" or (receive == "auto" and why_not is None):
-        receiver = ZMTPReceiver(pool, limits)
-    else:
-        receiver = LibzmqReceiver(pool, limits, rcvhwm, curve)
+    try:
+        if exact:
+            receiver = ExactReceiver(pool, limits, rcvhwm, trainer_id, state, curve, share)
+        elif receive == "direct" or (receive == "auto" and why_not is None):
+            receiver = ZMTPReceiver(pool, limits)
+        else:
+            receiver = LibzmqReceiver(pool, limits, rcvhwm, curve)
+    except BaseException:
+        pool.close()  # its resolving thread goes with it
+        raise
     return ReceiveCore(receiver, spec, recv_timeout)

@@ -19,7 +19,7 @@ def test_ip_addresses_and_ipc_stand_as_given_and_names_are_resolved_by_the_syste
     assert not is_literal("tcp://stoker-producer.ml.svc:5555")
     pool = ProducerPool("tcp://localhost:5555,tcp://10.1.2.3:7", refresh_s=0)
     assert pool.endpoints == ["tcp://127.0.0.1:5555", "tcp://10.1.2.3:7"]  # IPv4 only where a name has it
-    assert not pool.dynamic and ProducerPool("tcp://localhost:1").dynamic
+    assert not pool.dynamic and ProducerPool("tcp://localhost:1", background=False).dynamic
 
 
 def test_a_pool_follows_what_a_name_resolves_to_and_survives_failed_lookups():
@@ -128,3 +128,4 @@ def test_a_slow_lookup_never_blocks_the_caller():
     finally:
         release.set()
         pool.close()
+    assert not any(t.name == "stoker-discovery" for t in threading.enumerate()), "close() left the thread running"
