@@ -33,6 +33,11 @@ log = logging.getLogger("stoker.consumer")
 
 _WAITING_LOG_EVERY_S = 10.0
 SPLIT_BATCHES = 16  # an elastic pool's split: this many batches of records
+#: Messages a DEALER's receive pipe holds beyond the batches credit allows: an hour of status messages (one a
+#: second) while the trainer is not reading (a full queue). A full pipe stops libzmq reading the connection, so
+#: it would miss a producer's death, and a disconnect found while it is stopped can abort the process inside
+#: libzmq (issue #3937, docs/decisions.md). Batches stay bounded by credit (an honest producer sends no more).
+STATUS_ROOM = 3600
 
 
 def split_records(batch_size: int) -> int:
@@ -56,7 +61,8 @@ class ExactReceiver:
         self._ctx = zmq.Context()
         try:
             self.transport = ExactTransport(self._ctx, pool.endpoints, trainer_id, state, rcvhwm,
-                                            socket_options(rcvhwm, limits.max_message_bytes), curve, share)
+                                            socket_options(rcvhwm + STATUS_ROOM, limits.max_message_bytes), curve,
+                                            share)
         except zmq.ZMQError as exc:
             self._ctx.destroy(linger=0)
             raise ValueError(f"cannot connect to the producer addresses {pool.endpoints}: {exc.strerror}; "
