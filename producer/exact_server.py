@@ -36,13 +36,13 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 
 from stoker.protocol import ProtocolError
 from stoker.protocol.exact_messages import Credit, Hello, Records, Status
-from stoker.protocol.input_state import StreamKey
+from stoker.protocol.input_state import StreamKey, rows_by_epoch
 
 from .sharding import epoch_order
 
@@ -60,6 +60,7 @@ class Chunk:
     indices: list[int]
     trainer: Optional[bytes] = None  # an elastic pool's batch is made for one trainer (split_server.py)
     session: int = 0
+    generation: int = -1  # ExactServer.generation when its records were chosen
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -74,9 +75,22 @@ class _Epoch:
     cursor: int = 0  # first-pass position
     lost: deque = field(default_factory=deque)  # positions to serve again, before the first pass goes on
     by_trainer: dict[str, np.ndarray] = field(default_factory=dict)
+    left: int = -1  # records neither consumed nor skipped (-1: count them); kept per message, not per epoch scan
+
+    def settle(self, column: np.ndarray, ks: np.ndarray) -> None:
+        """Mark positions ``ks`` in ``column`` (``consumed`` or ``skipped``), keeping ``left`` exact."""
+        fresh = ks[~(self.consumed[ks] | self.skipped[ks])]
+        column[ks] = True
+        if self.left >= 0 and len(fresh):
+            self.left -= len(np.unique(fresh))
+
+    def recount(self) -> None:
+        self.left = int((~(self.consumed | self.skipped)).sum())
 
     def done(self) -> bool:
-        return bool((self.consumed | self.skipped).all())
+        if self.left < 0:
+            self.recount()
+        return self.left == 0
 
 
 @dataclass
@@ -110,6 +124,9 @@ class ExactServer:
         self.skipped_total = 0
         self.reserved_total = 0  # records served again after a loss
         self.status_changed = False
+        #: Bumped whenever a hello or a dropped trainer may make records being made stale (``take_stale``):
+        #: a batch chosen since then needs no row-by-row check.
+        self.generation = 0
 
     # ---- epochs ----------------------------------------------------------------------------
 
@@ -152,7 +169,8 @@ class ExactServer:
         """Up to ``n`` records to make into a batch (None: nothing to serve now)."""
         if not self.started or self.finished or len(self._joined) < self.min_trainers:
             return None
-        epochs, indices = [], []
+        epochs: list[int] = []
+        indices: list[int] = []
         e = self.completed
         while len(indices) < n and e in self.open:
             epoch = self.open[e]
@@ -163,23 +181,24 @@ class ExactServer:
                     epochs.append(e)
                     indices.append(int(self.records[k]))
             while epoch.cursor < len(epoch.order) and len(indices) < n:
-                k = epoch.order[epoch.cursor]
-                epoch.cursor += 1
-                if epoch.owner[k] == _FREE and not epoch.consumed[k] and not epoch.skipped[k]:
-                    epoch.owner[k] = _MAKING
-                    epochs.append(e)
-                    indices.append(int(self.records[k]))
+                # The first pass, a window at a time (one record at a time costs ~1 us each in NumPy scalars).
+                need = n - len(indices)
+                window = epoch.order[epoch.cursor:epoch.cursor + max(2 * need, 64)]
+                free = np.flatnonzero((epoch.owner[window] == _FREE) & ~epoch.consumed[window]
+                                      & ~epoch.skipped[window])[:need]
+                epoch.cursor += int(free[-1]) + 1 if len(free) == need else len(window)
+                ks = window[free]
+                epoch.owner[ks] = _MAKING
+                epochs.extend([e] * len(ks))
+                indices.extend(self.records[ks].tolist())
             if epoch.cursor >= len(epoch.order) and self._may_open(e + 1) and e + 1 <= self.completed + EPOCHS_AHEAD:
                 self._epoch(e + 1)
             e += 1
-        return Chunk(epochs, indices) if indices else None
+        return Chunk(epochs, indices, generation=self.generation) if indices else None
 
-    def _positions(self, epochs: list[int], indices: list[int]) -> list[tuple[int, np.ndarray]]:
-        out = []
+    def _positions(self, epochs: Sequence[int], indices: Sequence[int]) -> list[tuple[int, np.ndarray]]:
         epochs_arr, indices_arr = np.asarray(epochs, np.int64), np.asarray(indices, np.int64)
-        for e in np.unique(epochs_arr):
-            out.append((int(e), self.key.local(indices_arr[epochs_arr == e])))
-        return out
+        return [(e, self.key.local(indices_arr[rows])) for e, rows in rows_by_epoch(epochs_arr)]
 
     def on_unsent(self, chunk: Chunk) -> None:
         """A chunk will not be sent (its worker died): its records are free again."""
@@ -201,13 +220,14 @@ class ExactServer:
         forwarder masks stale rows (as a last batch's padding) so no record goes out twice.
         """
         stale = np.zeros(len(indices), bool)
+        if chunk is not None and chunk.generation == self.generation:
+            return stale  # no hello and no trainer dropped since its records were chosen
         epochs, indices = np.asarray(epochs, np.int64), np.asarray(indices, np.int64)
-        for e in np.unique(epochs):
-            rows = np.flatnonzero(epochs == e)
-            if e < self.completed or int(e) not in self.open:
+        for e, rows in rows_by_epoch(epochs):
+            if e < self.completed or e not in self.open:
                 stale[rows] = True  # the whole epoch completed (or was dropped) meanwhile
                 continue
-            epoch = self.open[int(e)]
+            epoch = self.open[e]
             ks = self.key.local(indices[rows])
             making = epoch.owner[ks] == _MAKING
             consumed = epoch.consumed[ks]
@@ -219,7 +239,7 @@ class ExactServer:
         for e, ks in self._positions(epochs, indices):
             if e in self.open:
                 epoch = self.open[e]
-                epoch.skipped[ks] = True
+                epoch.settle(epoch.skipped, ks)
                 epoch.owner[ks] = _FREE
                 self.skipped_total += len(ks)
         self._close_done()
@@ -243,6 +263,7 @@ class ExactServer:
 
     def on_hello(self, routing_id: bytes, hello: Hello, now: Optional[float] = None) -> None:
         now = time.monotonic() if now is None else now
+        self.generation += 1
         key = str(self.key)
         progress = hello.state.streams.get(key)
         if not self.started:
@@ -277,6 +298,7 @@ class ExactServer:
                 epoch.consumed = np.zeros_like(epoch.consumed)
                 for consumed in epoch.by_trainer.values():
                     epoch.consumed |= consumed
+                epoch.left = -1
         for e, ks in self._held(hello.held.get(key, [])):
             if e in self.open:
                 epoch = self.open[e]
@@ -298,6 +320,7 @@ class ExactServer:
 
     def _release(self, trainer: _Trainer) -> None:
         """What ``trainer`` held becomes servable again (it died, or will report afresh)."""
+        self.generation += 1
         for e, epoch in self.open.items():
             epoch.owner[epoch.owner == trainer.slot] = _FREE
             self._requeue(e, epoch)
@@ -314,8 +337,11 @@ class ExactServer:
                 continue
             epoch = self._epoch(e)
             ks = self.key.local(np.asarray(indices, np.int64))
-            epoch.by_trainer.setdefault(trainer.id, np.zeros_like(epoch.consumed))[ks] = True
-            epoch.consumed[ks] = True
+            mine = epoch.by_trainer.get(trainer.id)
+            if mine is None:  # not setdefault: that would allocate a bitmap of the whole shard per message
+                mine = epoch.by_trainer[trainer.id] = np.zeros_like(epoch.consumed)
+            mine[ks] = True
+            epoch.settle(epoch.consumed, ks)
             held = ks[epoch.owner[ks] == trainer.slot]
             epoch.owner[held] = _FREE
         self._close_done()

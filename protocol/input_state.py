@@ -18,7 +18,8 @@ from __future__ import annotations
 import re
 import zlib
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
+from functools import lru_cache
+from typing import Mapping, Sequence
 
 import msgpack
 import numpy as np
@@ -39,6 +40,18 @@ def epoch_order(shard_records: np.ndarray, seed: int, epoch: int, shuffle: bool 
     if not shuffle:
         return shard_records
     return np.random.default_rng([seed, epoch]).permutation(shard_records)
+
+
+def rows_by_epoch(epochs: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    """``[(epoch, rows of it)]`` of a batch's epoch column, epochs ascending. A batch nearly always holds one
+    epoch: that case costs one comparison, not a sort."""
+    epochs = np.asarray(epochs)
+    if not epochs.size:
+        return []
+    first = epochs[0]
+    if (epochs == first).all():
+        return [(int(first), np.arange(epochs.size))]
+    return [(int(e), np.flatnonzero(epochs == e)) for e in np.unique(epochs)]
 
 
 @dataclass(frozen=True)
@@ -84,10 +97,16 @@ class StreamKey:
     def local(self, indices: np.ndarray) -> np.ndarray:
         """Record indices -> positions ``k`` within the shard; ValueError for records of other shards."""
         indices = np.asarray(indices, np.int64)
-        if indices.size and (((indices - self.index) % self.count).any() or indices.min() < 0
-                             or indices.max() >= self.records):
+        if not indices.size:
+            return indices
+        if indices.min() < 0 or indices.max() >= self.records:
             raise ValueError(f"record indices outside shard {self}")
-        return (indices - self.index) // self.count
+        if self.count == 1:
+            return indices.copy()  # the whole dataset (one shard, an elastic pool): positions are the indices
+        shifted = indices - self.index
+        if (shifted % self.count).any():
+            raise ValueError(f"record indices outside shard {self}")
+        return shifted // self.count
 
 
 @dataclass
@@ -132,6 +151,12 @@ class StreamProgress:
         return int(sum(b.sum() for b in self.open.values()))
 
 
+@lru_cache(maxsize=256)
+def _parse_key(text: str) -> "StreamKey":
+    """``StreamKey.parse``, remembered: a step's report names the same few streams every time."""
+    return StreamKey.parse(text)
+
+
 class InputState:
     """A trainer's progress through every stream it reads (see the module doc)."""
 
@@ -140,16 +165,16 @@ class InputState:
 
     def progress(self, key: str) -> StreamProgress:
         if key not in self.streams:
-            self.streams[key] = StreamProgress(StreamKey.parse(key).size)
+            self.streams[key] = StreamProgress(_parse_key(key).size)
         return self.streams[key]
 
-    def mark(self, key: str, epochs: Iterable[int], indices: Iterable[int]) -> None:
+    def mark(self, key: str, epochs: Sequence[int] | np.ndarray, indices: Sequence[int] | np.ndarray) -> None:
         """Record that ``indices`` (of ``epochs``, row by row) were consumed."""
-        stream = StreamKey.parse(key)
+        stream = _parse_key(key)
         progress = self.progress(key)
-        epochs, indices = np.asarray(list(epochs), np.int64), np.asarray(list(indices), np.int64)
-        for epoch in np.unique(epochs):
-            progress.mark(int(epoch), stream.local(indices[epochs == epoch]))
+        epochs, indices = np.asarray(epochs, np.int64), np.asarray(indices, np.int64)
+        for epoch, rows in rows_by_epoch(epochs):
+            progress.mark(epoch, stream.local(indices[rows]))
 
     def copy(self) -> "InputState":
         return InputState({k: p.copy() for k, p in self.streams.items()})
