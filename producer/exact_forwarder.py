@@ -29,12 +29,14 @@ from stoker.protocol.exact_messages import Credit, Describe, Hello, Work, decode
 
 from .batch_slots import GRANT, SlotLayout, SlotState, encode_work, slot_frame
 from .exact_server import Chunk, ExactServer
-from .forwarder import SlotForwarder
+from .forwarder import IN_FLIGHT_POLL_MS, SlotForwarder
 
 log = logging.getLogger("stoker.producer")
 
 _WARN_EVERY_S = 60.0
 STATUS_EVERY_S = 1.0  # also a heartbeat: a trainer waiting on others' steps knows this producer is alive
+_IDLE_POLL_MS = 50  # nothing in flight: statuses and expiry need no finer clock than this
+_EXPIRE_EVERY_S = 0.1
 
 
 class ExactForwarder(SlotForwarder):
@@ -58,18 +60,24 @@ class ExactForwarder(SlotForwarder):
         poller = zmq.Poller()
         poller.register(self.control, zmq.POLLIN)
         poller.register(self.out, zmq.POLLIN)
+        expired_at = 0.0
         while not stop.is_set():
             self._release_sent()
-            events = dict(poller.poll(2 if self._in_flight or self._ready else 50))
+            # Sent slots are checked every 2 ms until libzmq lets go of them; batches waiting for credit need no
+            # such wake-ups: the credit that frees them arrives on ``out`` and ends the wait.
+            events = dict(poller.poll(IN_FLIGHT_POLL_MS if self._in_flight else _IDLE_POLL_MS))
             if events.get(self.control, 0) & zmq.POLLIN:
                 while self.control.poll(0):
                     self._handle(self.control.recv_multipart())
             if events.get(self.out, 0) & zmq.POLLIN:
                 while self.out.poll(0):
                     self._from_trainer(self.out.recv_multipart())
-            for trainer in self.server.expire():
-                log.warning("trainer %s sent nothing for %.0f s: taken for dead; the records it held are served again",
-                            trainer, self.server.trainer_timeout)
+            now = time.monotonic()
+            if now - expired_at >= _EXPIRE_EVERY_S:
+                expired_at = now
+                for trainer in self.server.expire(now):
+                    log.warning("trainer %s sent nothing for %.0f s: taken for dead; the records it held are served "
+                                "again", trainer, self.server.trainer_timeout)
             self._grant_idle()
             self._send_ready()
             self._broadcast_status()

@@ -31,7 +31,7 @@ from .batch_slots import GRANT, HELLO, READY, SlotLayout, SlotState, parse_slot,
 log = logging.getLogger("stoker.producer")
 
 _IDLE_POLL_MS = 100
-_IN_FLIGHT_POLL_MS = 2  # how soon a sent slot is noticed free; a wake-up costs ~20 us
+IN_FLIGHT_POLL_MS = 2  # how soon a sent slot is noticed free; a wake-up costs ~20 us
 
 
 class SlotForwarder:
@@ -65,7 +65,7 @@ class SlotForwarder:
         while not stop.is_set():
             self._release_sent()
             poller.register(self.out, zmq.POLLOUT if self._ready else 0)
-            events = dict(poller.poll(_IN_FLIGHT_POLL_MS if self._in_flight else _IDLE_POLL_MS))
+            events = dict(poller.poll(IN_FLIGHT_POLL_MS if self._in_flight else _IDLE_POLL_MS))
             if events.get(self.control, 0) & zmq.POLLIN:
                 while self.control.poll(0):
                     self._handle(self.control.recv_multipart())
