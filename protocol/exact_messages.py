@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import msgpack
+import numpy as np
 
 from .batch_codec import is_valid_id
 from .errors import ProtocolError
@@ -108,8 +109,21 @@ def _records(value: Any, what: str) -> Records:
         total += len(item[1])
         if total > MAX_ROWS:
             raise ProtocolError(f"{what} lists more than {MAX_ROWS} records")
-        out.append((_int(item[0], f"{what} epoch"), [_int(i, f"{what} index", 0, 10**8) for i in item[1]]))
+        out.append((_int(item[0], f"{what} epoch"), _indices(item[1], f"{what} index")))
     return out
+
+
+def _indices(value: list, what: str) -> list[int]:
+    """Record indices in [0, 10**8), checked as one array: a credit carries a batch's worth each step."""
+    if not value:
+        return []
+    try:
+        array = np.array(value)
+    except (OverflowError, ValueError, TypeError):
+        array = np.zeros(0)
+    if array.ndim != 1 or array.dtype.kind not in "iu" or array.min() < 0 or array.max() >= 10**8:
+        raise ProtocolError(f"{what} must be integers in [0, {10**8}), got {value[:4]!r}...")
+    return array.tolist()
 
 
 def _unpack(frame: Any) -> dict:
