@@ -105,8 +105,8 @@ class ExactReceiver:
                 transport.flush()  # the pool's "finished" goes out before the sockets close
                 core.finish()
                 return
-            room = core.room() if transport.active else 0
-            if not transport.active or core.queued() > 0:
+            queued, room = core.fill() if transport.active else (0, 0)
+            if not transport.active or queued > 0:
                 core.alive()  # the step is not waiting for data: not silence
             if not core.watch():
                 return
@@ -141,7 +141,8 @@ class ExactReceiver:
                     batch.arrays["mask"] = arrays[mask_at] = keep
                 core.deliver(batch, [*arrays, np.full(batch_size, i, np.int32)], owned=False)
                 transport.queued(i, batch["epoch"], batch["index"], batch["mask"])
-                if core.room() <= 0:
+                room -= 1  # steps only make more room: asked again on the next turn
+                if room <= 0:
                     break
 
     def _watch(self, core: ReceiveCore) -> None:

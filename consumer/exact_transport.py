@@ -10,9 +10,11 @@ lock, and ``snapshot``, which ``save_state`` calls.
   restarted) gets a ``hello`` with a fresh session, this trainer's whole input
   state and the records it holds from that producer; batches sent under an older
   session are dropped (their records are served again by the new incarnation).
-- Each batch queued gives one credit back; consumed records (``record_consumed``)
-  go to the producer they came from with the next credit or heartbeat (every
-  0.5 s, also while the queue is full, so a slow step is never taken for dead).
+- Each batch queued earns one credit back, sent in steps of half the window;
+  consumed records (``record_consumed``) go to the producer they came from with
+  the next credit. Neither waits longer than ``REPORT_WAIT_S`` (0.1 s); a
+  heartbeat goes every 0.5 s without other traffic, also while the queue is
+  full, so a slow step is never taken for dead.
 - ``finished`` once every producer said it finished its epochs.
 """
 
@@ -32,7 +34,7 @@ from stoker.protocol.exact_messages import (MAX_WORK_ITEMS, Credit, Hello, Recor
                                             encode_credit, encode_describe, encode_hello, encode_work,
                                             unpack_producer_frame)
 from stoker.protocol.batch_spec import BatchMismatchError, BatchSpec
-from stoker.protocol.input_state import InputState, StreamKey
+from stoker.protocol.input_state import InputState, StreamKey, rows_by_epoch
 
 from .connections import ConnectionWatcher
 from .split_scheduler import SplitScheduler
@@ -40,6 +42,9 @@ from .split_scheduler import SplitScheduler
 log = logging.getLogger("stoker.consumer")
 
 HEARTBEAT_S = 0.5
+#: How long consumed records may wait for a credit to carry them before they go alone: a message per step
+#: would double the control traffic (and the wake-ups on both sides) for nothing.
+REPORT_WAIT_S = 0.1
 DESCRIBE_RETRY_S = 1.0
 
 
@@ -69,10 +74,15 @@ class ExactTransport:
         self.stream: list[str] = []
         self.status: list[Optional[Status]] = []
         self.stale_batches = 0
+        self._poller = zmq.Poller()  # the live sockets (made once: zmq.select would build one per call)
+        self._number: dict[zmq.Socket, int] = {}
         self._lock = threading.Lock()
         self._state = state
         self._held: list[dict[int, set[int]]] = []  # epoch -> indices
-        self._reports: list[list[tuple[int, int]]] = []  # (epoch, index) consumed, unsent
+        self._reports: list[list[tuple[np.ndarray, np.ndarray]]] = []  # (epochs, indices) consumed, unsent
+        self._reported_at: list[float] = []  # when the oldest unsent report was made
+        self._owed: list[int] = []  # credit earned, not sent yet (receive thread only)
+        self._owed_at: list[float] = []
         self._last_sent: list[float] = []
         self._described_at: list[float] = []
         #: control messages sent and received, and their bytes (the receive thread writes them)
@@ -100,6 +110,8 @@ class ExactTransport:
         with self._lock:
             self.addresses.append(address)
             self.sockets.append(sock)
+            self._poller.register(sock, zmq.POLLIN)
+            self._number[sock] = len(self.sockets) - 1
             self.watchers.append(watcher)
             self.session.append(0)
             self._said_hello.append(0)
@@ -107,6 +119,9 @@ class ExactTransport:
             self.status.append(None)
             self._held.append(defaultdict(set))
             self._reports.append([])
+            self._reported_at.append(0.0)
+            self._owed.append(0)
+            self._owed_at.append(0.0)
             self._last_sent.append(0.0)
             self._described_at.append(-DESCRIBE_RETRY_S)
         return len(self.sockets) - 1
@@ -119,6 +134,8 @@ class ExactTransport:
             if known == address and self.sockets[i] is not None:
                 watcher, sock = self.watchers[i], self.sockets[i]
                 assert watcher is not None and sock is not None
+                self._poller.unregister(sock)
+                del self._number[sock]
                 watcher.close()
                 sock.close(linger=0)
                 self.watchers[i] = self.sockets[i] = None
@@ -150,15 +167,17 @@ class ExactTransport:
         if source < 0:
             return  # a terminator: no records
         rows = mask.astype(bool)
-        epochs, indices = epochs[rows], indices[rows]
+        epochs, indices = epochs[rows].astype(np.int64), indices[rows].astype(np.int64)
         with self._lock:
             stream = self.stream[source]
             if stream:
-                self._state.mark(stream, epochs.tolist(), indices.tolist())
+                self._state.mark(stream, epochs, indices)
             held = self._held[source]
-            for e, i in zip(epochs.tolist(), indices.tolist()):
-                held[e].discard(i)
-                self._reports[source].append((e, i))
+            for e, of_epoch in rows_by_epoch(epochs):
+                held[e].difference_update(indices[of_epoch].tolist())
+            if not self._reports[source]:
+                self._reported_at[source] = time.monotonic()
+            self._reports[source].append((epochs, indices))
             if self.splits is not None and stream == str(self.splits.key):
                 self.splits.consumed(epochs, indices)
 
@@ -194,6 +213,7 @@ class ExactTransport:
             if self.stream[i]:
                 held[self.stream[i]] = [(e, sorted(ix)) for e, ix in self._held[i].items() if ix]
             self._reports[i] = []  # the hello's state includes them
+        self._owed[i] = 0  # and it gives the whole credit afresh
         self._send(i, encode_hello(Hello(self.trainer_id, self.session[i], self.credit, state, held)))
 
     def _send(self, i: int, frame: bytes) -> None:
@@ -216,28 +236,45 @@ class ExactTransport:
         for i in self.live():
             if self.session[i] == 0:
                 continue  # no hello yet
-            with self._lock:
-                reports, self._reports[i] = self._reports[i], []
-            if reports or now - self._last_sent[i] >= HEARTBEAT_S:
-                self._credit(i, 0, reports)
+            with self._lock:  # unless due, the next credit carries them
+                due = bool(self._reports[i]) and now - self._reported_at[i] >= REPORT_WAIT_S
+            if due or (self._owed[i] and now - self._owed_at[i] >= REPORT_WAIT_S) \
+                    or now - self._last_sent[i] >= HEARTBEAT_S:
+                self._credit(i)
             if i in self._pooled:
                 self._give_work(i)
 
-    def _credit(self, i: int, n: int, reports: list[tuple[int, int]]) -> None:
-        by_epoch: dict[int, list[int]] = defaultdict(list)
-        for e, index in reports:
-            by_epoch[e].append(index)
-        self._send(i, encode_credit(Credit(self.session[i], n, sorted(by_epoch.items()))))
+    def _give_back(self, i: int) -> None:
+        """One credit back to producer ``i`` (a batch of it was queued or dropped). Credit goes in steps of half
+        the window: a message per batch would be most of the control traffic and of both sides' wake-ups; what
+        is held back goes with the next flush after ``REPORT_WAIT_S`` at the latest."""
+        if not self._owed[i]:
+            self._owed_at[i] = time.monotonic()
+        self._owed[i] += 1
+        if self._owed[i] >= max(1, self.credit // 2):
+            self._credit(i)
+
+    def _credit(self, i: int) -> None:
+        """Send the credit owed to producer ``i`` and the records consumed since the last message (either may be
+        none: then it is a heartbeat)."""
+        with self._lock:
+            reports, self._reports[i] = self._reports[i], []
+        n, self._owed[i] = self._owed[i], 0
+        consumed: Records = []
+        if reports:
+            epochs = np.concatenate([e for e, _ in reports])
+            indices = np.concatenate([ix for _, ix in reports])
+            consumed = [(e, indices[rows].tolist()) for e, rows in rows_by_epoch(epochs)]
+        self._send(i, encode_credit(Credit(self.session[i], n, consumed)))
 
     # ---- data -------------------------------------------------------------------------------
 
     def poll(self, timeout_ms: int) -> list[int]:
-        live = self.live()
-        if not live:
+        """The producers with a message waiting, after at most ``timeout_ms``."""
+        if not self._number:
             time.sleep(timeout_ms / 1000)
             return []
-        ready = zmq.select([self.sockets[i] for i in live], [], [], timeout_ms / 1000)[0]
-        return [i for i in live if self.sockets[i] in ready]
+        return [self._number[sock] for sock, _ in self._poller.poll(timeout_ms)]
 
     def receive(self, i: int) -> Optional[list[Any]]:
         """The frames of a batch from producer ``i``, or None (a status, handled here)."""
@@ -287,12 +324,12 @@ class ExactTransport:
     def queued(self, i: int, epochs: np.ndarray, indices: np.ndarray, mask: np.ndarray) -> None:
         """A batch from producer ``i`` entered the queue: its records are held here; one credit back."""
         rows = mask.astype(bool)
+        epochs, indices = epochs[rows], indices[rows]
         with self._lock:
             held = self._held[i]
-            for e, index in zip(epochs[rows].tolist(), indices[rows].tolist()):
-                held[e].add(index)
-            reports, self._reports[i] = self._reports[i], []
-        self._credit(i, 1, reports)
+            for e, of_epoch in rows_by_epoch(epochs):
+                held[e].update(indices[of_epoch].tolist())
+        self._give_back(i)
 
     # ---- an elastic pool ---------------------------------------------------------------------
 
@@ -374,9 +411,7 @@ class ExactTransport:
 
     def dropped(self, i: int) -> None:
         """A batch from producer ``i`` was not queued (nothing new in it): its credit comes back."""
-        with self._lock:
-            reports, self._reports[i] = self._reports[i], []
-        self._credit(i, 1, reports)
+        self._give_back(i)
 
     @property
     def finished(self) -> bool:

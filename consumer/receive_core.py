@@ -187,14 +187,13 @@ class ReceiveCore:
         """The producers are alive, or the step is not waiting for data: this is not silence."""
         self._last_batch_at = time.monotonic()
 
-    def room(self) -> int:
-        """Batches the sink can take without blocking (0 before it exists)."""
+    def fill(self) -> tuple[int, int]:
+        """``(batches queued, room for more)`` in the sink, from one size query (``(0, 0)`` before it exists)."""
         sink = self._sink
-        return 0 if sink is None else sink.capacity - sink.size()
-
-    def queued(self) -> int:
-        sink = self._sink
-        return 0 if sink is None else sink.size()
+        if sink is None:
+            return 0, 0
+        size = sink.size()  # a TensorFlow op: asked once per turn of a receive loop, not per question
+        return size, sink.capacity - size
 
     def watch(self) -> bool:
         """Called by the receiver at least every ``POLL_S``: fails a silent or mismatched input; False to stop."""

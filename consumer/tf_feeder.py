@@ -110,23 +110,26 @@ class TFFeeder:
             tensor.set_shape(array.shape)
             by_name[array.name] = tensor
         if self.exact:  # these rows are consumed now; padding rows are cut off
-            done = tf.py_function(self._consumed, [tensors[-1], by_name["epoch"], by_name["index"], by_name["mask"]],
-                                  tf.int32, name="stoker_consumed")
+            # numpy_function, not py_function: no eager tensors made around the call; one cond for every array.
+            mask = by_name["mask"]
+            done = tf.numpy_function(self._consumed, [tensors[-1], by_name["epoch"], by_name["index"], mask],
+                                     tf.int32, stateful=True, name="stoker_consumed")
             deps = [done]
             if end_raises:
                 deps.append(tf.cond(tf.equal(tensors[-1][0], -1), self._end_queue.dequeue,
                                     lambda: tf.constant(0, tf.int32)))
             with tf.control_dependencies(deps):
-                mask = tf.identity(by_name["mask"])
-            full = tf.reduce_all(mask)  # nearly always: then no copy at all
-            by_name = {name: tf.cond(full, lambda t=t: tf.identity(t), lambda t=t: tf.boolean_mask(t, mask))
-                       for name, t in by_name.items()}
+                full = tf.reduce_all(mask)  # nearly always: then no copy at all
+            names, values = list(by_name), list(by_name.values())
+            kept = tf.cond(full, lambda: [tf.identity(t) for t in values],
+                           lambda: [tf.boolean_mask(t, mask) for t in values])
+            by_name = dict(zip(names, kept))
         return BatchTensors(by_name=by_name, unpacked=self._unpacked)
 
-    def _consumed(self, source: tf.Tensor, epochs: tf.Tensor, indices: tf.Tensor, mask: tf.Tensor) -> int:
+    def _consumed(self, source: np.ndarray, epochs: np.ndarray, indices: np.ndarray, mask: np.ndarray) -> np.int32:
         assert self._record_consumed is not None
-        self._record_consumed(int(source.numpy()[0]), epochs.numpy(), indices.numpy(), mask.numpy())
-        return 0
+        self._record_consumed(int(source[0]), epochs, indices, mask)
+        return np.int32(0)
 
     def get(self) -> BatchTensors:
         """This step's batch from the caller's replica's StagingArea, staging the next; see ZMQInput.get."""
