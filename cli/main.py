@@ -76,6 +76,24 @@ def stop_event_on_signals() -> threading.Event:
     return stop
 
 
+def stop_with_process(pid: int, stop: threading.Event, every_s: float = 0.5) -> threading.Thread:
+    """Set ``stop`` once process ``pid`` is gone (checked every ``every_s``): a daemon started by a
+    launcher that is killed outright (SIGKILL, an OOM kill) shuts down instead of serving for ever."""
+    def watch() -> None:
+        while not stop.wait(every_s):
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                logging.getLogger("stoker").warning("process %d that started this one is gone: shutting down", pid)
+                stop.set()
+            except PermissionError:
+                pass  # it exists, owned by another user
+
+    thread = threading.Thread(target=watch, name="stoker-parent-watch", daemon=True)
+    thread.start()
+    return thread
+
+
 # ---- stoker lmdb ---------------------------------------------------------------------------
 
 def cmd_lmdb_build(args: argparse.Namespace) -> int:
@@ -212,6 +230,8 @@ def cmd_produce(args: argparse.Namespace) -> int:
         min_trainers=args.min_trainers,
     )
     stop = stop_event_on_signals()
+    if args.parent_pid is not None:
+        stop_with_process(args.parent_pid, stop)
     ProducerDaemon(config).run(stop)
     return EXIT_OK
 
@@ -496,6 +516,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "SNDHWM+1 shared-memory batch slots, so memory ~ workers x (SNDHWM+1) x batch bytes")
     p.add_argument("--log-interval", type=float, default=10.0, help="seconds between rate log lines")
     p.add_argument("--id", default=None, help="producer id in headers (default: HOST:PORT#SHARD)")
+    p.add_argument("--parent-pid", type=_positive_int, default=None, metavar="PID",
+                   help="shut down when process PID exits (for launchers: a test run or a harness killed outright "
+                   "leaves no producer behind); none: run until SIGTERM/SIGINT")
     p.add_argument("--metrics-port", type=int, default=None,
                    help="serve Prometheus metrics on this port (none: off)")
     p.add_argument("--repeat-batches", type=int, default=0, metavar="K",

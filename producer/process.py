@@ -35,8 +35,9 @@ class ProducerProcess:
                  env: Mapping[str, str] | None = None) -> None:
         """``command_prefix`` runs the daemon through another command, e.g. ``ip netns exec NS``;
         ``env`` replaces its environment (default: this process's)."""
+        # --parent-pid: if this process is killed outright (no stop()), the daemon and its workers still go.
         self.args = [*command_prefix, sys.executable, "-m", "stoker.cli.main", "produce", "--lmdb", str(lmdb_path),
-                     "--bind", bind, *extra_args]
+                     "--bind", bind, "--parent-pid", str(os.getpid()), *extra_args]
         self.log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="stoker-producer-", suffix=".log")[1])
         self._log = open(self.log_path, "wb")  # truncate: an old "serving" line must not be mistaken for ours
         self.proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import textwrap
 import time
 from collections import Counter
 from pathlib import Path
@@ -338,3 +339,39 @@ def test_unusable_inputs_exit_2_with_a_message_not_a_traceback(synth_lmdb, tmp_p
         in_use = run("--lmdb", str(synth_lmdb), "--bind", f"tcp://127.0.0.1:{port}")
     assert in_use.returncode == 2 and f"cannot bind tcp://127.0.0.1:{port}" in in_use.stderr
     assert "Traceback" not in in_use.stderr
+
+
+def test_a_launcher_killed_outright_leaves_no_producer_behind(synth_lmdb, tmp_path):
+    # ProducerProcess passes --parent-pid: a test run or harness that is SIGKILLed (no stop(), no atexit) must not
+    # leave daemons serving, and their workers, for ever.
+    launcher_code = textwrap.dedent(f"""
+        import time
+        from stoker.producer.process import ProducerProcess
+        producer = ProducerProcess({str(synth_lmdb)!r}, extra_args=["--workers", "2", "--batch-size", "4",
+                                   "--image-size", "32"], log_path={str(tmp_path / "producer.log")!r})
+        deadline = time.monotonic() + 20
+        while len(producer.child_pids()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        print(producer.pid, *producer.child_pids(), flush=True)
+        time.sleep(3600)
+    """)
+    launcher = subprocess.Popen([sys.executable, "-c", launcher_code], stdout=subprocess.PIPE, text=True)
+    pids: list[int] = []
+    try:
+        pids = [int(p) for p in launcher.stdout.readline().split()]
+        assert len(pids) >= 3, pids  # the daemon, its two workers (and multiprocessing's resource tracker)
+        assert all(_process_exists(p) for p in pids)
+        launcher.kill()
+        launcher.wait(10)
+        # The daemon checks every 0.5 s and stops in a few; the bound only tells that from never.
+        deadline = time.monotonic() + 60
+        while any(_process_exists(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [p for p in pids if _process_exists(p)], "processes left behind by a killed launcher"
+        assert "is gone: shutting down" in (tmp_path / "producer.log").read_text()
+    finally:
+        launcher.kill()
+        launcher.wait(10)
+        for pid in pids:  # a failure must not leak what it checks for
+            if _process_exists(pid):
+                os.kill(pid, signal.SIGKILL)
