@@ -16,45 +16,9 @@ import sys
 import threading
 from typing import Callable, Sequence
 
+from stoker.cli.parser import build_parser as parser_for
+
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
-
-
-class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    pass
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _output_file(text: str) -> str:
-    """A file we will write at the end of a long run: refuse now a folder that is missing or read-only."""
-    folder = os.path.dirname(os.path.abspath(text))
-    if not os.path.isdir(folder):
-        raise argparse.ArgumentTypeError(f"folder {folder} does not exist; create it first")
-    if not os.access(folder, os.W_OK):
-        raise argparse.ArgumentTypeError(f"folder {folder} is not writable")
-    if os.path.isdir(text):
-        raise argparse.ArgumentTypeError(f"{text} is a folder; give a file name")
-    return text
-
-
-def _trainer_id(text: str) -> str:
-    from stoker.protocol.batch_codec import is_valid_id
-
-    if not is_valid_id(text):
-        raise argparse.ArgumentTypeError(f"{text!r} must be 1-128 printable ASCII characters without spaces")
-    return text
-
-
-def _key_value(text: str) -> tuple[str, str]:
-    key, sep, value = text.partition("=")
-    if not sep or not key.strip():
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    return key.strip(), value
 
 
 def _setup_logging(verbose: bool, fmt: str) -> None:
@@ -383,16 +347,6 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _share(text: str) -> tuple[int, int]:
-    try:
-        rank, world = (int(x) for x in text.split("/"))
-        if 0 <= rank < world:
-            return rank, world
-    except ValueError:
-        pass
-    raise argparse.ArgumentTypeError(f"expected RANK/WORLD with 0 <= RANK < WORLD, e.g. 0/2, got {text!r}")
-
-
 def _addresses(text: str) -> list[str]:
     return [a.strip() for a in text.split(",") if a.strip()]
 
@@ -408,284 +362,25 @@ def cmd_status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "lmdb_build": cmd_lmdb_build,
+    "lmdb_synth": cmd_lmdb_synth,
+    "lmdb_info": cmd_lmdb_info,
+    "produce": cmd_produce,
+    "train": cmd_train,
+    "keys_generate": cmd_keys_generate,
+    "cluster": cmd_cluster,
+    "status": cmd_status,
+    "bench_producer": cmd_bench_producer,
+    "bench_link": cmd_bench_link,
+    "bench_trainer": cmd_bench_trainer,
+    "doctor": cmd_doctor,
+    "demo": cmd_demo,
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="stoker",
-        description="Stoker keeps accelerators fed: producer daemons on CPU hosts decode and augment images from an "
-        "LMDB and push uint8 batches over ZeroMQ to a TensorFlow trainer (ZMQInput -> FIFOQueue -> StagingArea).",
-        formatter_class=_Formatter,
-    )
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    parser.add_argument("--log-format", choices=("text", "json"), default="text",
-                        help="log lines as text or as one JSON object per line")
-    # The same flags after the subcommand (`stoker produce ... --log-format json`); SUPPRESS keeps
-    # the global value unless the flag is given there.
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="debug logging")
-    common.add_argument("--log-format", choices=("text", "json"), default=argparse.SUPPRESS,
-                        help="log lines as text or as one JSON object per line (default: text)")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    lmdb = sub.add_parser("lmdb", parents=[common], help="build and inspect Stoker LMDB datasets", formatter_class=_Formatter,
-                          description="Build and inspect datasets in the Stoker LMDB format (docs/format.md).")
-    lsub = lmdb.add_subparsers(dest="lmdb_command", required=True, metavar="ACTION")
-    b = lsub.add_parser("build", parents=[common], formatter_class=_Formatter, help="build an LMDB from an image folder or list file",
-                        description="Build an LMDB from SRC: a folder with one sub-folder per class (ImageNet train "
-                        "layout) or a list file of `path label` lines. Images are recognised by content (JPEG, PNG, "
-                        "WebP, BMP, GIF, TIFF) and stored as they are, after a check with the producers' decoder. "
-                        "Every file not stored (not an image, over 8192x8192 pixels, corrupt, unreadable, outside a "
-                        "class folder) is listed by path with the reason, and counted. The result appears at OUT "
-                        "only when complete.")
-    b.add_argument("src", help="image folder (SRC/<class>/<files>), list file, or with --jsonl a JSON-lines file")
-    b.add_argument("out", help="output LMDB directory")
-    b.add_argument("--jsonl", action="store_true",
-                   help="SRC is JSON lines: one object per line, image fields holding paths relative to SRC's folder, "
-                   "other fields stored as their JSON values (e.g. {\"image\": \"a.jpg\", \"boxes\": [[x1, y1, "
-                   "x2, y2]], \"classes\": [3]})")
-    b.add_argument("--image-field", action="append", metavar="NAME",
-                   help="with --jsonl: a field holding an image path (repeatable; default: image)")
-    b.add_argument("--task", default="", help="task name stored in the metadata (e.g. detection)")
-    b.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
-    b.add_argument("--threads", type=_positive_int, default=None, help="threads that verify images (default: CPU count)")
-    b.add_argument("--quiet", action="store_true", help="no progress bar")
-    b.set_defaults(func=cmd_lmdb_build)
-    s = lsub.add_parser("synth", parents=[common], formatter_class=_Formatter, help="make a deterministic synthetic JPEG dataset",
-                        description="Write COUNT photo-like synthetic records (JPEGs of 300-500 px) for demos, tests "
-                        "and benchmarks, for a classification, detection or segmentation task. Same --seed, same bytes.")
-    s.add_argument("out", help="output LMDB directory")
-    s.add_argument("--count", type=_positive_int, default=1000, help="number of images")
-    s.add_argument("--seed", type=int, default=0, help="generator seed")
-    s.add_argument("--classes", type=_positive_int, default=10, help="number of classes")
-    s.add_argument("--task", choices=("classification", "detection", "segmentation"), default="classification",
-                   help="classification: image + label; detection: image + boxes + classes of the drawn objects; "
-                   "segmentation: image + a PNG mask of the drawn shapes")
-    s.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
-    s.add_argument("--exist-ok", action="store_true", help="do nothing if OUT already holds a Stoker dataset")
-    s.add_argument("--quiet", action="store_true", help="no progress bar")
-    s.set_defaults(func=cmd_lmdb_synth)
-    i = lsub.add_parser("info", parents=[common], formatter_class=_Formatter, help="describe an LMDB",
-                        description="Print record count, classes, format version, size and a few sample records.")
-    i.add_argument("path", help="LMDB directory")
-    i.add_argument("--samples", type=int, default=5, help="sample records to show")
-    i.set_defaults(func=cmd_lmdb_info)
-
-    p = sub.add_parser("produce", parents=[common], formatter_class=_Formatter, help="run a producer daemon",
-                       description="Serve batches made by a pipeline from an LMDB on a ZMQ PUSH socket until "
-                       "SIGTERM/SIGINT. The default imagenet pipeline sends images uint8 [B,H,W,3] RGB and labels "
-                       "int32 [B]; every batch also carries index int64 [B] and epoch int32 [B] (which record, which "
-                       "epoch). Pipelines: imagenet, detection, segmentation, or your own "
-                       "(--pipeline my_module:make_pipeline or path/to/file.py:make_pipeline).")
-    p.add_argument("--lmdb", required=True, help="Stoker LMDB directory")
-    p.add_argument("--bind", default="tcp://*:5555", help="ZMQ address to bind; trainers connect to it")
-    p.add_argument("--workers", type=_positive_int, default=os.cpu_count() or 1, help="decode/augment processes")
-    p.add_argument("--batch-size", type=_positive_int, default=64, help="images per batch")
-    p.add_argument("--image-size", type=_positive_int, default=224,
-                   help="output height and width in pixels, for pipelines that take image_size (the built-ins; "
-                   "--pipeline-arg size=HxW for non-square)")
-    p.add_argument("--mode", choices=("train", "eval"), default="train",
-                   help="train: random augmentation (imagenet: random-resized-crop + flip); eval: deterministic "
-                   "(imagenet: resize + centre crop); passed to pipelines that take mode")
-    p.add_argument("--pipeline", default="imagenet", metavar="NAME",
-                   help="imagenet, detection, segmentation, package.module:function or path/file.py:function "
-                   "(a function returning a stoker.producer.pipeline.Pipeline; see README)")
-    p.add_argument("--pipeline-arg", action="append", type=_key_value, metavar="KEY=VALUE",
-                   help="argument for the pipeline function, converted to its parameter's type (repeatable), e.g. "
-                   "size=224x320, flip=false, max_boxes=50")
-    p.add_argument("--fast-dct", action="store_true",
-                   help="decode JPEGs with libjpeg-turbo's fast integer IDCT and chroma upsampling: ~6%% faster "
-                   "(benchmarks/decoders.py), pixels differ by ~3 levels on average (like tf.image INTEGER_FAST); "
-                   "off: exact decode")
-    p.add_argument("--shard", default="0/1",
-                   help="serve shard I of N (records with index %% N == I); auto: join an elastic pool, where the "
-                   "trainers hand out splits of each epoch to whichever producers are up, so producers may join and "
-                   "leave a running job (implies --exact; every producer of a pool needs the same --seed, default 0)")
-    p.add_argument("--exact", action="store_true",
-                   help="exact epochs: each record once per epoch through producer crashes and trainer restarts "
-                   "(trainers must use ZMQInput(..., exact=True) / stoker train --exact; see README)")
-    p.add_argument("--epochs", type=_positive_int, default=None,
-                   help="serve exactly this many epochs, then stop (implies --exact); none: endless")
-    p.add_argument("--min-trainers", type=_positive_int, default=1,
-                   help="exact mode: serve nothing until this many trainers joined, so in a synchronous "
-                   "data-parallel job no trainer starts ahead of the others")
-    p.add_argument("--trainer-timeout", type=float, default=10.0,
-                   help="exact mode: seconds without a message before a trainer is taken for dead and the records "
-                   "it held are served again")
-    p.add_argument("--seed", type=int, default=None, help="seed for epoch order and augmentation (default: random, logged)")
-    p.add_argument("--sndhwm", type=_positive_int, default=2,
-                   help="batches queued on the trainer-facing socket before backpressure; each worker decodes into "
-                   "SNDHWM+1 shared-memory batch slots, so memory ~ workers x (SNDHWM+1) x batch bytes")
-    p.add_argument("--log-interval", type=float, default=10.0, help="seconds between rate log lines")
-    p.add_argument("--id", default=None, help="producer id in headers (default: HOST:PORT#SHARD)")
-    p.add_argument("--parent-pid", type=_positive_int, default=None, metavar="PID",
-                   help="shut down when process PID exits (for launchers: a test run or a harness killed outright "
-                   "leaves no producer behind); none: run until SIGTERM/SIGINT")
-    p.add_argument("--metrics-port", type=int, default=None,
-                   help="serve Prometheus metrics on this port (none: off)")
-    p.add_argument("--repeat-batches", type=int, default=0, metavar="K",
-                   help="benchmarking only: each worker makes K real batches, then re-sends them as fast as the "
-                   "network takes them (isolates transport and trainer from decoding); 0: off")
-    p.add_argument("--curve-secret-key", default=None, metavar="FILE",
-                   help="this producer's NAME.key_secret: enables CurveZMQ encryption (with --curve-authorized-keys)")
-    p.add_argument("--curve-authorized-keys", default=None, metavar="DIR",
-                   help="folder of trainer public keys (*.key) allowed to connect")
-    p.set_defaults(func=cmd_produce)
-
-    t = sub.add_parser("train", parents=[common], formatter_class=_Formatter, help="train a Keras model fed by producers",
-                       description="Train a Keras model on batches from producer daemons through ZMQInput, with a "
-                       "progress bar showing images/s and queue occupancy and TensorBoard summaries in --logdir.")
-    t.add_argument("--connect", required=True,
-                   help="comma-separated producer addresses, e.g. tcp://hostA:5555,tcp://hostB:5555; a host name "
-                   "stands for every address it resolves to, re-resolved every --discover-every s (a Kubernetes "
-                   "headless Service: tcp://stoker-producer.NAMESPACE.svc:5555 follows kubectl scale)")
-    t.add_argument("--discover-every", type=float, default=5.0, metavar="S",
-                   help="seconds between re-resolving producer names (0: resolve once)")
-    t.add_argument("--share", type=_share, default=(0, 1), metavar="RANK/WORLD",
-                   help="exact mode with an elastic pool (producers --shard auto): this trainer's share of each "
-                   "epoch's splits, for data-parallel trainers")
-    t.add_argument("--model", choices=("small-cnn", "resnet50"), default="small-cnn", help="model to train")
-    t.add_argument("--steps", type=_positive_int, default=1000, help="training steps")
-    t.add_argument("--batch-size", type=_positive_int, default=64, help="batch size the producers send")
-    t.add_argument("--image-size", type=_positive_int, default=224, help="image size the producers send")
-    t.add_argument("--classes", type=_positive_int, default=1000, help="number of classes (labels must be below it)")
-    t.add_argument("--queue-capacity", type=_positive_int, default=50, help="FIFOQueue capacity in batches")
-    t.add_argument("--recv-timeout", type=float, default=60.0, help="seconds without any batch before training fails")
-    t.add_argument("--logdir", default=None, help="TensorBoard log directory (none: no summaries)")
-    t.add_argument("--log-every", type=_positive_int, default=50, help="steps between occupancy log lines/summaries")
-    t.add_argument("--metrics-port", type=int, default=None,
-                   help="serve Prometheus metrics on this port (none: off)")
-    t.add_argument("--no-progress", action="store_true", help="log lines instead of a progress bar")
-    t.add_argument("--exact", action="store_true",
-                   help="exact epochs (producers run --exact or --epochs N); training ends early when a finite run "
-                   "of the producers does")
-    t.add_argument("--trainer-id", default=None, type=_trainer_id, help="exact mode: this trainer's id for the producers (default: random)")
-    t.add_argument("--receive", choices=("auto", "direct", "libzmq"), default="auto",
-                   help="how batches are received (default auto: direct where it applies, else libzmq). direct: each "
-                   "producer's stream read over ZMTP straight into memory TensorFlow owns, one copy less per byte "
-                   "and every message bounded (tcp:// addresses; not with --exact or CurveZMQ keys); libzmq: "
-                   "through libzmq (CurveZMQ, ipc://, exact mode)")
-    t.add_argument("--log-consumed", default=None, metavar="FILE", type=_output_file,
-                   help="write each step's record indices and epochs as JSON lines, to verify coverage")
-    t.add_argument("--report", default=None, metavar="FILE.html", type=_output_file,
-                   help="at the end, write the bottleneck report: the verdict and, over time, queue occupancy, step "
-                   "time, images/s per producer and producers' stage times (one self-contained HTML file)")
-    t.add_argument("--curve-secret-key", default=None, metavar="FILE",
-                   help="this trainer's NAME.key_secret: enables CurveZMQ (with --curve-server-key)")
-    t.add_argument("--curve-server-key", default=None, metavar="FILE", help="the producers' public NAME.key")
-    t.set_defaults(func=cmd_train)
-
-    k = sub.add_parser("keys", parents=[common], formatter_class=_Formatter, help="make CurveZMQ key pairs",
-                       description="CurveZMQ keys encrypt batches and let producers accept only known trainers. "
-                       "Producers: --curve-secret-key server.key_secret --curve-authorized-keys DIR_OF_CLIENT_KEYS. "
-                       "Trainers: --curve-secret-key client.key_secret --curve-server-key server.key.")
-    ksub = k.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
-    kg = ksub.add_parser("generate", parents=[common], formatter_class=_Formatter, help="write NAME.key and NAME.key_secret",
-                         description="Write a key pair: DIR/NAME.key (public, share it) and DIR/NAME.key_secret "
-                         "(secret, mode 600).")
-    kg.add_argument("dir", help="folder to write the key files into")
-    kg.add_argument("--name", default="stoker", help="file name stem")
-    kg.set_defaults(func=cmd_keys_generate)
-
-    cl = sub.add_parser("cluster", parents=[common], formatter_class=_Formatter,
-                        help="producers on simulated hosts feeding trainers, on this machine (root)",
-                        description="Build HOSTS data hosts and TRAINERS trainer hosts on this machine with network "
-                        "namespaces joined by a switch (each host its own address in 10.213.0.0/24; data links "
-                        "optionally shaped with tc tbf), run a producer with a disjoint shard on each data host and "
-                        "`stoker train` on each trainer host, then tear everything down, also after a failure or "
-                        "Ctrl-C. Needs root and iproute2.")
-    cl.add_argument("--lmdb", required=True, help="Stoker LMDB every producer serves (a shard each)")
-    cl.add_argument("--hosts", type=_positive_int, default=2, help="number of data hosts (1-64)")
-    cl.add_argument("--trainers", type=_positive_int, default=1,
-                    help="number of trainer hosts (1-16), each running `stoker train` against every producer")
-    cl.add_argument("--epochs", type=_positive_int, default=None,
-                    help="exact, finite epochs: producers stop after them (waiting for every trainer to join "
-                    "first), and the trainers with them; none: endless producers, --steps decides")
-    cl.add_argument("--mode", choices=("train", "eval"), default="train", help="producers' mode")
-    cl.add_argument("--log-consumed", default=None, metavar="DIR",
-                    help="each trainer writes DIR/<name>.jsonl: every step's record indices and epochs")
-    cl.add_argument("--rate", default=None, help="shape each link, e.g. 1gbit or 10gbit (none: unshaped)")
-    cl.add_argument("--workers", type=_positive_int, default=1, help="worker processes per producer")
-    cl.add_argument("--batch-size", type=_positive_int, default=64, help="images per batch")
-    cl.add_argument("--image-size", type=_positive_int, default=224, help="image size in pixels")
-    cl.add_argument("--model", choices=("small-cnn", "resnet50"), default="small-cnn", help="model to train")
-    cl.add_argument("--steps", type=_positive_int, default=200, help="training steps")
-    cl.add_argument("--queue-capacity", type=_positive_int, default=50, help="trainer's FIFOQueue capacity in batches")
-    cl.add_argument("--seed", type=int, default=0, help="producers' seed")
-    cl.add_argument("--add-host-at", type=float, default=None, metavar="S",
-                    help="elastic pool: one more data host joins S seconds into training (producers run --shard auto "
-                    "and the trainers find them by name); prints images/s over time and each epoch's coverage")
-    cl.add_argument("--remove-host-at", type=float, default=None, metavar="S",
-                    help="elastic pool: the first data host leaves S seconds into training (scaled down)")
-    cl.add_argument("--no-progress", action="store_true", help="log lines instead of the trainer's progress bar")
-    cl.set_defaults(func=cmd_cluster)
-
-    st = sub.add_parser("status", parents=[common], formatter_class=_Formatter, help="live rates and queue occupancy",
-                        description="Scrape the Prometheus endpoints of producers and trainers (their "
-                        "--metrics-port) twice and show each one's live rate, the trainer's queue occupancy, and "
-                        "which side is the bottleneck.")
-    st.add_argument("--metrics", required=True,
-                    help="comma-separated metrics URLs, e.g. hostA:9100,hostB:9100,trainer:9200")
-    st.add_argument("--interval", type=float, default=2.0, help="seconds between the two scrapes")
-    st.set_defaults(func=cmd_status)
-
-    be = sub.add_parser("bench", parents=[common], formatter_class=_Formatter, help="measure one stage on its own",
-                        description="Measure each stage alone, to find the bottleneck: `producer` (read, decode, "
-                        "augment, serialize on one core), `link` (what arrives here from producers), `trainer` "
-                        "(the step on constant input).")
-    besub = be.add_subparsers(dest="bench_command", required=True, metavar="STAGE")
-    bp = besub.add_parser("producer", parents=[common], formatter_class=_Formatter, help="producer stages, one core")
-    bp.add_argument("--lmdb", required=True, help="Stoker LMDB directory")
-    bp.add_argument("--image-size", type=_positive_int, default=224, help="output image size")
-    bp.add_argument("--batch-size", type=_positive_int, default=64, help="batch size (serialize stage)")
-    bp.add_argument("--seconds", type=float, default=2.0, help="seconds per stage")
-    bp.add_argument("--pipeline", default="imagenet", metavar="NAME", help="pipeline, as for stoker produce")
-    bp.add_argument("--pipeline-arg", action="append", type=_key_value, metavar="KEY=VALUE",
-                    help="pipeline argument (repeatable)")
-    bp.add_argument("--mode", choices=("train", "eval"), default="train", help="pipeline mode")
-    bp.set_defaults(func=cmd_bench_producer)
-    bl = besub.add_parser("link", parents=[common], formatter_class=_Formatter, help="what arrives from producers",
-                          description="Receive and validate batches from producers (no TensorFlow) and report "
-                          "images/s and MB/s. Note: this takes batches a running trainer would otherwise get.")
-    bl.add_argument("--connect", required=True, help="comma-separated producer addresses")
-    bl.add_argument("--seconds", type=float, default=5.0, help="measuring time after a 3-batch warm-up")
-    bl.set_defaults(func=cmd_bench_link)
-    bt = besub.add_parser("trainer", parents=[common], formatter_class=_Formatter, help="the step on constant input")
-    bt.add_argument("--model", choices=("small-cnn", "resnet50"), default="resnet50", help="model")
-    bt.add_argument("--batch-size", type=_positive_int, default=64, help="batch size")
-    bt.add_argument("--image-size", type=_positive_int, default=224, help="image size")
-    bt.add_argument("--classes", type=_positive_int, default=1000, help="number of classes")
-    bt.add_argument("--steps", type=_positive_int, default=20, help="timed steps after 3 warm-up steps")
-    bt.set_defaults(func=cmd_bench_trainer)
-
-    dr = sub.add_parser("doctor", parents=[common], formatter_class=_Formatter, help="which side limits training",
-                        description="Measure what arrives from the producers and what the training step can take "
-                        "on constant input, then say in one sentence which side limits training and what to do.")
-    dr.add_argument("--connect", required=True, help="comma-separated producer addresses")
-    dr.add_argument("--model", choices=("small-cnn", "resnet50"), default="resnet50", help="model")
-    dr.add_argument("--batch-size", type=_positive_int, default=64, help="batch size the producers send")
-    dr.add_argument("--image-size", type=_positive_int, default=224, help="image size the producers send")
-    dr.add_argument("--classes", type=_positive_int, default=1000, help="number of classes")
-    dr.add_argument("--steps", type=_positive_int, default=10, help="timed trainer steps")
-    dr.add_argument("--seconds", type=float, default=5.0, help="seconds of link measurement")
-    dr.add_argument("--lmdb", default=None, help="also time the producer stages on this LMDB (local copy)")
-    dr.add_argument("--report", default=None, metavar="FILE.html", type=_output_file,
-                    help="also train for --report-steps steps and write the bottleneck report (verdict, and over "
-                    "time queue occupancy, step time, images/s per producer, producers' stage times)")
-    dr.add_argument("--report-steps", type=_positive_int, default=60, help="steps of the real run for --report")
-    dr.set_defaults(func=cmd_doctor)
-
-    d = sub.add_parser("demo", parents=[common], formatter_class=_Formatter, help="run the whole pipeline on this machine",
-                       description="Build a small synthetic LMDB (cached), start two producer daemons on loopback "
-                       "with disjoint shards, train a small CNN through ZMQInput and report images/s, queue "
-                       "occupancy, the bottleneck, and a clean shutdown.")
-    d.add_argument("--cache-dir", default=os.path.join(os.path.expanduser("~"), ".cache", "stoker"),
-                   help="where the demo LMDB is kept between runs")
-    d.add_argument("--steps", type=_positive_int, default=300, help="training steps")
-    d.add_argument("--records", type=_positive_int, default=1024, help="synthetic images in the demo LMDB")
-    d.add_argument("--image-size", type=_positive_int, default=64, help="image size")
-    d.add_argument("--batch-size", type=_positive_int, default=32, help="batch size")
-    d.add_argument("--workers", type=_positive_int, default=1, help="worker processes per producer")
-    d.set_defaults(func=cmd_demo)
-    return parser
+    return parser_for(HANDLERS)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
