@@ -11,7 +11,9 @@ shared machine cancels within a round instead of landing on one mode.
 Target: exact / plain >= 0.97 with fixed shards and with an elastic pool (``--shard auto``: the
 trainer hands out splits and drops rows that arrived before), plain on ZMQInput's default receive path (direct receive); exact
 mode stays on libzmq (docs/decisions.md), so plain with ``receive="libzmq"`` is measured too: the
-cost of exact mode itself, apart from the transport. Also prints the input state per million records.
+cost of exact mode itself, apart from the transport. Also prints where the CPU goes (ms per batch of
+the producer daemon, its workers and the trainer process, from /proc) and the input state per
+million records.
 
 Prints a table and writes JSON (default benchmarks/results/exact_cost.json).
 Run:  python benchmarks/exact_cost.py [--batches 150] [--rounds 3]
@@ -31,10 +33,20 @@ from pathlib import Path
 import numpy as np
 
 
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (all its threads) so far, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
 def rate(lmdb_path: Path, exact: bool, batch: int, size: int, workers: int, warmup: int, batches: int,
-         receive: str | None = None, pool: bool = False) -> float:
-    """Images/s end to end; ``receive``: ZMQInput's ``receive=`` (None: its default); ``pool``: the producer
-    is an elastic pool's (``--shard auto``: the trainer hands out splits, exact mode)."""
+         receive: str | None = None, pool: bool = False) -> tuple[float, dict[str, float]]:
+    """Images/s end to end, and CPU ms per batch of the producer daemon, its workers and this trainer process;
+    ``receive``: ZMQInput's ``receive=`` (None: its default); ``pool``: the producer is an elastic pool's
+    (``--shard auto``: the trainer hands out splits, exact mode)."""
     import tensorflow as tf
 
     from stoker.consumer import ZMQInput
@@ -52,10 +64,18 @@ def rate(lmdb_path: Path, exact: bool, batch: int, size: int, workers: int, warm
 
             for _ in range(warmup):
                 int(step())
-            t0, images = time.perf_counter(), 0
+            workers_pids = producer.child_pids()
+
+            def cpu() -> tuple[float, float, float]:
+                return cpu_seconds(producer.pid), sum(cpu_seconds(p) for p in workers_pids), time.process_time()
+
+            before, t0, images = cpu(), time.perf_counter(), 0
             for _ in range(batches):
                 images += int(step())
-            return images / (time.perf_counter() - t0)
+            elapsed, after = time.perf_counter() - t0, cpu()
+            per_batch = {name: (b - a) * 1000 / batches
+                         for name, a, b in zip(("daemon", "workers", "trainer"), before, after)}
+            return images / elapsed, per_batch
 
 
 def state_sizes() -> dict[str, int]:
@@ -91,12 +111,15 @@ def main() -> None:
         path = Path(tmp) / "bench"
         build_synthetic(path, args.records, seed=0, progress=False)
         rounds: dict[str, list[float]] = {"plain": [], "plain_libzmq": [], "exact": [], "exact_pool": []}
+        cpu: dict[str, list[dict[str, float]]] = {mode: [] for mode in rounds}
         modes = list(rounds)
         for r in range(args.rounds):
             for mode in modes[r % len(modes):] + modes[:r % len(modes)]:
-                rounds[mode].append(rate(path, mode.startswith("exact"), args.batch_size, args.image_size,
-                                         args.workers, args.warmup, args.batches,
-                                         "libzmq" if mode == "plain_libzmq" else None, pool=mode == "exact_pool"))
+                images_per_s, per_batch = rate(path, mode.startswith("exact"), args.batch_size, args.image_size,
+                                               args.workers, args.warmup, args.batches,
+                                               "libzmq" if mode == "plain_libzmq" else None, pool=mode == "exact_pool")
+                rounds[mode].append(images_per_s)
+                cpu[mode].append(per_batch)
     # Medians: single rounds on this shared VM swing by 15% either way, and the best of a few is an outlier.
     plain, plain_libzmq, exact, pool = (statistics.median(rounds[m])
                                         for m in ("plain", "plain_libzmq", "exact", "exact_pool"))
@@ -117,12 +140,21 @@ def main() -> None:
         print(f"{label:>6} | {statistics.median(rounds[mode]):>9.0f} | {ratio[mode]:>8.3f} | "
               f"{low:>6.3f}-{high:<6.3f}   ({what})")
     print("x plain: the median over rounds of (mode / plain in the same round); images/s: the median of each")
+    # Where the CPU goes (medians over rounds): the producer daemon (forwarding thread, libzmq), its workers
+    # (decode and augment: the bulk, and what swings with the machine), the trainer (receive, steps).
+    cpu_medians = {mode: {part: statistics.median(r[part] for r in cpu[mode]) for part in ("daemon", "workers", "trainer")}
+                   for mode in cpu}
+    print(f"CPU ms per batch | {'daemon':>7} | {'workers':>7} | {'trainer':>7}")
+    for mode, label in (("plain", "plain"), ("plain_libzmq", "libzmq"), ("exact", "exact"), ("exact_pool", "pool")):
+        c = cpu_medians[mode]
+        print(f"{label:>16} | {c['daemon']:>7.2f} | {c['workers']:>7.1f} | {c['trainer']:>7.2f}")
     print("input state per million records: " + ", ".join(f"{k} of an epoch {v} bytes" for k, v in sizes.items()))
     result = {"benchmark": "exact_cost", "plain_images_per_s": plain, "exact_images_per_s": exact,
               "ratio": ratio["exact"], "ratio_quartiles": quartiles["exact"], "target_ratio": 0.97,
               "pool_images_per_s": pool, "pool_ratio": ratio["exact_pool"], "pool_ratio_quartiles": quartiles["exact_pool"],
               "plain_libzmq_images_per_s": plain_libzmq, "plain_libzmq_ratio": ratio["plain_libzmq"],
-              "ratio_of_medians": exact / plain, "rounds": rounds,
+              "ratio_of_medians": exact / plain, "rounds": rounds, "cpu_ms_per_batch": cpu_medians,
+              "cpu_rounds": cpu,
               "state_bytes_per_million_records": sizes, "batch_size": args.batch_size,
               "image_size": args.image_size, "workers": args.workers, "cpus": os.cpu_count(),
               "machine": platform.machine(), "python": platform.python_version()}

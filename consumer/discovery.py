@@ -107,6 +107,8 @@ class ProducerPool:
             raise ValueError(f"refresh every {refresh_s} s: give seconds >= 0 (0: resolve once)")
         self.source = check_source(source)
         self.refresh_s = refresh_s
+        # Fixed for the pool's life; asked on every turn of a receive loop, so worked out once.
+        self._dynamic = refresh_s != 0 and (callable(self.source) or not all(is_literal(a) for a in self.source))
         self._lookup = lookup
         self._answers: dict[str, list[str]] = {}  # name -> last good answer
         self._error_logged_at: dict[str, float] = {}
@@ -136,9 +138,7 @@ class ProducerPool:
     @property
     def dynamic(self) -> bool:
         """Whether the set can change (a name or a callable, and refreshing on)."""
-        if self.refresh_s == 0:
-            return False
-        return callable(self.source) or not all(is_literal(a) for a in self.source)
+        return self._dynamic
 
     def describe(self) -> str:
         """The sources as the user gave them (names, not the addresses they resolved to)."""
