@@ -118,7 +118,8 @@ class ExactReceiver:
                     frames = transport.receive(i)
                     if frames is None:  # a status: the producer is alive, perhaps waiting for steps to report
                         core.alive()
-                        if transport.status[i].session == transport.session[i]:  # not an answer from before we joined
+                        if transport.session[i] and transport.status[i].session == transport.session[i]:
+                            # An answer to our hello or later: a describe's answer (session 0) predates our joining.
                             self._log_waiting(transport.status[i])
                         continue
                     batch = decode_batch(frames, self.limits)
