@@ -28,7 +28,8 @@ def test_a_small_scale_run_reports_every_part(tmp_path):
         assert row["cpu_ms_per_batch"] > 0 and row["threads"] >= 3 + row["producers"]  # a receive thread each
     assert [len(t["per_trainer"]) for t in result["trainers"]] == [1, 2]
     for row in result["exact"]:
-        # A credit goes back for every batch queued; reports and heartbeats come on top.
-        assert row["control_sent_per_batch"] >= 1 and row["control_bytes_sent_per_batch"] > 0
+        # Credit goes back in steps of 2 batches (half the window of 4) per producer, so 40 batches queued send
+        # at least (40 - 3 producers) / 2 messages; reports ride on them, heartbeats come on top.
+        assert row["control_sent_per_batch"] >= 0.4 and row["control_bytes_sent_per_batch"] > 0
     state = result["state"][0]
     assert state["records"] == 100_000 and state["read_back_equal"] and state["state_bytes"] > 100_000 / 8
