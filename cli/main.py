@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import threading
+from pathlib import Path
 from typing import Callable, Sequence
 
 from stoker.cli.parser import build_parser as parser_for
@@ -43,15 +44,23 @@ def stop_event_on_signals() -> threading.Event:
 def stop_with_process(pid: int, stop: threading.Event, every_s: float = 0.5) -> threading.Thread:
     """Set ``stop`` once process ``pid`` is gone (checked every ``every_s``): a daemon started by a
     launcher that is killed outright (SIGKILL, an OOM kill) shuts down instead of serving for ever."""
+    def gone() -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False  # it exists, owned by another user
+        try:  # a killed launcher whose own parent has not reaped it yet is a zombie: gone all the same
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+        except (OSError, IndexError):
+            return False
+
     def watch() -> None:
         while not stop.wait(every_s):
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
+            if gone():
                 logging.getLogger("stoker").warning("process %d that started this one is gone: shutting down", pid)
                 stop.set()
-            except PermissionError:
-                pass  # it exists, owned by another user
 
     thread = threading.Thread(target=watch, name="stoker-parent-watch", daemon=True)
     thread.start()

@@ -102,13 +102,14 @@ class ExactReceiver:
             transport.flush()
             core.stats.set_control(*transport.control)
             if transport.finished:
-                transport.flush()  # the pool's "finished" goes out before the sockets close
+                transport.flush(force=True)  # the pool's "finished" and the last records go before the sockets close
                 core.finish()
                 return
             queued, room = core.fill() if transport.active else (0, 0)
             if not transport.active or queued > 0:
                 core.alive()  # the step is not waiting for data: not silence
             if not core.watch():
+                transport.flush(force=True)  # the last steps' records reach their producers before we go
                 return
             if room <= 0:
                 time.sleep(0.02)

@@ -216,20 +216,23 @@ class ExactTransport:
         self._owed[i] = 0  # and it gives the whole credit afresh
         self._send(i, encode_hello(Hello(self.trainer_id, self.session[i], self.credit, state, held)))
 
-    def _send(self, i: int, frame: bytes) -> None:
+    def _send(self, i: int, frame: bytes) -> bool:
+        """Whether ``frame`` went out (False: not connected, and the next connection says hello)."""
         sock = self.sockets[i]
         if sock is None:
-            return  # it left the pool
+            return False  # it left the pool
         try:
             sock.send(frame, flags=zmq.NOBLOCK)
-            self._last_sent[i] = time.monotonic()
-            self.control[0] += 1
-            self.control[1] += len(frame)
         except zmq.ZMQError:
-            pass  # not connected: the next connection says hello
+            return False
+        self._last_sent[i] = time.monotonic()
+        self.control[0] += 1
+        self.control[1] += len(frame)
+        return True
 
-    def flush(self) -> None:
-        """Send consumed records, and heartbeats where nothing went out for a while."""
+    def flush(self, force: bool = False) -> None:
+        """Send consumed records and credit that waited long enough (``force``: all of them, e.g. when the
+        input stops), and heartbeats where nothing went out for a while."""
         if not self.active:
             return
         now = time.monotonic()
@@ -238,7 +241,8 @@ class ExactTransport:
                 continue  # no hello yet
             with self._lock:  # unless due, the next credit carries them
                 due = bool(self._reports[i]) and now - self._reported_at[i] >= REPORT_WAIT_S
-            if due or (self._owed[i] and now - self._owed_at[i] >= REPORT_WAIT_S) \
+            due = due or (force and bool(self._reports[i]))
+            if due or (self._owed[i] and (force or now - self._owed_at[i] >= REPORT_WAIT_S)) \
                     or now - self._last_sent[i] >= HEARTBEAT_S:
                 self._credit(i)
             if i in self._pooled:
@@ -265,7 +269,12 @@ class ExactTransport:
             epochs = np.concatenate([e for e, _ in reports])
             indices = np.concatenate([ix for _, ix in reports])
             consumed = [(e, indices[rows].tolist()) for e, rows in rows_by_epoch(epochs)]
-        self._send(i, encode_credit(Credit(self.session[i], n, consumed)))
+        if not self._send(i, encode_credit(Credit(self.session[i], n, consumed))):
+            # Kept for the next message (a connection that stays up with a full send pipe); a new connection's
+            # hello resets both (it carries the whole state and credit).
+            self._owed[i] += n
+            with self._lock:
+                self._reports[i] = reports + self._reports[i]
 
     # ---- data -------------------------------------------------------------------------------
 
@@ -428,8 +437,9 @@ class ExactTransport:
         return None
 
     def close(self) -> None:
-        # A finished pool's last word ("finished": the producers may stop) is given a moment to leave.
-        linger = 500 if self.splits is not None and self.splits.finished else 0
+        # What the last flush queued (a finished pool's "finished", the last steps' records) gets a moment to
+        # leave; libzmq bounds it, and the sockets close together.
+        linger = 500 if self.active else 0
         for watcher in self.watchers:
             if watcher is not None:
                 watcher.close()

@@ -32,12 +32,15 @@ class ProducerProcess:
     def __init__(self, lmdb_path: str | os.PathLike, bind: str = "tcp://127.0.0.1:*",
                  extra_args: Sequence[str] = (), start_timeout: float = 60.0,
                  log_path: str | os.PathLike | None = None, command_prefix: Sequence[str] = (),
-                 env: Mapping[str, str] | None = None) -> None:
+                 env: Mapping[str, str] | None = None, tie_to_parent: bool = True) -> None:
         """``command_prefix`` runs the daemon through another command, e.g. ``ip netns exec NS``;
-        ``env`` replaces its environment (default: this process's)."""
+        ``env`` replaces its environment (default: this process's); ``tie_to_parent``: the daemon stops when
+        this process is gone (``--parent-pid``; needs the same PID namespace: turn it off for a prefix that
+        runs the daemon elsewhere, such as ssh)."""
         # --parent-pid: if this process is killed outright (no stop()), the daemon and its workers still go.
+        tie = ["--parent-pid", str(os.getpid())] if tie_to_parent else []
         self.args = [*command_prefix, sys.executable, "-m", "stoker.cli.main", "produce", "--lmdb", str(lmdb_path),
-                     "--bind", bind, "--parent-pid", str(os.getpid()), *extra_args]
+                     "--bind", bind, *tie, *extra_args]
         self.log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="stoker-producer-", suffix=".log")[1])
         self._log = open(self.log_path, "wb")  # truncate: an old "serving" line must not be mistaken for ours
         self.proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

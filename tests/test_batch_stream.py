@@ -91,6 +91,28 @@ def test_exact_mode_gives_every_record_once_and_resumes_from_saved_state(tmp_pat
     assert stats.control_received >= 1 and stats.control_bytes_received > 0
 
 
+def test_a_trainer_that_stops_reports_its_last_steps_so_no_other_trainer_gets_them_again(tmp_path):
+    # Consumed records ride on credit and may wait up to REPORT_WAIT_S; a trainer that stops must send them
+    # anyway, or the producer serves them again (to B here) once it takes the silent trainer A for dead.
+    records = 48
+    data = tmp_path / "ds"
+    build_synthetic(data, records, seed=1, num_classes=4, progress=False)
+    args = ["--workers", "1", "--batch-size", str(BATCH), "--image-size", "16", "--epochs", "1", "--seed", "5",
+            "--trainer-timeout", "2"]
+    seen_a: Counter = Counter()
+    seen_b: Counter = Counter()
+    with ProducerProcess(data, extra_args=args) as producer:
+        with BatchStream([producer.endpoint], exact=True, recv_timeout=60, trainer_id="a") as a:
+            for _, batch in zip(range(2), a):
+                seen_a.update(batch["index"].tolist())
+        with BatchStream([producer.endpoint], exact=True, recv_timeout=60, trainer_id="b") as b:
+            for batch in b:  # the rest of the epoch, A's unconsumed batches included once it is dropped
+                seen_b.update(batch["index"].tolist())
+    assert len(seen_a) == 2 * BATCH
+    assert not set(seen_a) & set(seen_b), "records A consumed were served again"
+    assert sorted(seen_a + seen_b) == list(range(records)) and set((seen_a + seen_b).values()) == {1}
+
+
 def test_importing_batch_stream_never_imports_tensorflow():
     code = textwrap.dedent("""
         import sys
