@@ -70,7 +70,9 @@ class SlotForwarder:
                 while self.control.poll(0):
                     self._handle(self.control.recv_multipart())
             while self._ready and self.out.poll(0, zmq.POLLOUT):
-                self._send(*self._ready.popleft())
+                if not self._send(*self._ready[0]):
+                    break  # the trainer left between the poll and the send: the slot waits, ready
+                self._ready.popleft()
 
     def _handle(self, message: list[bytes]) -> None:
         routing_id, body = message[0], message[1:]
@@ -96,13 +98,21 @@ class SlotForwarder:
             self.ignored_messages += 1
             log.error("worker %d sent a bad control message, ignored: %s", worker, exc)
 
-    def _send(self, worker: int, slot: int, header: bytes) -> None:
+    def _send(self, worker: int, slot: int, header: bytes) -> bool:
+        """Send a ready slot; False if it cannot go now. Never blocks: a PUSH whose last trainer left between
+        the poll and the send would block for ever, and the daemon's shutdown then closed the socket under
+        this thread (a libzmq assertion, ``pfd.revents & POLLIN``, seen once in CI)."""
         frames = [zmq.Frame(self.views[worker][slot][name], copy=False, track=True) for name in self.names]
         tracker = zmq.MessageTracker(*frames)
-        self.out.send_multipart([header, *frames], copy=False)
-        del frames  # our references would keep the trackers pending
+        try:
+            self.out.send_multipart([header, *frames], copy=False, flags=zmq.NOBLOCK)
+        except zmq.Again:
+            return False  # nothing of it went (a multipart message is taken whole or not at all)
+        finally:
+            del frames  # our references would keep the trackers pending
         self.state[worker][slot] = SlotState.IN_FLIGHT
         self._in_flight.append((worker, slot, tracker))
+        return True
 
     def _release_sent(self) -> None:
         still = []
