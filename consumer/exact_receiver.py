@@ -92,6 +92,12 @@ class ExactReceiver:
                 raise failure
 
     def run(self, core: ReceiveCore) -> None:
+        try:
+            self._run(core)
+        finally:  # however it ends (a stop, a closed sink mid-delivery): the last steps' records reach their producers
+            self.transport.flush(force=True)
+
+    def _run(self, core: ReceiveCore) -> None:
         transport, spec = self.transport, core.spec
         batch_size = spec.batch_size
         mask_at = [a.name for a in spec.arrays].index("mask")
@@ -109,7 +115,6 @@ class ExactReceiver:
             if not transport.active or queued > 0:
                 core.alive()  # the step is not waiting for data: not silence
             if not core.watch():
-                transport.flush(force=True)  # the last steps' records reach their producers before we go
                 return
             if room <= 0:
                 time.sleep(0.02)
