@@ -239,11 +239,11 @@ class ExactTransport:
         for i in self.live():
             if self.session[i] == 0:
                 continue  # no hello yet
-            with self._lock:  # unless due, the next credit carries them
-                due = bool(self._reports[i]) and now - self._reported_at[i] >= REPORT_WAIT_S
-            due = due or (force and bool(self._reports[i]))
-            if due or (self._owed[i] and (force or now - self._owed_at[i] >= REPORT_WAIT_S)) \
-                    or now - self._last_sent[i] >= HEARTBEAT_S:
+            # Reports and credit wait for each other up to REPORT_WAIT_S (unless forced); a heartbeat goes anyway.
+            with self._lock:
+                reports_due = bool(self._reports[i]) and (force or now - self._reported_at[i] >= REPORT_WAIT_S)
+            credit_due = self._owed[i] > 0 and (force or now - self._owed_at[i] >= REPORT_WAIT_S)
+            if reports_due or credit_due or now - self._last_sent[i] >= HEARTBEAT_S:
                 self._credit(i)
             if i in self._pooled:
                 self._give_work(i)
