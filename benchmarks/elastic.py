@@ -34,15 +34,15 @@ from typing import Any
 
 from stoker.consumer.batch_stream import BatchStream
 from stoker.producer.process import ProducerProcess
+from stoker.producer.procfs import cpu_seconds
 from stoker.producer.synthetic import build_synthetic
 
 
 def _cpu_seconds(pid: int) -> float:
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return cpu_seconds(pid)
     except OSError:
         return 0.0  # gone
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _tree_cpu(producer: ProducerProcess) -> float:

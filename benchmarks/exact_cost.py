@@ -33,15 +33,6 @@ from pathlib import Path
 import numpy as np
 
 
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` (all its threads) so far, from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _TICK
-
-
 def rate(lmdb_path: Path, exact: bool, batch: int, size: int, workers: int, warmup: int, batches: int,
          receive: str | None = None, pool: bool = False) -> tuple[float, dict[str, float]]:
     """Images/s end to end, and CPU ms per batch of the producer daemon, its workers and this trainer process;
@@ -51,6 +42,7 @@ def rate(lmdb_path: Path, exact: bool, batch: int, size: int, workers: int, warm
 
     from stoker.consumer import ZMQInput
     from stoker.producer.process import ProducerProcess
+    from stoker.producer.procfs import cpu_seconds
 
     args = ["--workers", str(workers), "--batch-size", str(batch), "--image-size", str(size), "--seed", "0",
             *(["--exact"] if exact else []), *(["--shard", "auto"] if pool else [])]

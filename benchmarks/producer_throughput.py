@@ -33,6 +33,7 @@ import numpy as np
 from stoker.producer.augment import decode_train_crop, resize_flip_into
 from stoker.producer.dataset_format import LmdbDataset
 from stoker.producer.process import ProducerProcess
+from stoker.producer.procfs import cpu_seconds
 from stoker.producer.synthetic import build_synthetic
 
 from delivery import delivered_rate
@@ -73,12 +74,6 @@ def parallel_decoder_limit(lmdb_path: Path, size: int, seconds: float, processes
     return total
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far (/proc; Linux)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _own_cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
@@ -98,13 +93,13 @@ def delivered(lmdb_path: Path, workers: int, batch: int, size: int, warmup: int,
 
         def clock_start() -> None:
             start["t"], start["me"] = time.perf_counter(), _own_cpu()
-            start["daemon"] = _cpu_seconds(producer.pid)
-            start["workers"] = sum(_cpu_seconds(p) for p in producer.child_pids())
+            start["daemon"] = cpu_seconds(producer.pid)
+            start["workers"] = sum(cpu_seconds(p) for p in producer.child_pids())
 
         rate = delivered_rate(producer, warmup, batches, check, on_clock_start=clock_start)
         seconds = time.perf_counter() - start["t"]
-        cores = {"workers": (sum(_cpu_seconds(p) for p in producer.child_pids()) - start["workers"]) / seconds,
-                 "daemon": (_cpu_seconds(producer.pid) - start["daemon"]) / seconds,
+        cores = {"workers": (sum(cpu_seconds(p) for p in producer.child_pids()) - start["workers"]) / seconds,
+                 "daemon": (cpu_seconds(producer.pid) - start["daemon"]) / seconds,
                  "receiver": (_own_cpu() - start["me"]) / seconds}
         return rate, cores
 

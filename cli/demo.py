@@ -15,6 +15,7 @@ from pathlib import Path
 from stoker.producer.dataset_cache import cached_dataset
 from stoker.producer.dataset_format import DatasetError, LmdbDataset
 from stoker.producer.process import ProducerProcess
+from stoker.producer.procfs import running
 from stoker.producer.synthetic import build_synthetic
 
 DEMO_CLASSES = 10
@@ -52,13 +53,6 @@ def demo_dataset(cache_dir: Path, records: int) -> Path:
     return cached_dataset(path, build, usable, say=lambda message: print(message, flush=True))
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def run_demo(config: DemoConfig) -> int:
     from stoker.consumer.summaries import optional_logdir
     from stoker.consumer.training import TrainConfig, train
@@ -85,7 +79,7 @@ def run_demo(config: DemoConfig) -> int:
     finally:
         exit_codes = [p.stop() for p in producers]
     time.sleep(0.2)
-    leftover_procs = [pid for pid in child_pids + [p.pid for p in producers] if _alive(pid)]
+    leftover_procs = [pid for pid in child_pids + [p.pid for p in producers] if running(pid)]
     leftover_threads = [t.name for t in threading.enumerate() if t.name.startswith("stoker-")]
     print()
     print("=== Stoker demo ===")

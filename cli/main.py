@@ -14,7 +14,6 @@ import os
 import signal
 import sys
 import threading
-from pathlib import Path
 from typing import Callable, Sequence
 
 from stoker.cli.parser import build_parser as parser_for
@@ -44,21 +43,11 @@ def stop_event_on_signals() -> threading.Event:
 def stop_with_process(pid: int, stop: threading.Event, every_s: float = 0.5) -> threading.Thread:
     """Set ``stop`` once process ``pid`` is gone (checked every ``every_s``): a daemon started by a
     launcher that is killed outright (SIGKILL, an OOM kill) shuts down instead of serving for ever."""
-    def gone() -> bool:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:
-            return False  # it exists, owned by another user
-        try:  # a killed launcher whose own parent has not reaped it yet is a zombie: gone all the same
-            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-        except (OSError, IndexError):
-            return False
+    from stoker.producer.procfs import running
 
     def watch() -> None:
         while not stop.wait(every_s):
-            if gone():
+            if not running(pid):  # gone, or a zombie: killed and not yet reaped by its own parent
                 logging.getLogger("stoker").warning("process %d that started this one is gone: shutting down", pid)
                 stop.set()
 

@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from .procfs import stat_fields
+
 _SERVING_RE = re.compile(r"serving .* on (\S+): ")
 _STOPPED_RE = re.compile(r"stopped: (\d+) batches, (\d+) images sent, (\d+) records skipped")
 
@@ -73,7 +75,7 @@ class ProducerProcess:
         for entry in Path("/proc").iterdir():
             if entry.name.isdigit():
                 try:
-                    fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                    fields = stat_fields(int(entry.name))
                 except OSError:
                     continue
                 if int(fields[1]) == self.proc.pid:

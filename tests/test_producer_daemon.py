@@ -21,6 +21,7 @@ import zmq
 
 from stoker.producer.dataset_format import LmdbDataset
 from stoker.producer.process import ProducerProcess
+from stoker.producer.procfs import running
 from stoker.protocol import decode_batch
 
 from conftest import SYNTH_COUNT, expected_eval_image
@@ -243,7 +244,7 @@ def test_killed_workers_are_replaced_and_no_batch_is_torn(synth_lmdb):
                 os.kill(victim, signal.SIGKILL)
                 deadline = time.monotonic() + 20
                 while time.monotonic() < deadline:  # the daemon notices within 0.5 s and starts a new one
-                    alive = [p for p in _worker_pids(producer) if p != victim and _process_exists(p)]
+                    alive = [p for p in _worker_pids(producer) if p != victim and running(p)]
                     if len(alive) == 2:
                         break
                     time.sleep(0.05)
@@ -255,14 +256,6 @@ def test_killed_workers_are_replaced_and_no_batch_is_torn(synth_lmdb):
             ctx.term()
     assert checked == 6 * 10 * 8
     assert producer.log_text().count("restarting it") >= 6
-
-
-def _process_exists(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
@@ -286,7 +279,7 @@ def test_signal_stops_daemon_and_every_worker_promptly(synth_lmdb, sig, tmp_path
     assert time.monotonic() - t0 < 15
     assert producer.proc.returncode == 0
     time.sleep(0.1)
-    assert not [pid for pid in workers if _process_exists(pid)], "worker processes left behind"
+    assert not [pid for pid in workers if running(pid)], "worker processes left behind"
     assert not list(private_tmp.iterdir()), "files left behind"
     producer.stop()
 
@@ -308,9 +301,9 @@ def test_workers_die_with_a_killed_daemon(synth_lmdb):
     workers = producer.child_pids()
     producer.kill()
     deadline = time.monotonic() + 3
-    while any(_process_exists(p) for p in workers) and time.monotonic() < deadline:
+    while any(running(p) for p in workers) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not [p for p in workers if _process_exists(p)]
+    assert not [p for p in workers if running(p)]
 
 
 def test_backpressure_bounds_what_a_slow_trainer_makes_the_producer_hold(synth_lmdb):
@@ -360,18 +353,18 @@ def test_a_launcher_killed_outright_leaves_no_producer_behind(synth_lmdb, tmp_pa
     try:
         pids = [int(p) for p in launcher.stdout.readline().split()]
         assert len(pids) >= 3, pids  # the daemon, its two workers (and multiprocessing's resource tracker)
-        assert all(_process_exists(p) for p in pids)
+        assert all(running(p) for p in pids)
         launcher.kill()
         launcher.wait(10)
         # The daemon checks every 0.5 s and stops in a few; the bound only tells that from never.
         deadline = time.monotonic() + 60
-        while any(_process_exists(p) for p in pids) and time.monotonic() < deadline:
+        while any(running(p) for p in pids) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not [p for p in pids if _process_exists(p)], "processes left behind by a killed launcher"
+        assert not [p for p in pids if running(p)], "processes left behind by a killed launcher"
         assert "is gone: shutting down" in (tmp_path / "producer.log").read_text()
     finally:
         launcher.kill()
         launcher.wait(10)
         for pid in pids:  # a failure must not leak what it checks for
-            if _process_exists(pid):
+            if running(pid):
                 os.kill(pid, signal.SIGKILL)
