@@ -1,11 +1,12 @@
 """Fuzz direct receive: mutated and truncated ZMTP streams from a raw peer, next to a real libzmq producer.
 
 Each stream starts from a valid one (greeting, READY, a few batches whose images are all
-``seq % 256`` and whose indices are ``seq * B ...``) and gets 1-3 seeded structural mutations:
+``seq % 256`` and whose indices are ``seq * B ...``; as a ROUTER for ``--socket-type DEALER``,
+exact mode's link, with producer statuses between them) and gets 1-3 seeded structural mutations:
 truncation, flipped bits in greetings, READY properties, frame flags and sizes and headers,
 long or huge lengths, MORE set or cleared, frames dropped or repeated, commands (PING,
 unknown, oversized) and garbage inserted. The real receiving code (``ZMTPConnection`` +
-``read_batch``) reads each stream until it ends or is dropped. Meanwhile a real libzmq PUSH
+``read_message``) reads each stream until it ends or is dropped. Meanwhile a real libzmq PUSH
 socket feeds a ``BatchStream`` (the same receive core) whose batches must keep arriving intact.
 
 Counted: crashes (an exception other than the protocol/connection errors the code raises by
@@ -13,7 +14,7 @@ contract), hangs (a stream that did not end within ``--stream-s`` after the peer
 corrupted or mixed batches delivered (images not uniform, or not matching their indices),
 RSS growth. Prints a table and writes JSON (``benchmarks/results/fuzz_receive.json``).
 
-    python benchmarks/fuzz_receive.py --streams 100000
+    python benchmarks/fuzz_receive.py --streams 100000 [--socket-type DEALER]
 """
 
 from __future__ import annotations
@@ -33,17 +34,20 @@ from typing import Optional
 
 import numpy as np
 
-from stoker.consumer.direct_receive import read_batch
+from stoker.consumer.direct_receive import read_message
 from stoker.consumer.receive_core import aligned_empty
 from stoker.consumer.zmtp import Stopped, ZMTPConnection
 from stoker.protocol import DecodeLimits, ProtocolError, encode_batch
 from stoker.protocol.batch_spec import BatchSpec
+from stoker.protocol.exact_messages import Status, decode_status, encode_status
 
 B, SHAPE = 4, (8, 8, 3)
 GREETING = b"\xff" + b"\0" * 8 + b"\x7f" + b"\x03\x00" + b"NULL".ljust(20, b"\0") + b"\x00" + b"\0" * 31
 SPEC = BatchSpec.from_dict({"images": ("uint8", [B, *SHAPE]), "labels": ("int32", [B]), "index": ("int64", [B]),
                             "epoch": ("int32", [B])})
 LIMITS = DecodeLimits(max_message_bytes=64 * 1024)
+PEER = {"PULL": b"PUSH", "DEALER": b"ROUTER"}
+STATUS = encode_status(Status("0/1:100:0", "fuzz", 0, 1, False, spec=[["images", "uint8", [B, *SHAPE]]], session=1))
 
 
 def _command(body: bytes) -> bytes:
@@ -67,12 +71,14 @@ def intact(batch: dict[str, np.ndarray]) -> bool:
     return bool((images == seq % 256).all() and (index == np.arange(seq * B, (seq + 1) * B)).all())
 
 
-def mutated_stream(rng: random.Random) -> bytes:
+def mutated_stream(rng: random.Random, peer: bytes = b"PUSH") -> bytes:
     """A valid stream's tokens (greeting, READY, frames) with 1-3 structural mutations, as bytes."""
     # ["raw", bytes] or ["frame", flags, body, is_header, lying size or None]. Array bytes are never changed: a
     # batch delivered from a mutated stream must still be one whole message's, which ``intact`` can tell.
-    tokens: list[list] = [["raw", GREETING], ["raw", _ready()]]
+    tokens: list[list] = [["raw", GREETING], ["raw", _ready(peer)]]
     for _ in range(rng.randint(1, 3)):
+        if peer == b"ROUTER" and rng.random() < 0.5:  # exact mode: a producer's status between batches
+            tokens.append(["frame", 0, STATUS, True, None])
         frames = batch_frames(rng.randrange(1000))
         for i, body in enumerate(frames):
             tokens.append(["frame", int(i < len(frames) - 1), body, i == 0, None])
@@ -124,6 +130,7 @@ def mutated_stream(rng: random.Random) -> bytes:
 class FuzzResult:
     streams: int = 0
     batches_delivered: int = 0
+    statuses: int = 0  # exact mode's status messages read (DEALER)
     rejected: int = 0
     crashes: int = 0
     hangs: int = 0
@@ -176,8 +183,10 @@ def _rss_mib() -> float:
         return int(f.read().split()[1]) * resource.getpagesize() / 2**20
 
 
-def run(streams: int, seed: int, stream_s: float = 5.0, with_producer: bool = True) -> FuzzResult:
-    """Fuzz ``streams`` mutated streams (see the module doc); the result counts what went wrong."""
+def run(streams: int, seed: int, stream_s: float = 5.0, with_producer: bool = True,
+        socket_type: str = "PULL") -> FuzzResult:
+    """Fuzz ``streams`` mutated streams (see the module doc) read as ``socket_type`` (PULL: plain direct
+    receive; DEALER: exact mode's link, statuses too); the result counts what went wrong."""
     rng = random.Random(seed)
     result = FuzzResult(rss_start_mib=_rss_mib())
     server = _Server()
@@ -185,12 +194,12 @@ def run(streams: int, seed: int, stream_s: float = 5.0, with_producer: bool = Tr
     started = time.monotonic()
     try:
         for n in range(streams):
-            server.serve(mutated_stream(rng))
+            server.serve(mutated_stream(rng, PEER[socket_type]))
             result.streams = n + 1
             deadline = time.monotonic() + stream_s
             try:
                 conn = ZMTPConnection(server.endpoint, lambda: time.monotonic() > deadline, poll_s=0.01,
-                                      connect_timeout=stream_s, stall_s=stream_s / 2)
+                                      connect_timeout=stream_s, stall_s=stream_s / 2, socket_type=socket_type)
             except Stopped:
                 result.hangs += 1
                 continue
@@ -204,11 +213,18 @@ def run(streams: int, seed: int, stream_s: float = 5.0, with_producer: bool = Tr
             try:
                 while True:
                     try:
-                        batch, _ = read_batch(conn, SPEC, LIMITS, aligned_empty)
+                        batch = read_message(conn, SPEC, LIMITS, aligned_empty, statuses=socket_type == "DEALER")
+                        if isinstance(batch, tuple):
+                            decode_status(batch[0])  # as the transport validates a status
+                        else:
+                            SPEC.check(batch)
                     except ProtocolError:
                         result.rejected += 1
                         if not conn.in_sync:
                             break
+                        continue
+                    if isinstance(batch, tuple):
+                        result.statuses += 1
                         continue
                     result.batches_delivered += 1
                     if not intact(batch.arrays):
@@ -293,11 +309,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--streams", type=int, default=100_000, help="mutated streams (default 100000)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--socket-type", choices=sorted(PEER), default="PULL",
+                        help="read as plain direct receive (PULL) or as exact mode's link (DEALER)")
     parser.add_argument("--stream-s", type=float, default=5.0, help="seconds a stream may take after its peer closed")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "fuzz_receive.json"))
     args = parser.parse_args()
-    result = run(args.streams, args.seed, args.stream_s)
-    rows = [("streams", result.streams), ("batches delivered from them", result.batches_delivered),
+    result = run(args.streams, args.seed, args.stream_s, socket_type=args.socket_type)
+    rows = [("socket type", args.socket_type), ("streams", result.streams),
+            ("batches delivered from them", result.batches_delivered), ("statuses read", result.statuses),
             ("rejected (counted)", result.rejected), ("crashes", result.crashes), ("hangs", result.hangs),
             ("corrupted or mixed batches", result.corrupted),
             ("real producer's batches received", result.producer_batches),

@@ -222,9 +222,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     curve = (load_client_keys(args.curve_secret_key, args.curve_server_key)
              if _pair(args, "curve_secret_key", "curve_server_key") else None)
-    if args.receive == "direct" and (curve is not None or args.exact):
-        print("stoker train: error: --receive direct works without --exact and without CurveZMQ keys; drop those or "
-              "use --receive auto", file=sys.stderr)
+    if args.receive == "direct" and curve is not None:
+        print("stoker train: error: --receive direct works without CurveZMQ keys; drop those or use --receive auto",
+              file=sys.stderr)
         return EXIT_USAGE
     config = TrainConfig(curve=curve, receive=args.receive,
         addresses=[a.strip() for a in args.connect.split(",") if a.strip()], model=args.model, steps=args.steps,

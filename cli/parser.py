@@ -215,8 +215,8 @@ def build_parser(handlers: Mapping[str, Callable[[argparse.Namespace], int]]) ->
     t.add_argument("--receive", choices=("auto", "direct", "libzmq"), default="auto",
                    help="how batches are received (default auto: direct where it applies, else libzmq). direct: each "
                    "producer's stream read over ZMTP straight into memory TensorFlow owns, one copy less per byte "
-                   "and every message bounded (tcp:// addresses; not with --exact or CurveZMQ keys); libzmq: "
-                   "through libzmq (CurveZMQ, ipc://, exact mode)")
+                   "and every message bounded (tcp:// addresses, plain or --exact; not with CurveZMQ keys); libzmq: "
+                   "through libzmq (CurveZMQ, ipc://)")
     t.add_argument("--log-consumed", default=None, metavar="FILE", type=_output_file,
                    help="write each step's record indices and epochs as JSON lines, to verify coverage")
     t.add_argument("--report", default=None, metavar="FILE.html", type=_output_file,

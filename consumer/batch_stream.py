@@ -46,7 +46,6 @@ from .exact_state import pack_state, parse_state
 from .input_setup import SpecArg, declared_spec, exact_identity, open_core, split_addresses
 from .receive_core import POLL_S, SinkClosed, aligned_empty
 from .receive_stats import InputStats
-from .zmtp_receiver import ZMTPReceiver
 
 _END = object()  # no batch follows: a finite exact run ended
 
@@ -132,7 +131,7 @@ class BatchStream:
                                discover_every, share)
         self.spec = self._core.spec
         receiver = self._core.receiver
-        self.receive = "direct" if isinstance(receiver, ZMTPReceiver) else "libzmq"  # the path chosen
+        self.receive = "direct" if receiver.direct else "libzmq"  # the path chosen
         self._exact = receiver.transport if isinstance(receiver, ExactReceiver) else None
         self._sink = QueueSink(queue_capacity)
         self._ended = False

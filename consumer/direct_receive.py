@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable
+from typing import Callable, Optional
 
 import numpy as np
 
 from stoker.protocol import DecodeLimits, ProtocolError
 from stoker.protocol.batch_codec import MAX_HEADER_BYTES, Batch, decode_header
 from stoker.protocol.batch_spec import BatchSpec
+from stoker.protocol.exact_messages import unpack_producer_frame
 
 from .receive_core import SinkClosed
 from .zmtp import SocketTypeMismatch, Stopped, ZMTPConnection
@@ -37,13 +38,29 @@ def read_batch(conn: ZMTPConnection, spec: BatchSpec, limits: DecodeLimits, empt
 
     ProtocolError (or BatchMismatchError) for a bad message, read past when ``conn.in_sync``.
     """
+    batch = read_message(conn, spec, limits, empty)
+    assert isinstance(batch, Batch)
+    return batch, spec.check(batch)
+
+
+def read_message(conn: ZMTPConnection, spec: Optional[BatchSpec], limits: DecodeLimits, empty: EmptyArray,
+                 statuses: bool = False) -> Batch | tuple[dict, int]:
+    """The next message: a Batch held to ``spec`` by its header (its arrays in ``empty()`` memory), or with
+    ``statuses`` (exact mode) a producer's status (its map and size in bytes). Without a ``spec`` (exact mode before its
+    hello) every batch is refused. ProtocolError as ``read_batch``."""
     budget = limit = limits.max_message_bytes
     frames = limits.max_arrays  # data frames a message may have after its header
     more, size = conn.next_frame()
     raw = conn.read_small(size, MAX_HEADER_BYTES, "the header frame", more, budget, frames, limit)
     budget -= size
+    if statuses and not more:
+        status = unpack_producer_frame(raw)
+        if status is not None:
+            return status, size
     try:
         header = decode_header(raw, limits)
+        if spec is None:
+            raise ProtocolError(f"producer {header.producer} sent a batch before this trainer asked for one")
         # Held to the spec by the header alone, before any array memory is taken.
         spec.check_declared(header.producer, [(a.name, a.dtype, a.shape) for a in header.arrays])
     except ProtocolError:
@@ -66,8 +83,7 @@ def read_batch(conn: ZMTPConnection, spec: BatchSpec, limits: DecodeLimits, empt
     if more:
         conn.skip(0, more, budget, frames, limit)
         raise ProtocolError(f"header lists {len(header.arrays)} arrays but the message has more data frames")
-    batch = Batch(header=header, arrays=arrays)
-    return batch, spec.check(batch)
+    return Batch(header=header, arrays=arrays)
 
 
 class DirectReceiver:

@@ -1,12 +1,13 @@
-"""Exact mode's receiver: ``ExactTransport`` (a DEALER per producer, credit, hellos) driven for the core.
+"""Exact mode's receiver: ``ExactTransport`` (a DEALER link per producer, credit, hellos) driven for the core.
 
 Receives only while the sink has room (credit: one batch per batch queued), never blocking,
 so heartbeats and consumed-record reports keep going while a step is slow. Each delivered
 batch carries one more array, ``stoker_source`` (which producer it came from), so the
 records a step consumes are reported to that producer. Batches sent under an older session
 are dropped (their records are served again). A producer's status keeps the input alive
-while it waits (for more trainers, or for steps to report). Stays on libzmq: exact mode
-sends as well as receives on each connection (docs/decisions.md).
+while it waits (for more trainers, or for steps to report). ``direct``: each link speaks our
+own ZMTP and reads batches into memory the sink owns (``direct_dealer``, no copy); else
+libzmq DEALERs (``exact_links.LibzmqDealer``, which CurveZMQ needs).
 """
 
 from __future__ import annotations
@@ -18,16 +19,18 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import zmq
 
-from stoker.protocol import DecodeLimits, ProtocolError, decode_batch
+from stoker.protocol import DecodeLimits, ProtocolError
 from stoker.protocol.batch_spec import BatchSpec
 from stoker.protocol.exact_messages import MAX_SPLIT
 from stoker.protocol.curve import CurveClientKeys
 from stoker.protocol.input_state import InputState
 
+from .direct_dealer import DirectDealer
 from .discovery import ProducerPool
+from .exact_links import Link, LibzmqDealer
 from .exact_transport import ExactTransport
 from .libzmq_receiver import socket_options
-from .receive_core import POLL_S, ReceiveCore
+from .receive_core import POLL_S, ReceiveCore, aligned_empty
 
 log = logging.getLogger("stoker.consumer")
 
@@ -49,28 +52,44 @@ SOURCE = "stoker_source"
 
 
 class ExactReceiver:
-    """See the module doc. ValueError for an address libzmq cannot parse."""
+    """See the module doc. ValueError for an address the transport cannot parse."""
 
     exact = True
 
     def __init__(self, pool: ProducerPool, limits: DecodeLimits, rcvhwm: int, trainer_id: str,
-                 state: InputState, curve: Optional[CurveClientKeys] = None, share: tuple[int, int] = (0, 1)) -> None:
+                 state: InputState, curve: Optional[CurveClientKeys] = None, share: tuple[int, int] = (0, 1),
+                 direct: bool = False) -> None:
+        if direct and curve is not None:
+            raise ValueError("direct receive speaks ZMTP without CurveZMQ: exact mode with curve keys uses libzmq")
         self.pool = pool
         self.limits = limits
+        self.direct = direct
         self.held_per_producer = rcvhwm + 1
         self._ctx = zmq.Context()
+        self._spec: Optional[BatchSpec] = None  # direct links hold batches to it by their headers
+        self._core: Optional[ReceiveCore] = None
+        options = socket_options(rcvhwm + STATUS_ROOM, limits.max_message_bytes)
+
+        def connect(address: str) -> Link:
+            if direct:
+                return DirectDealer(address, lambda: self._spec, limits, self._empty, rcvhwm + 1, STATUS_ROOM, POLL_S)
+            return LibzmqDealer(self._ctx, address, options, limits, curve)
+
         try:
-            self.transport = ExactTransport(self._ctx, pool.endpoints, trainer_id, state, rcvhwm,
-                                            socket_options(rcvhwm + STATUS_ROOM, limits.max_message_bytes), curve,
-                                            share)
-        except zmq.ZMQError as exc:
+            self.transport = ExactTransport(connect, pool.endpoints, trainer_id, state, rcvhwm, share)
+        except ValueError:
             self._ctx.destroy(linger=0)
-            raise ValueError(f"cannot connect to the producer addresses {pool.endpoints}: {exc.strerror}; "
-                             "expected e.g. tcp://host:5555") from None
+            raise
         self._waiting_logged_at = -_WAITING_LOG_EVERY_S
+
+    def _empty(self, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+        """Memory a direct link reads a batch array into: the sink's, once the core runs."""
+        core = self._core
+        return core.empty(dtype, shape) if core is not None else aligned_empty(dtype, shape)
 
     def resolve_spec(self, declared: Optional[BatchSpec], core: ReceiveCore) -> BatchSpec:
         """The declared spec plus ``mask``, or ask the producers to describe their batches (nothing is received)."""
+        self._core = core
         if declared is not None:
             return declared
         started = time.monotonic()
@@ -99,6 +118,7 @@ class ExactReceiver:
 
     def _run(self, core: ReceiveCore) -> None:
         transport, spec = self.transport, core.spec
+        self._core, self._spec = core, spec
         batch_size = spec.batch_size
         mask_at = [a.name for a in spec.arrays].index("mask")
         transport.split_records = split_records(batch_size)
@@ -121,14 +141,13 @@ class ExactReceiver:
                 continue
             for i in transport.poll(int(POLL_S * 1000)):
                 try:
-                    frames = transport.receive(i)
-                    if frames is None:  # a status: the producer is alive, perhaps waiting for steps to report
+                    batch = transport.receive(i)
+                    if batch is None:  # a status: the producer is alive, perhaps waiting for steps to report
                         core.alive()
                         if transport.session[i] and transport.status[i].session == transport.session[i]:
                             # An answer to our hello or later: a describe's answer (session 0) predates our joining.
                             self._log_waiting(transport.status[i])
                         continue
-                    batch = decode_batch(frames, self.limits)
                     if not transport.accept(i, batch.header.stream, batch.header.session):
                         continue  # sent before our latest hello: its records are served again
                     arrays = spec.check(batch)
@@ -136,17 +155,19 @@ class ExactReceiver:
                     core.reject(exc)
                     transport.rejected(i)
                     continue
-                except zmq.ZMQError as exc:
-                    core.reject(ProtocolError(f"receive failed: {exc}"))
-                    transport.rejected(i)
-                    continue
+                owned = transport.owned(i)  # in memory the sink may own (direct links), or views of libzmq's frames
                 keep = transport.arrived(i, batch.header.stream, batch["epoch"], batch["index"], batch["mask"])
                 if keep is not None:  # an elastic pool: rows whose record arrived before are cut off like padding
                     if not keep.any():
                         transport.dropped(i)
                         continue
-                    batch.arrays["mask"] = arrays[mask_at] = keep
-                core.deliver(batch, [*arrays, np.full(batch_size, i, np.int32)], owned=False)
+                    if owned:
+                        arrays[mask_at][...] = keep
+                    else:  # libzmq's frames are read-only
+                        batch.arrays["mask"] = arrays[mask_at] = keep
+                source = core.empty(np.dtype(np.int32), (batch_size,)) if owned else np.empty(batch_size, np.int32)
+                source[...] = i
+                core.deliver(batch, [*arrays, source], owned=owned)
                 transport.queued(i, batch["epoch"], batch["index"], batch["mask"])
                 room -= 1  # steps only make more room: asked again on the next turn
                 if room <= 0:
@@ -159,12 +180,12 @@ class ExactReceiver:
         for endpoint in joined:
             try:
                 self.transport.add(endpoint)
-            except zmq.ZMQError as exc:
-                core.stats.connection_changed(endpoint, False, f"cannot connect: {exc.strerror}", False)
+            except ValueError as exc:
+                core.stats.connection_changed(endpoint, False, f"cannot connect: {exc}", False)
         if self.transport.watch() or joined or left:
             t = self.transport
             count, _, reason = t.failures()
-            core.stats.set_connections(t.connected(), count, reason, sum(w.reconnects for w in t.watchers if w is not None))
+            core.stats.set_connections(t.connected(), count, reason, sum(link.reconnects for link in t.live_links()))
 
     def _log_waiting(self, status: Any) -> None:
         """Say (every 10 s) that a producer waits for more trainers: a synchronous job waits for all of them."""
@@ -181,9 +202,8 @@ class ExactReceiver:
 
     def mode_mismatches(self) -> dict[str, int]:
         out: dict[str, int] = {}
-        for watcher in self.transport.watchers:
-            if watcher is not None:
-                out.update(watcher.mode_mismatches)
+        for link in self.transport.live_links():
+            out.update(link.mode_mismatches)
         return out
 
     def close(self) -> None:

@@ -1,6 +1,6 @@
-"""The trainer's side of exact mode: one DEALER per producer, credit, sessions, consumed records, status.
+"""The trainer's side of exact mode: one DEALER link per producer, credit, sessions, consumed records, status.
 
-Owned by ZMQInput's receive thread (sockets are not thread-safe), except
+Owned by ZMQInput's receive thread (links are not thread-safe, ``exact_links``), except
 ``record_consumed``, which steps call (from ``get()`` and the dataset) under a
 lock, and ``snapshot``, which ``save_state`` calls.
 
@@ -24,19 +24,19 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from typing import Any, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import zmq
 
-from stoker.protocol import ProtocolError
+from stoker.protocol.batch_codec import Batch
 from stoker.protocol.exact_messages import (MAX_WORK_ITEMS, Credit, Hello, Records, Status, Work, decode_status,
-                                            encode_credit, encode_describe, encode_hello, encode_work,
-                                            unpack_producer_frame)
+                                            encode_credit, encode_describe, encode_hello, encode_work)
 from stoker.protocol.batch_spec import BatchMismatchError, BatchSpec
 from stoker.protocol.input_state import InputState, StreamKey, rows_by_epoch
 
-from .connections import ConnectionWatcher
+from .connections import HandshakeFailures
+from .exact_links import Link
 from .split_scheduler import SplitScheduler
 
 log = logging.getLogger("stoker.consumer")
@@ -49,10 +49,11 @@ DESCRIBE_RETRY_S = 1.0
 
 
 class ExactTransport:
-    """See the module doc. ``state``: the consumed records this trainer starts from (a restored checkpoint)."""
+    """See the module doc. ``connect(address)`` makes a producer's link (ValueError for a bad address);
+    ``state``: the consumed records this trainer starts from (a restored checkpoint)."""
 
-    def __init__(self, ctx: zmq.Context, addresses: Sequence[str], trainer_id: str, state: InputState, credit: int,
-                 options: Sequence[tuple[int, Any]], curve: Any = None, share: tuple[int, int] = (0, 1)) -> None:
+    def __init__(self, connect: Callable[[str], Link], addresses: Sequence[str], trainer_id: str, state: InputState,
+                 credit: int, share: tuple[int, int] = (0, 1)) -> None:
         self.trainer_id, self.credit = trainer_id, credit
         # An elastic pool (producers with --shard auto): this trainer hands out the splits of its share.
         self.splits: Optional[SplitScheduler] = None
@@ -63,11 +64,10 @@ class ExactTransport:
         self._told_finished: set[tuple[int, int]] = set()  # (producer, session) told the run is complete
         self.expected_spec: Optional[BatchSpec] = None  # the receiver's: a pool producer must send these batches
         self._warned_share = False
-        self._ctx, self._options, self._curve = ctx, list(options), curve
+        self._connect = connect
         # Per producer connection, by its number (``stoker_source``), which stays its own after it leaves the pool.
         self.addresses: list[str] = []
-        self.sockets: list[Optional[zmq.Socket]] = []  # None: it left the pool
-        self.watchers: list[Optional[ConnectionWatcher]] = []
+        self.links: list[Optional[Link]] = []  # None: it left the pool
         self.active = False
         self.session: list[int] = []
         self._said_hello: list[int] = []  # handshakes seen when the last hello went out
@@ -75,7 +75,7 @@ class ExactTransport:
         self.status: list[Optional[Status]] = []
         self.stale_batches = 0
         self._poller = zmq.Poller()  # the live sockets (made once: zmq.select would build one per call)
-        self._number: dict[zmq.Socket, int] = {}
+        self._number: dict[object, int] = {}  # a link's pollable -> its number
         self._lock = threading.Lock()
         self._state = state
         self._held: list[dict[int, set[int]]] = []  # epoch -> indices
@@ -90,29 +90,18 @@ class ExactTransport:
         try:
             for address in addresses:
                 self.add(address)
-        except zmq.ZMQError:
+        except ValueError:
             self.close()
             raise
 
     def add(self, address: str) -> int:
-        """Connect to one more producer (it joined the pool); its number. zmq.ZMQError for a bad address."""
-        sock = self._ctx.socket(zmq.DEALER)
-        for option, value in self._options:
-            sock.setsockopt(option, value)
-        if self._curve is not None:
-            sock.curve_publickey, sock.curve_secretkey, sock.curve_serverkey = self._curve.public, \
-                self._curve.secret, self._curve.server_public
-        try:
-            watcher = ConnectionWatcher(sock, [address], curve=self._curve is not None)  # connects it
-        except zmq.ZMQError:
-            sock.close(linger=0)
-            raise
+        """Connect to one more producer (it joined the pool); its number. ValueError for a bad address."""
+        link = self._connect(address)
         with self._lock:
             self.addresses.append(address)
-            self.sockets.append(sock)
-            self._poller.register(sock, zmq.POLLIN)
-            self._number[sock] = len(self.sockets) - 1
-            self.watchers.append(watcher)
+            self.links.append(link)
+            self._poller.register(link.pollable, zmq.POLLIN)
+            self._number[link.pollable] = len(self.links) - 1
             self.session.append(0)
             self._said_hello.append(0)
             self.stream.append("")
@@ -124,21 +113,19 @@ class ExactTransport:
             self._owed_at.append(0.0)
             self._last_sent.append(0.0)
             self._described_at.append(-DESCRIBE_RETRY_S)
-        return len(self.sockets) - 1
+        return len(self.links) - 1
 
     def remove(self, address: str) -> Optional[int]:
         """Disconnect from a producer that left the pool; its number (None if unknown). Batches of it that are
         queued stay valid; what it had not sent is served by others (a shard's own producer comes back, splits
         are handed out again)."""
         for i, known in enumerate(self.addresses):
-            if known == address and self.sockets[i] is not None:
-                watcher, sock = self.watchers[i], self.sockets[i]
-                assert watcher is not None and sock is not None
-                self._poller.unregister(sock)
-                del self._number[sock]
-                watcher.close()
-                sock.close(linger=0)
-                self.watchers[i] = self.sockets[i] = None
+            link = self.links[i]
+            if known == address and link is not None:
+                self._poller.unregister(link.pollable)
+                del self._number[link.pollable]
+                link.close(linger_ms=0)
+                self.links[i] = None
                 self.status[i] = None
                 self._leave_pool(i)
                 return i
@@ -146,7 +133,7 @@ class ExactTransport:
 
     def live(self) -> list[int]:
         """The numbers of the producers in the pool now."""
-        return [i for i, sock in enumerate(self.sockets) if sock is not None]
+        return [i for i, link in enumerate(self.links) if link is not None]
 
     # ---- state ------------------------------------------------------------------------------
 
@@ -190,15 +177,15 @@ class ExactTransport:
         """Handle monitor events; say hello on new connections once active. True if anything changed."""
         changed = False
         for i in self.live():
-            watcher = self.watchers[i]
-            assert watcher is not None
-            changed |= watcher.poll()
-            if i in self._pooled and not watcher.connected:
+            link = self.links[i]
+            assert link is not None
+            changed |= link.watch()
+            if i in self._pooled and not link.connected:
                 self._leave_pool(i)  # gone (killed, cut off): its splits go to the others; back, it says hello
-            if self.active and watcher.handshakes > self._said_hello[i]:
+            if self.active and link.handshakes > self._said_hello[i]:
                 self._hello(i)
-                self._said_hello[i] = watcher.handshakes
-            if not self.active and self.status[i] is None and watcher.connected \
+                self._said_hello[i] = link.handshakes
+            if not self.active and self.status[i] is None and link.connected \
                     and time.monotonic() - self._described_at[i] >= DESCRIBE_RETRY_S:
                 self._send(i, encode_describe())  # asked again until answered: a request is never taken as delivered
                 self._described_at[i] = time.monotonic()
@@ -218,13 +205,9 @@ class ExactTransport:
 
     def _send(self, i: int, frame: bytes) -> bool:
         """Whether ``frame`` went out (False: not connected, and the next connection says hello)."""
-        sock = self.sockets[i]
-        if sock is None:
-            return False  # it left the pool
-        try:
-            sock.send(frame, flags=zmq.NOBLOCK)
-        except zmq.ZMQError:
-            return False
+        link = self.links[i]
+        if link is None or not link.send(frame):
+            return False  # it left the pool, or is not connected
         self._last_sent[i] = time.monotonic()
         self.control[0] += 1
         self.control[1] += len(frame)
@@ -285,24 +268,31 @@ class ExactTransport:
             return []
         return [self._number[sock] for sock, _ in self._poller.poll(timeout_ms)]
 
-    def receive(self, i: int) -> Optional[list[Any]]:
-        """The frames of a batch from producer ``i``, or None (a status, handled here)."""
-        sock = self.sockets[i]
-        assert sock is not None
-        frames = sock.recv_multipart(copy=False)
-        body = unpack_producer_frame(frames[0]) if len(frames) == 1 else None
-        if body is None:
-            return frames
+    def owned(self, i: int) -> bool:
+        """Whether producer ``i``'s batches arrive in memory the sink may own (``exact_links``)."""
+        link = self.links[i]
+        return link is not None and link.owned
+
+    def receive(self, i: int) -> Optional[Batch]:
+        """A batch from producer ``i`` (not yet held to the spec), or None (a status, handled here).
+        ProtocolError for a bad message."""
+        link = self.links[i]
+        assert link is not None
+        message = link.receive()
+        if isinstance(message, Batch):
+            return message
+        body, nbytes = message
         status = decode_status(body)  # ProtocolError propagates: counted as a rejected message
         self.control[2] += 1
-        self.control[3] += memoryview(frames[0]).nbytes
+        self.control[3] += nbytes
         self.status[i] = status
         if self.active and status.stranger and self.session[i] > 0:
             # It answers credit or work of ours with "who are you": it dropped this trainer (silent past its
             # --trainer-timeout) or restarted unseen. Say hello again, or nothing would come from it for ever.
             log.warning("producer %s no longer knows this trainer: saying hello again", status.producer)
             self._hello(i)
-            self._said_hello[i] = self.watchers[i].handshakes if self.watchers[i] is not None else 0
+            link = self.links[i]
+            self._said_hello[i] = link.handshakes if link is not None else 0
             return None
         if status.stream:
             with self._lock:
@@ -440,23 +430,19 @@ class ExactTransport:
         # What the last flush queued (a finished pool's "finished", the last steps' records) gets a moment to
         # leave; libzmq bounds it, and the sockets close together.
         linger = 500 if self.active else 0
-        for watcher in self.watchers:
-            if watcher is not None:
-                watcher.close()
-        for sock in self.sockets:
-            if sock is not None:
-                sock.close(linger=linger)
+        for link in self.live_links():
+            link.close(linger_ms=linger)
 
-    def _watchers(self) -> list[ConnectionWatcher]:
-        return [w for w in self.watchers if w is not None]
+    def live_links(self) -> list[Link]:
+        return [link for link in self.links if link is not None]
 
     def connected(self) -> set[str]:
-        return set().union(*(w.connected for w in self._watchers()))
+        return set().union(*(link.connected for link in self.live_links()))
 
     def failures(self) -> tuple[int, str, str]:
         """``(count, endpoint, reason)`` of failed handshakes over the producers in the pool."""
-        watchers = self._watchers()
-        if not watchers:
+        links = self.live_links()
+        if not links:
             return 0, "", ""
-        last = max(watchers, key=lambda w: w.failures.count)
-        return sum(w.failures.count for w in watchers), last.failures.endpoint, last.failures.reason
+        last: HandshakeFailures = max((link.failures for link in links), key=lambda f: f.count)
+        return sum(link.failures.count for link in links), last.endpoint, last.reason

@@ -3,9 +3,9 @@
 ``open_core`` turns the user's arguments into a running ``ReceiveCore`` (spec resolved, not yet
 delivering). The receive path (``receive=``):
 
-- ``"auto"`` (default): direct ZMTP receive (``zmtp_receiver``) wherever it applies, that is
-  plain mode over tcp:// without CurveZMQ; libzmq otherwise (CurveZMQ, ipc://, and exact mode,
-  whose DEALER connections send as well as receive: docs/decisions.md);
+- ``"auto"`` (default): direct ZMTP receive wherever it applies, that is tcp:// without
+  CurveZMQ (``zmtp_receiver`` in plain mode, ``direct_dealer`` links in exact mode); libzmq
+  otherwise (CurveZMQ, ipc://);
 - ``"direct"`` or ``"libzmq"``: that path, or ValueError saying why it does not apply.
 
 Every argument error is a ValueError that names the fix.
@@ -74,9 +74,8 @@ def exact_identity(exact: bool, resume_state: Optional[bytes], trainer_id: Optio
 def direct_applies(addresses: Sequence[str] | Callable[[], Sequence[str]], curve: Optional[CurveClientKeys],
                    exact: bool) -> Optional[str]:
     """None if direct receive can serve these arguments, else why not (with the fix)."""
-    if curve is not None or exact:
-        return ("receive='direct' speaks ZMTP without CurveZMQ and without exact mode: leave receive='auto' (or "
-                "'libzmq') for curve keys or exact=True")
+    if curve is not None:
+        return "receive='direct' speaks ZMTP without CurveZMQ: leave receive='auto' (or 'libzmq') for curve keys"
     for address in addresses if not callable(addresses) else []:  # a callable's answers are checked as they come
         try:
             tcp_address(address)
@@ -109,7 +108,8 @@ def open_core(addresses: Sequence[str] | Callable[[], Sequence[str]], spec: Opti
     receiver: Receiver
     try:
         if exact:
-            receiver = ExactReceiver(pool, limits, rcvhwm, trainer_id, state, curve, share)
+            direct = receive == "direct" or (receive == "auto" and why_not is None)
+            receiver = ExactReceiver(pool, limits, rcvhwm, trainer_id, state, curve, share, direct)
         elif receive == "direct" or (receive == "auto" and why_not is None):
             receiver = ZMTPReceiver(pool, limits)
         else:

@@ -64,6 +64,8 @@ def set_curve(sock: zmq.Socket, curve: Optional[CurveClientKeys]) -> None:
 class LibzmqReceiver:
     """See the module doc. ValueError for an address libzmq cannot parse."""
 
+    direct = False
+
     def __init__(self, pool: ProducerPool, limits: DecodeLimits, rcvhwm: int,
                  curve: Optional[CurveClientKeys] = None) -> None:
         self.pool = pool

@@ -81,6 +81,8 @@ class Receiver(Protocol):
     pool: ProducerPool
     #: what the per-producer memory bound counts: batches one producer's connection may hold
     held_per_producer: int
+    #: reads batches into memory the sink owns (our ZMTP), not libzmq's frames
+    direct: bool
 
     def resolve_spec(self, declared: Optional[BatchSpec], core: "ReceiveCore") -> BatchSpec:
         """The spec batches are held to: ``declared``, or learned/described (bounded by the core's timeout)."""

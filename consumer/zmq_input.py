@@ -34,7 +34,6 @@ from .exact_state import pack_state, parse_state
 from .input_setup import declared_spec, exact_identity, open_core, split_addresses
 from .receive_stats import InputStats
 from .tf_feeder import TFFeeder
-from .zmtp_receiver import ZMTPReceiver
 
 log = logging.getLogger("stoker.consumer")
 
@@ -93,8 +92,8 @@ class ZMQInput(tf.train.experimental.PythonState):
             producer's stream ourselves (ZMTP over TCP, one thread per producer) straight into
             aligned memory TensorFlow then owns, saving the copy a libzmq frame needs, and bounds
             every message (memory: one batch per producer, whatever a peer sends; docs/security.md).
-            ``"auto"`` uses it for ``tcp://`` addresses without ``curve`` or ``exact``, libzmq
-            otherwise (CurveZMQ, ``ipc://``, exact mode). Producers are the same either way.
+            ``"auto"`` uses it for ``tcp://`` addresses without ``curve`` (plain and exact mode),
+            libzmq otherwise (CurveZMQ, ``ipc://``). Producers are the same either way.
 
     Three ways in (runnable versions in README.md)::
 
@@ -164,7 +163,7 @@ class ZMQInput(tf.train.experimental.PythonState):
         self._metrics: Any = None
         self._core = open_core(self.addresses, declared, receive, recv_timeout, rcvhwm, max_message_bytes, curve,
                                exact, self.trainer_id, state, discover_every, share)
-        self.receive = "direct" if isinstance(self._core.receiver, ZMTPReceiver) else "libzmq"  # the path chosen
+        self.receive = "direct" if self._core.receiver.direct else "libzmq"  # the path chosen
         self.spec = self._core.spec
         self.batch_size = self.spec.batch_size
         if "images" in self.spec:

@@ -1,4 +1,4 @@
-"""The receiving end of one ZMTP 3 connection (NULL mechanism, as a PULL peer), reading into memory we own.
+"""One ZMTP 3 connection (NULL mechanism, as a PULL or DEALER peer), reading into memory we own.
 
 libzmq delivers each frame in memory it allocated itself, 8-byte aligned, so TensorFlow can
 take a frame only after a copy (``tensor_import``). Speaking the wire protocol ourselves on a
@@ -8,7 +8,10 @@ sees an ordinary PULL peer). ZMTP 3.0 (rfc.zeromq.org/spec/23): a 64-byte greeti
 a READY command each way, then frames of ``flags, size, body``.
 
 Only what a trainer needs: NULL mechanism (CurveZMQ stays with libzmq), one message at a
-time, PING answered with PONG. Every size is checked before anything is read into memory; a
+time, PING answered with PONG; as a DEALER (exact mode, facing a producer's ROUTER) it also
+sends single-frame messages: ``send`` queues the frame and writes what the socket takes at
+once, the rest whenever ``flush`` runs (each read that waits runs it), so a sender never
+blocks; bytes the peer leaves unread for ``stall_s`` drop the connection. Every size is checked before anything is read into memory; a
 violation raises ``ProtocolError`` naming it. After one, ``in_sync`` says whether the stream
 can go on (the rest of a bad message was skipped) or the connection must be dropped.
 ``should_stop()`` is asked on every read and at least every ``poll_s`` while one waits, also
@@ -26,6 +29,7 @@ import os
 import select
 import socket
 import struct
+import threading
 import time
 from typing import Callable, Optional
 from urllib.parse import urlsplit
@@ -35,6 +39,8 @@ from stoker.protocol.errors import ProtocolError
 _MORE, _LONG, _COMMAND = 0x01, 0x02, 0x04
 _GREETING = b"\xff" + b"\0" * 8 + b"\x7f" + b"\x03\x00" + b"NULL".ljust(20, b"\0") + b"\x00" + b"\0" * 31
 _MAX_COMMAND_BYTES = 4096
+#: What each socket type we speak must find at the other end: a producer's PUSH (plain) or ROUTER (exact mode).
+PEER_TYPE = {"PULL": b"PUSH", "DEALER": b"ROUTER"}
 #: Seconds a peer may go without sending a byte once a message has begun (libzmq drops a peer after
 #: its heartbeat timeout; a live peer stalled mid-frame would otherwise hold its receive thread forever).
 #: Between messages a producer may be idle, or send nothing but heartbeats, for as long as it likes.
@@ -42,7 +48,7 @@ STALL_S = 30.0
 
 
 class SocketTypeMismatch(ProtocolError):
-    """The peer is a ZMTP socket of another type: a producer in exact mode (ROUTER) for a plain trainer."""
+    """The peer is a ZMTP socket of another type: one side runs exact mode and the other does not."""
 
 
 class Stopped(Exception):
@@ -58,11 +64,18 @@ def tcp_address(endpoint: str) -> tuple[str, int]:
 
 
 class ZMTPConnection:
-    """One connected, handshaken ZMTP 3 stream from a PUSH socket; see the module doc."""
+    """One connected, handshaken ZMTP 3 stream; see the module doc. ``socket_type``: ``"PULL"`` (facing a
+    producer's PUSH) or ``"DEALER"`` (facing an exact-mode producer's ROUTER)."""
 
     def __init__(self, endpoint: str, should_stop: Callable[[], bool], poll_s: float = 0.1,
-                 connect_timeout: float = 2.0, stall_s: float = STALL_S) -> None:
+                 connect_timeout: float = 2.0, stall_s: float = STALL_S, socket_type: str = "PULL") -> None:
+        if socket_type not in PEER_TYPE:
+            raise ValueError(f"socket_type {socket_type!r}: one of {sorted(PEER_TYPE)}")
         self.endpoint = endpoint
+        self.socket_type = socket_type
+        self._out = bytearray()  # frames queued by send(), not yet taken by the socket
+        self._out_since = 0.0  # when the oldest of them was queued
+        self._out_lock = threading.Lock()
         self._should_stop = should_stop
         self._poll_s = poll_s
         self._stall_s = stall_s
@@ -113,7 +126,57 @@ class ZMTPConnection:
             raise
 
     def close(self) -> None:
-        self._sock.close()
+        with self._out_lock:  # never while another thread writes: the descriptor could be reused under it
+            self._sock.close()
+
+    def shutdown(self) -> None:
+        """End the connection from another thread: a read waiting on it returns at once (ConnectionError)."""
+        with self._out_lock:
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # closed already
+
+    # ---- sending (DEALER) ------------------------------------------------------------------------
+
+    def send(self, frame: bytes) -> None:
+        """Queue ``frame`` as a one-frame message and write what the socket takes now (never waits).
+
+        OSError once the connection is closed or stalled (the reader then drops it)."""
+        size = len(frame)
+        head = bytes([0, size]) if size < 256 else bytes([_LONG]) + struct.pack(">Q", size)
+        self._queue(head + frame)
+
+    def _queue(self, data: bytes) -> None:
+        with self._out_lock:
+            if not self._out:
+                self._out_since = time.monotonic()
+            self._out += data
+            self._write()
+
+    def flush(self) -> None:
+        """Write what the socket takes of the queued frames (never waits); OSError as ``send``."""
+        if self._out:
+            with self._out_lock:
+                self._write()
+
+    @property
+    def unsent(self) -> int:
+        """Bytes queued by ``send`` that the socket has not taken yet."""
+        return len(self._out)
+
+    def _write(self) -> None:
+        """Caller holds ``_out_lock``. Poll for room first: the socket's timeout would make ``send`` wait."""
+        poller = select.poll()
+        poller.register(self._sock, select.POLLOUT)
+        while self._out and poller.poll(0):
+            sent = self._sock.send(self._out)
+            del self._out[:sent]
+            self._out_since = time.monotonic()  # progress: the stall clock starts again
+        if self._out and time.monotonic() - self._out_since > self._stall_s:
+            self._sock.shutdown(socket.SHUT_RDWR)  # the reader sees the connection end, and connects again
+            raise ConnectionError(f"{self.endpoint} took none of {len(self._out)} queued bytes for "
+                                  f"{self._stall_s:g} s: dropped")
 
     # ---- reading ---------------------------------------------------------------------------------
 
@@ -129,6 +192,7 @@ class ZMTPConnection:
             try:
                 got = self._sock.recv_into(view)
             except socket.timeout:
+                self.flush()  # what send() could not write at once
                 if self.in_message and time.monotonic() - progress_at > self._stall_s:
                     raise ConnectionError(f"{self.endpoint} sent nothing for {self._stall_s:g} s in the middle of a "
                                           "message: dropped (a stalled peer would hold its receive thread)") from None
@@ -171,7 +235,7 @@ class ZMTPConnection:
             if body[:5] == b"\x04PING":
                 context = body[7:7 + 16]  # after the 2-byte TTL, at most 16 bytes of context
                 pong = b"\x04PONG" + context
-                self._sock.sendall(bytes([_COMMAND, len(pong)]) + pong)
+                self._queue(bytes([_COMMAND, len(pong)]) + pong)
 
     def skip(self, size: int, more: bool, budget: int, frames: int, limit: int) -> None:
         """Read past the rest of a message (this frame's ``size`` bytes on).
@@ -229,15 +293,16 @@ class ZMTPConnection:
         if mechanism != "NULL":
             raise ProtocolError(f"{self.endpoint} uses the {mechanism} mechanism (CurveZMQ): direct receive speaks "
                                 "only NULL; give the trainer its curve keys and leave receive='libzmq'")
-        ready = b"\x05READY" + _property("Socket-Type", b"PULL")
+        ready = b"\x05READY" + _property("Socket-Type", self.socket_type.encode())
+        if self.socket_type == "DEALER":
+            ready += _property("Identity", b"")  # as libzmq's DEALER sends it: the ROUTER picks our routing id
         self._sock.sendall(bytes([_COMMAND, len(ready)]) + ready)
+        exact = self.socket_type == "DEALER"
         try:
             flags, size = self._frame_head()
         except ConnectionError:  # libzmq closes on a socket type it cannot talk to, often before its READY
-            raise SocketTypeMismatch(f"{self.endpoint} closed the connection at the READY command: most likely the "
-                                     "producer runs in exact mode (--exact or --epochs N) and this trainer does not; "
-                                     "use ZMQInput(..., exact=True) (stoker train --exact), or start the producer "
-                                     "without --exact") from None
+            raise SocketTypeMismatch(f"{self.endpoint} closed the connection at the READY command: {_mismatch(exact)}"
+                                     ) from None
         if not flags & _COMMAND or size > _MAX_COMMAND_BYTES:
             raise ProtocolError(f"{self.endpoint} sent no READY command after its greeting")
         body = self._read(size)
@@ -245,12 +310,20 @@ class ZMTPConnection:
             reason = body[7:7 + body[6]].decode("ascii", "replace") if len(body) > 6 else ""
             raise ProtocolError(f"{self.endpoint} refused the handshake: {reason}")
         socket_type = _properties(body[6:]).get("Socket-Type") if body[:6] == b"\x05READY" else None
-        if socket_type == b"ROUTER":
-            raise SocketTypeMismatch(f"{self.endpoint} is a ROUTER socket: the producer runs in exact mode (--exact or "
-                                     "--epochs N) and this trainer does not; use ZMQInput(..., exact=True) "
-                                     "(stoker train --exact), or start the producer without --exact")
-        if socket_type != b"PUSH":
-            raise SocketTypeMismatch(f"{self.endpoint} is a {socket_type!r} socket, not a producer's PUSH socket")
+        if socket_type in (b"ROUTER", b"PUSH") and socket_type != PEER_TYPE[self.socket_type]:
+            raise SocketTypeMismatch(f"{self.endpoint} is a {socket_type.decode()} socket: {_mismatch(exact)}")
+        if socket_type != PEER_TYPE[self.socket_type]:
+            raise SocketTypeMismatch(f"{self.endpoint} is a {socket_type!r} socket, not a producer's "
+                                     f"{PEER_TYPE[self.socket_type].decode()} socket")
+
+
+def _mismatch(exact: bool) -> str:
+    """Why a producer refuses this trainer's socket type, and the fix."""
+    if exact:
+        return ("most likely the producer runs plain mode and this trainer exact mode; start the producers with "
+                "--exact (or --epochs N), or the trainer without exact=True (stoker train without --exact)")
+    return ("most likely the producer runs in exact mode (--exact or --epochs N) and this trainer does not; use "
+            "ZMQInput(..., exact=True) (stoker train --exact), or start the producer without --exact")
 
 
 def _property(name: str, value: bytes) -> bytes:

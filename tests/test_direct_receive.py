@@ -109,11 +109,17 @@ def test_direct_receive_is_the_default_for_tcp_and_learns_the_spec_from_the_firs
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(receive="fast"), "choose 'auto'"),
-    (dict(receive="direct", exact=True), "without exact mode"),
+    (dict(receive="direct", curve=True), "without CurveZMQ"),
 ])
-def test_what_direct_receive_cannot_do_is_refused_with_the_fix(kwargs, message):
+def test_what_direct_receive_cannot_do_is_refused_with_the_fix(kwargs, message, tmp_path):
+    from stoker.protocol.curve import generate_keypair, load_client_keys
+
     args = dict(batch_size=BATCH, recv_timeout=5)
     args.update(kwargs)
+    if args.get("curve"):
+        _, secret = generate_keypair(tmp_path, "trainer")
+        server_public, _ = generate_keypair(tmp_path, "producer")
+        args["curve"] = load_client_keys(secret, server_public)
     if args["batch_size"] is None:
         del args["batch_size"]
     with pytest.raises(ValueError, match=message):
@@ -190,7 +196,7 @@ def test_a_killed_producer_is_connected_again_when_it_comes_back(synth_lmdb):
 
 
 @pytest.mark.timeout(300)
-def test_stoker_train_receives_directly_and_refuses_direct_with_exact(synth_lmdb):
+def test_stoker_train_receives_directly_and_refuses_direct_with_curve_keys(synth_lmdb, tmp_path):
     import subprocess
     import sys
 
@@ -201,6 +207,11 @@ def test_stoker_train_receives_directly_and_refuses_direct_with_exact(synth_lmdb
                              capture_output=True, text=True, timeout=170)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "trained 20 steps" in out.stdout and "rejected: 0" in out.stdout
+    from stoker.protocol.curve import generate_keypair
+
+    _, secret = generate_keypair(tmp_path, "trainer")
+    server_public, _ = generate_keypair(tmp_path, "producer")
     refused = subprocess.run([sys.executable, "-m", "stoker.cli.main", "train", "--connect", "tcp://127.0.0.1:1",
-                              "--receive", "direct", "--exact"], capture_output=True, text=True, timeout=60)
-    assert refused.returncode == 2 and "--receive direct works without --exact" in refused.stderr
+                              "--receive", "direct", "--curve-secret-key", str(secret), "--curve-server-key",
+                              str(server_public)], capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "--receive direct works without CurveZMQ keys" in refused.stderr

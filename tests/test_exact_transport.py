@@ -1,13 +1,35 @@
-"""The trainer's exact-mode transport against a real ROUTER: no handshake unseen, no request taken as delivered."""
+"""The trainer's exact-mode transport against a real ROUTER: no handshake unseen, no request taken as delivered.
+
+Each test runs over both kinds of link: libzmq DEALERs and our own ZMTP (``DirectDealer``).
+"""
 
 from __future__ import annotations
 
+import pytest
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from stoker.consumer.direct_dealer import DirectDealer
+from stoker.consumer.exact_links import LibzmqDealer
 from stoker.consumer.exact_transport import ExactTransport
+from stoker.consumer.receive_core import aligned_empty
+from stoker.protocol import DecodeLimits
 from stoker.protocol.exact_messages import Describe, decode_trainer_message
 from stoker.protocol.input_state import InputState
+
+
+LINKS = ("libzmq", "direct")
+
+
+def _transport(ctx: zmq.Context, address: str, links: str) -> ExactTransport:
+    limits = DecodeLimits()
+    if links == "direct":
+        def connect(a: str):  # type: ignore[no-untyped-def]
+            return DirectDealer(a, lambda: None, limits, aligned_empty, batch_room=5, status_room=100)
+    else:
+        def connect(a: str):  # type: ignore[no-untyped-def]
+            return LibzmqDealer(ctx, a, [(zmq.LINGER, 0)], limits)
+    return ExactTransport(connect, [address], "t0", InputState(), credit=4)
 
 
 def _router(ctx: zmq.Context) -> tuple[zmq.Socket, str]:
@@ -34,18 +56,19 @@ def _next_describe(router: zmq.Socket, transport: ExactTransport) -> bytes:
     raise AssertionError("the trainer never asked the producer to describe itself")
 
 
-def test_a_handshake_finished_before_the_trainer_looks_is_seen_and_an_unanswered_describe_is_asked_again():
+@pytest.mark.parametrize("links", LINKS)
+def test_a_handshake_finished_before_the_trainer_looks_is_seen_and_an_unanswered_describe_is_asked_again(links):
     ctx = zmq.Context()
     router, address = _router(ctx)
     monitor = router.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
-    transport = ExactTransport(ctx, [address], "t0", InputState(), credit=4, options=[(zmq.LINGER, 0)])
+    transport = _transport(ctx, address, links)
     try:
         # The handshake completes before the transport polls a single monitor event: it must still count.
         _wait_for_handshake(monitor)
         first = _next_describe(router, transport)
         # The producer never answers (lost, or it restarted): the trainer asks again rather than wait for ever.
         assert _next_describe(router, transport) == first
-        assert transport.watchers[0].handshakes == 1
+        assert transport.links[0].handshakes == 1
     finally:
         transport.close()
         router.disable_monitor()
@@ -68,12 +91,13 @@ def _next_message(router: zmq.Socket, transport: ExactTransport, kind: type):
     raise AssertionError(f"the trainer never sent a {kind.__name__}")
 
 
-def test_a_producer_that_no_longer_knows_the_trainer_gets_a_new_hello():
+@pytest.mark.parametrize("links", LINKS)
+def test_a_producer_that_no_longer_knows_the_trainer_gets_a_new_hello(links):
     from stoker.protocol.exact_messages import Hello, Status, encode_status
 
     ctx = zmq.Context()
     router, address = _router(ctx)
-    transport = ExactTransport(ctx, [address], "t0", InputState(), credit=4, options=[(zmq.LINGER, 0)])
+    transport = _transport(ctx, address, links)
     try:
         transport.activate()
         routing_id, hello = _next_message(router, transport, Hello)

@@ -1,0 +1,172 @@
+"""Exact mode's direct link (``DirectDealer``) against real libzmq sockets: what a producer's ROUTER sends arrives in
+aligned memory, what the trainer sends reaches the ROUTER, the inbox is bounded, bad messages are counted and the
+stream goes on, a plain producer is named as a mode mismatch, and nothing waits for a peer that does not read."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import numpy as np
+import pytest
+import zmq
+
+from stoker.consumer.direct_dealer import DirectDealer
+from stoker.consumer.receive_core import aligned_empty
+from stoker.consumer.zmtp import _GREETING
+from stoker.protocol import DecodeLimits, ProtocolError
+from stoker.protocol.batch_codec import Batch, encode_batch
+from stoker.protocol.batch_spec import BatchSpec
+from stoker.protocol.exact_messages import Credit, Status, decode_trainer_message, encode_credit, encode_status
+
+SPEC = BatchSpec.from_dict({"images": ("uint8", [2, 8, 8, 3]), "labels": ("int32", [2])})
+
+
+def _batch(seq: int, labels_shape: tuple[int, ...] = (2,)) -> list:
+    arrays = {"images": np.full((2, 8, 8, 3), seq, np.uint8), "labels": np.full(labels_shape, seq, np.int32)}
+    return encode_batch(arrays, producer="p0", seq=seq)
+
+
+def _status() -> bytes:
+    return encode_status(Status("0/1:10:0", "p0", 0, None, False))
+
+
+@pytest.fixture
+def router():
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    port = sock.bind_to_random_port("tcp://127.0.0.1")
+    yield sock, f"tcp://127.0.0.1:{port}"
+    sock.close(linger=0)
+    ctx.term()
+
+
+def _link(address: str, batch_room: int = 4) -> DirectDealer:
+    return DirectDealer(address, lambda: SPEC, DecodeLimits(), aligned_empty, batch_room=batch_room, status_room=8)
+
+
+def _routing_id(sock: zmq.Socket, link: DirectDealer) -> bytes:
+    """The ROUTER learns the link's routing id from its first message."""
+    while not link.connected:
+        link.watch()
+        threading.Event().wait(0.01)
+    assert link.send(encode_credit(Credit(1, 0)))
+    assert sock.poll(10_000), "the ROUTER never received the link's message"
+    routing_id, body = sock.recv_multipart()
+    assert isinstance(decode_trainer_message(body), Credit)
+    return routing_id
+
+
+def _next(link: DirectDealer, poller: zmq.Poller):
+    assert poller.poll(10_000), "nothing arrived"
+    return link.receive()
+
+
+def test_messages_go_both_ways_and_batches_land_in_aligned_memory(router):
+    sock, address = router
+    link = _link(address)
+    try:
+        routing_id = _routing_id(sock, link)
+        assert link.handshakes == 1 and link.connected == {address}
+        poller = zmq.Poller()
+        poller.register(link.pollable, zmq.POLLIN)
+        sock.send(routing_id, zmq.SNDMORE)
+        sock.send(_status())
+        sock.send_multipart([routing_id, *_batch(7)], copy=False)
+        status, nbytes = _next(link, poller)
+        assert status["t"] == "status" and nbytes == len(_status())
+        batch = _next(link, poller)
+        assert isinstance(batch, Batch) and int(batch["labels"][0]) == 7
+        assert batch["images"].ctypes.data % 64 == 0 and batch["labels"].ctypes.data % 64 == 0
+        assert not poller.poll(0)  # the pipe is readable exactly while a message waits
+    finally:
+        link.close(linger_ms=0)
+
+
+def test_the_inbox_holds_at_most_batch_room_batches_and_loses_none(router):
+    sock, address = router
+    link = _link(address, batch_room=2)
+    try:
+        routing_id = _routing_id(sock, link)
+        for seq in range(6):  # more than credit allows: a producer that ignores it is held back by TCP
+            sock.send_multipart([routing_id, *_batch(seq)], copy=False)
+        poller = zmq.Poller()
+        poller.register(link.pollable, zmq.POLLIN)
+        seen = []
+        for _ in range(6):
+            assert poller.poll(10_000)
+            assert link._batches <= 2
+            seen.append(int(link.receive()["labels"][0]))
+        assert seen == list(range(6))
+    finally:
+        link.close(linger_ms=0)
+
+
+def test_a_batch_off_the_spec_is_refused_and_the_next_one_arrives(router):
+    sock, address = router
+    link = _link(address)
+    try:
+        routing_id = _routing_id(sock, link)
+        sock.send_multipart([routing_id, *_batch(1, labels_shape=(3,))], copy=False)
+        sock.send_multipart([routing_id, *_batch(2)], copy=False)
+        poller = zmq.Poller()
+        poller.register(link.pollable, zmq.POLLIN)
+        with pytest.raises(ProtocolError, match="labels"):
+            _next(link, poller)
+        assert int(_next(link, poller)["labels"][0]) == 2
+        assert link.handshakes == 1  # read past by its frame sizes: the connection stayed
+    finally:
+        link.close(linger_ms=0)
+
+
+def test_a_plain_producer_is_named_as_a_mode_mismatch():
+    ctx = zmq.Context()
+    push = ctx.socket(zmq.PUSH)
+    push.setsockopt(zmq.LINGER, 0)
+    port = push.bind_to_random_port("tcp://127.0.0.1")
+    link = _link(f"tcp://127.0.0.1:{port}")
+    try:
+        while link.mode_mismatches.get(link.address, 0) < 2:
+            threading.Event().wait(0.05)
+        assert "--exact" in link.failures.reason and link.handshakes == 0
+    finally:
+        link.close(linger_ms=0)
+        push.close(linger=0)
+        ctx.term()
+
+
+def test_sending_to_a_peer_that_reads_nothing_never_waits():
+    """A peer that finished the handshake and then stops reading: every send returns, the bytes wait in the link."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    address = f"tcp://127.0.0.1:{listener.getsockname()[1]}"
+    accepted: list[socket.socket] = []
+
+    def serve() -> None:
+        peer, _ = listener.accept()
+        accepted.append(peer)
+        peer.sendall(_GREETING[:12] + b"NULL".ljust(20, b"\0") + b"\0" * 32)
+        ready = b"\x05READY" + bytes([11]) + b"Socket-Type" + (6).to_bytes(4, "big") + b"ROUTER"
+        peer.sendall(bytes([0x04, len(ready)]) + ready)
+        # and never reads again
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    link = _link(address)
+    try:
+        while not link.connected:
+            threading.Event().wait(0.01)
+        frame = b"x" * (1 << 20)
+        sent = 0
+        while link._conn is not None and link._conn.unsent == 0:  # until the kernel's buffers are full
+            assert link.send(frame)
+            sent += 1
+            assert sent < 10_000, "the peer's kernel took gigabytes"
+        assert link.send(frame)  # queued behind the rest, returns at once
+        assert link._conn is not None and link._conn.unsent >= len(frame)
+    finally:
+        link.close(linger_ms=0)
+        for peer in accepted:
+            peer.close()
+        listener.close()
+    assert not link._thread.is_alive()
