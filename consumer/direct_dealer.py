@@ -11,7 +11,7 @@ thread stops reading, and TCP holds the producer back. A bad message is handed o
 pool the producer starts afresh); a stream that cannot be followed is dropped and connected
 again, and every new connection counts as a handshake (the transport says hello on it).
 ``send`` never waits (``ZMTPConnection.send``); ``close`` gives queued messages ``linger_ms``
-to leave, then stops the thread, which is gone within about ``poll_s``.
+to leave and stops the thread, which ``join`` waits for (it is gone within about ``poll_s``).
 """
 
 from __future__ import annotations
@@ -110,26 +110,30 @@ class DirectDealer:
         return message
 
     def close(self, linger_ms: int) -> None:
+        """Write what is queued (at least one try, then up to ``linger_ms``), then stop the thread without waiting
+        for it (``join``)."""
         deadline = time.monotonic() + linger_ms / 1000
         conn = self._conn
-        while conn is not None and conn.unsent and time.monotonic() < deadline:
+        while conn is not None:
             try:
                 conn.flush()
             except OSError:
                 break
+            if not conn.unsent or time.monotonic() >= deadline:
+                break
             time.sleep(0.005)
-        self._stop.set()
         with self._cond:
+            self._stop.set()
             self._cond.notify_all()
-        conn = self._conn
+            conn = self._conn
         if conn is not None:
             conn.shutdown()  # wakes the reader at once
-        self._thread.join(2.0)
+
+    def join(self, timeout: float) -> None:
+        """Wait up to ``timeout`` s for the thread (after ``close``); it closes the pipe on its way out."""
+        self._thread.join(timeout)
         if self._thread.is_alive():
             log.warning("exact receive thread for %s still running after the stop", self.address)
-            return  # it may still post to the pipe: left open
-        os.close(self._ready)
-        os.close(self._ready_w)
 
     # ---- the reading thread -----------------------------------------------------------------------
 
@@ -139,43 +143,52 @@ class DirectDealer:
     def _run(self) -> None:
         """Connect, read, connect again, until closed. Every failure is counted or reported, never raised."""
         backoff = self._poll_s
-        while not self._stop.is_set():
-            try:
-                conn = ZMTPConnection(self.address, self._stopping, self._poll_s, socket_type="DEALER")
-            except Stopped:
-                return
-            except (OSError, ProtocolError) as exc:  # refused, unreachable, not an exact producer: try again
-                self._refused(exc)
+        try:
+            while not self._stop.is_set():
+                try:
+                    delivered = self._connection()
+                except Stopped:
+                    return
+                except Exception:  # never die silently: this producer would be lost to the job for good
+                    log.exception("exact receive thread for %s failed; connecting again", self.address)
+                    delivered = False
+                backoff = self._poll_s if delivered else min(MAX_BACKOFF_S, backoff * 2)
                 if self._stop.wait(backoff):
                     return
-                backoff = min(MAX_BACKOFF_S, backoff * 2)
-                continue
-            with self._cond:
-                self._conn = conn
-                self.handshakes += 1
-                self._handshaken = True
-                self.mode_mismatches.pop(self.address, None)
-                self._changed = True
-            self._delivered = False  # set by _read: a connection that delivered resets the backoff
-            try:
-                self._read(conn)
-            except Stopped:
-                return
-            except (OSError, ProtocolError) as exc:  # the peer went away, or its stream cannot be followed
-                log.info("exact connection to %s ended: %s", self.address, exc)
-            except Exception:  # never die silently: this producer would be lost to the job for good
-                log.exception("exact receive thread for %s failed; connecting again", self.address)
-            finally:
-                with self._cond:
-                    self._conn = None
-                    self._changed = True
-                conn.close()
+        finally:  # the transport no longer polls a closed link: nothing reads or writes the pipe after this
+            os.close(self._ready)
+            os.close(self._ready_w)
+
+    def _connection(self) -> bool:
+        """One connection, from connecting to its end; whether it delivered. Stopped once closed."""
+        try:
+            conn = ZMTPConnection(self.address, self._stopping, self._poll_s, socket_type="DEALER")
+        except (OSError, ProtocolError) as exc:  # refused, unreachable, not an exact producer: try again
+            self._refused(exc)
+            return False
+        with self._cond:
             if self._stop.is_set():
-                return
-            self.reconnects += 1
-            backoff = self._poll_s if self._delivered else min(MAX_BACKOFF_S, backoff * 2)
-            if self._stop.wait(backoff):
-                return
+                conn.close()
+                raise Stopped()
+            self._conn = conn
+            self.handshakes += 1
+            self._handshaken = True
+            self.mode_mismatches.pop(self.address, None)
+            self._changed = True
+        self._delivered = False  # set by _read
+        try:
+            self._read(conn)
+        except (OSError, ProtocolError) as exc:  # the peer went away, or its stream cannot be followed
+            if self._stop.is_set():
+                raise Stopped() from None
+            log.info("exact connection to %s ended: %s", self.address, exc)
+        finally:
+            with self._cond:
+                self._conn = None
+                self._changed = True
+            conn.close()
+        self.reconnects += 1
+        return self._delivered
 
     def _refused(self, exc: BaseException) -> None:
         with self._cond:

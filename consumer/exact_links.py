@@ -59,7 +59,10 @@ class Link(Protocol):
         a bad one."""
 
     def close(self, linger_ms: int) -> None:
-        """Give queued messages up to ``linger_ms`` to leave, then close."""
+        """Give queued messages up to ``linger_ms`` to leave, then close (without waiting for a thread)."""
+
+    def join(self, timeout: float) -> None:
+        """Wait up to ``timeout`` s for what ``close`` stopped (a reading thread)."""
 
 
 class LibzmqDealer:
@@ -130,4 +133,7 @@ class LibzmqDealer:
 
     def close(self, linger_ms: int) -> None:
         self.watcher.close()
-        self.sock.close(linger=linger_ms)
+        self.sock.close(linger=linger_ms)  # libzmq lingers in the background; the context's term waits
+
+    def join(self, timeout: float) -> None:
+        pass  # no thread of ours

@@ -125,6 +125,7 @@ class ExactTransport:
                 self._poller.unregister(link.pollable)
                 del self._number[link.pollable]
                 link.close(linger_ms=0)
+                link.join(1.0)
                 self.links[i] = None
                 self.status[i] = None
                 self._leave_pool(i)
@@ -182,9 +183,10 @@ class ExactTransport:
             changed |= link.watch()
             if i in self._pooled and not link.connected:
                 self._leave_pool(i)  # gone (killed, cut off): its splits go to the others; back, it says hello
-            if self.active and link.handshakes > self._said_hello[i]:
+            handshakes = link.handshakes  # before the hello: a connection made meanwhile gets its own
+            if self.active and handshakes > self._said_hello[i]:
                 self._hello(i)
-                self._said_hello[i] = link.handshakes
+                self._said_hello[i] = handshakes
             if not self.active and self.status[i] is None and link.connected \
                     and time.monotonic() - self._described_at[i] >= DESCRIBE_RETRY_S:
                 self._send(i, encode_describe())  # asked again until answered: a request is never taken as delivered
@@ -290,9 +292,10 @@ class ExactTransport:
             # It answers credit or work of ours with "who are you": it dropped this trainer (silent past its
             # --trainer-timeout) or restarted unseen. Say hello again, or nothing would come from it for ever.
             log.warning("producer %s no longer knows this trainer: saying hello again", status.producer)
-            self._hello(i)
             link = self.links[i]
-            self._said_hello[i] = link.handshakes if link is not None else 0
+            handshakes = link.handshakes if link is not None else 0  # before the hello, as in watch()
+            self._hello(i)
+            self._said_hello[i] = handshakes
             return None
         if status.stream:
             with self._lock:
@@ -427,11 +430,16 @@ class ExactTransport:
         return None
 
     def close(self) -> None:
-        # What the last flush queued (a finished pool's "finished", the last steps' records) gets a moment to
-        # leave; libzmq bounds it, and the sockets close together.
-        linger = 500 if self.active else 0
-        for link in self.live_links():
-            link.close(linger_ms=linger)
+        # What the last flush queued (a finished pool's "finished", the last steps' records) gets up to 0.5 s to
+        # leave, all links together: a libzmq close returns at once (the context's term waits), a direct link's
+        # waits for its own queue, so each gets what is left of one deadline.
+        deadline = time.monotonic() + (0.5 if self.active else 0.0)
+        links = self.live_links()
+        for link in links:
+            link.close(linger_ms=max(0, int((deadline - time.monotonic()) * 1000)))
+        deadline = time.monotonic() + 1.0
+        for link in links:
+            link.join(max(0.0, deadline - time.monotonic()))
 
     def live_links(self) -> list[Link]:
         return [link for link in self.links if link is not None]

@@ -11,7 +11,9 @@ Only what a trainer needs: NULL mechanism (CurveZMQ stays with libzmq), one mess
 time, PING answered with PONG; as a DEALER (exact mode, facing a producer's ROUTER) it also
 sends single-frame messages: ``send`` queues the frame and writes what the socket takes at
 once, the rest whenever ``flush`` runs (each read that waits runs it), so a sender never
-blocks; bytes the peer leaves unread for ``stall_s`` drop the connection. Every size is checked before anything is read into memory; a
+blocks. The queue is bounded: a peer that leaves queued bytes unread for ``stall_s``, or lets
+more than ``MAX_UNSENT`` pile up, is dropped; a PING is not answered while bytes wait (a peer
+flooding PINGs and reading nothing queues nothing). Every size is checked before anything is read into memory; a
 violation raises ``ProtocolError`` naming it. After one, ``in_sync`` says whether the stream
 can go on (the rest of a bad message was skipped) or the connection must be dropped.
 ``should_stop()`` is asked on every read and at least every ``poll_s`` while one waits, also
@@ -45,6 +47,9 @@ PEER_TYPE = {"PULL": b"PUSH", "DEALER": b"ROUTER"}
 #: its heartbeat timeout; a live peer stalled mid-frame would otherwise hold its receive thread forever).
 #: Between messages a producer may be idle, or send nothing but heartbeats, for as long as it likes.
 STALL_S = 30.0
+#: Bytes a DEALER's sends may queue while the peer reads nothing: the largest control message (a hello with a
+#: long run's input state) fits; past it the peer is dropped.
+MAX_UNSENT = 256 * 1024 * 1024
 
 
 class SocketTypeMismatch(ProtocolError):
@@ -76,6 +81,7 @@ class ZMTPConnection:
         self._out = bytearray()  # frames queued by send(), not yet taken by the socket
         self._out_since = 0.0  # when the oldest of them was queued
         self._out_lock = threading.Lock()
+        self._closed = False
         self._should_stop = should_stop
         self._poll_s = poll_s
         self._stall_s = stall_s
@@ -127,6 +133,7 @@ class ZMTPConnection:
 
     def close(self) -> None:
         with self._out_lock:  # never while another thread writes: the descriptor could be reused under it
+            self._closed = True
             self._sock.close()
 
     def shutdown(self) -> None:
@@ -149,6 +156,10 @@ class ZMTPConnection:
 
     def _queue(self, data: bytes) -> None:
         with self._out_lock:
+            if self._closed:
+                raise ConnectionError(f"the connection to {self.endpoint} is closed")
+            if len(self._out) + len(data) > MAX_UNSENT:
+                self._drop(f"{self.endpoint} left {len(self._out)} queued bytes unread")
             if not self._out:
                 self._out_since = time.monotonic()
             self._out += data
@@ -158,6 +169,8 @@ class ZMTPConnection:
         """Write what the socket takes of the queued frames (never waits); OSError as ``send``."""
         if self._out:
             with self._out_lock:
+                if self._closed:
+                    raise ConnectionError(f"the connection to {self.endpoint} is closed")
                 self._write()
 
     @property
@@ -172,11 +185,18 @@ class ZMTPConnection:
         while self._out and poller.poll(0):
             sent = self._sock.send(self._out)
             del self._out[:sent]
-            self._out_since = time.monotonic()  # progress: the stall clock starts again
-        if self._out and time.monotonic() - self._out_since > self._stall_s:
-            self._sock.shutdown(socket.SHUT_RDWR)  # the reader sees the connection end, and connects again
-            raise ConnectionError(f"{self.endpoint} took none of {len(self._out)} queued bytes for "
-                                  f"{self._stall_s:g} s: dropped")
+        if not self._out:
+            return
+        if time.monotonic() - self._out_since > self._stall_s:  # the clock starts again only once all went out
+            self._drop(f"{self.endpoint} left queued bytes unread for {self._stall_s:g} s")
+
+    def _drop(self, why: str) -> None:
+        """Caller holds ``_out_lock``: end the connection (the reader sees it end and connects again)."""
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        raise ConnectionError(f"{why}: dropped")
 
     # ---- reading ---------------------------------------------------------------------------------
 
@@ -235,7 +255,8 @@ class ZMTPConnection:
             if body[:5] == b"\x04PING":
                 context = body[7:7 + 16]  # after the 2-byte TTL, at most 16 bytes of context
                 pong = b"\x04PONG" + context
-                self._queue(bytes([_COMMAND, len(pong)]) + pong)
+                if not self._out:  # a peer that reads nothing gets no more than one
+                    self._queue(bytes([_COMMAND, len(pong)]) + pong)
 
     def skip(self, size: int, more: bool, budget: int, frames: int, limit: int) -> None:
         """Read past the rest of a message (this frame's ``size`` bytes on).

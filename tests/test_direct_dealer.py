@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -18,6 +19,8 @@ from stoker.protocol import DecodeLimits, ProtocolError
 from stoker.protocol.batch_codec import Batch, encode_batch
 from stoker.protocol.batch_spec import BatchSpec
 from stoker.protocol.exact_messages import Credit, Status, decode_trainer_message, encode_credit, encode_status
+
+pytestmark = pytest.mark.timeout(120)
 
 SPEC = BatchSpec.from_dict({"images": ("uint8", [2, 8, 8, 3]), "labels": ("int32", [2])})
 
@@ -46,11 +49,16 @@ def _link(address: str, batch_room: int = 4) -> DirectDealer:
     return DirectDealer(address, lambda: SPEC, DecodeLimits(), aligned_empty, batch_room=batch_room, status_room=8)
 
 
+def _until(condition, what: str, seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
 def _routing_id(sock: zmq.Socket, link: DirectDealer) -> bytes:
     """The ROUTER learns the link's routing id from its first message."""
-    while not link.connected:
-        link.watch()
-        threading.Event().wait(0.01)
+    _until(lambda: link.watch() or link.connected, "the link never connected")
     assert link.send(encode_credit(Credit(1, 0)))
     assert sock.poll(10_000), "the ROUTER never received the link's message"
     routing_id, body = sock.recv_multipart()
@@ -81,7 +89,13 @@ def test_messages_go_both_ways_and_batches_land_in_aligned_memory(router):
         assert batch["images"].ctypes.data % 64 == 0 and batch["labels"].ctypes.data % 64 == 0
         assert not poller.poll(0)  # the pipe is readable exactly while a message waits
     finally:
-        link.close(linger_ms=0)
+        _close(link)
+
+
+def _close(link: DirectDealer) -> None:
+    link.close(linger_ms=0)
+    link.join(5.0)
+    assert not link._thread.is_alive()
 
 
 def test_the_inbox_holds_at_most_batch_room_batches_and_loses_none(router):
@@ -91,16 +105,18 @@ def test_the_inbox_holds_at_most_batch_room_batches_and_loses_none(router):
         routing_id = _routing_id(sock, link)
         for seq in range(6):  # more than credit allows: a producer that ignores it is held back by TCP
             sock.send_multipart([routing_id, *_batch(seq)], copy=False)
+        _until(lambda: link._batches == 2, "the link never filled its inbox")
+        time.sleep(0.3)  # a reader that ignored the bound would take a third batch meanwhile
+        assert link._batches == 2
         poller = zmq.Poller()
         poller.register(link.pollable, zmq.POLLIN)
         seen = []
         for _ in range(6):
             assert poller.poll(10_000)
-            assert link._batches <= 2
             seen.append(int(link.receive()["labels"][0]))
         assert seen == list(range(6))
     finally:
-        link.close(linger_ms=0)
+        _close(link)
 
 
 def test_a_batch_off_the_spec_is_refused_and_the_next_one_arrives(router):
@@ -117,7 +133,7 @@ def test_a_batch_off_the_spec_is_refused_and_the_next_one_arrives(router):
         assert int(_next(link, poller)["labels"][0]) == 2
         assert link.handshakes == 1  # read past by its frame sizes: the connection stayed
     finally:
-        link.close(linger_ms=0)
+        _close(link)
 
 
 def test_a_plain_producer_is_named_as_a_mode_mismatch():
@@ -127,11 +143,10 @@ def test_a_plain_producer_is_named_as_a_mode_mismatch():
     port = push.bind_to_random_port("tcp://127.0.0.1")
     link = _link(f"tcp://127.0.0.1:{port}")
     try:
-        while link.mode_mismatches.get(link.address, 0) < 2:
-            threading.Event().wait(0.05)
+        _until(lambda: link.mode_mismatches.get(link.address, 0) >= 2, "no mode mismatch counted")
         assert "--exact" in link.failures.reason and link.handshakes == 0
     finally:
-        link.close(linger_ms=0)
+        _close(link)
         push.close(linger=0)
         ctx.term()
 
@@ -154,8 +169,7 @@ def test_sending_to_a_peer_that_reads_nothing_never_waits():
     server.start()
     link = _link(address)
     try:
-        while not link.connected:
-            threading.Event().wait(0.01)
+        _until(lambda: link.connected, "the link never connected")
         frame = b"x" * (1 << 20)
         sent = 0
         while link._conn is not None and link._conn.unsent == 0:  # until the kernel's buffers are full
@@ -165,8 +179,21 @@ def test_sending_to_a_peer_that_reads_nothing_never_waits():
         assert link.send(frame)  # queued behind the rest, returns at once
         assert link._conn is not None and link._conn.unsent >= len(frame)
     finally:
-        link.close(linger_ms=0)
+        _close(link)
         for peer in accepted:
             peer.close()
         listener.close()
-    assert not link._thread.is_alive()
+
+
+def test_a_send_on_a_connection_the_reader_just_closed_is_refused_not_raised(router):
+    """The transport's thread may hold a connection the reader closes under it (a producer restarting)."""
+    from stoker.consumer.zmtp import ZMTPConnection
+
+    _, address = router
+    conn = ZMTPConnection(address, lambda: False, socket_type="DEALER")
+    conn.close()
+    with pytest.raises(ConnectionError):
+        conn.send(b"credit")
+    with pytest.raises(ConnectionError):
+        conn.flush()
+    conn.shutdown()  # harmless once closed

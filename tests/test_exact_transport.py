@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import pytest
 import zmq
+
+pytestmark = pytest.mark.timeout(120)
 from zmq.utils.monitor import recv_monitor_message
 
 from stoker.consumer.direct_dealer import DirectDealer
@@ -144,3 +146,63 @@ def test_a_producer_answers_a_trainer_it_dropped_as_a_stranger(synth_lmdb):
         finally:
             dealer.close(0)
             ctx.term()
+
+
+@pytest.mark.parametrize("links", LINKS)
+def test_a_restarted_producer_gets_a_new_hello_on_its_new_connection(links):
+    from stoker.protocol.exact_messages import Hello
+
+    ctx = zmq.Context()
+    router, address = _router(ctx)
+    transport = _transport(ctx, address, links)
+    try:
+        transport.activate()
+        _, hello = _next_message(router, transport, Hello)
+        assert hello.session == 1
+        router.close(linger=0)  # the producer restarts on the same port
+        router = ctx.socket(zmq.ROUTER)
+        for _ in range(500):  # libzmq frees the port in the background
+            try:
+                router.bind(address)
+                break
+            except zmq.ZMQError:
+                transport.watch()
+                router.poll(10)
+        _, again = _next_message(router, transport, Hello)
+        assert again.session == 2 and transport.links[0].handshakes == 2
+    finally:
+        transport.close()
+        router.close(linger=0)
+        ctx.term()
+
+
+@pytest.mark.parametrize("links", LINKS)
+def test_the_last_consumed_records_reach_the_producer_when_the_trainer_closes(links):
+    """What the final flush queued leaves before the link closes: no other trainer is served those records again."""
+    import numpy as np
+
+    from stoker.protocol.exact_messages import Credit, Hello
+
+    ctx = zmq.Context()
+    router, address = _router(ctx)
+    transport = _transport(ctx, address, links)
+    try:
+        transport.activate()
+        _next_message(router, transport, Hello)
+        transport.record_consumed(0, np.zeros(3, np.int32), np.array([5, 6, 7]), np.ones(3, bool))
+        transport.flush(force=True)
+    finally:
+        transport.close()
+    try:
+        reported = []
+        while router.poll(10_000):
+            _, body = router.recv_multipart()
+            message = decode_trainer_message(body)
+            if isinstance(message, Credit):
+                reported += [i for _, indices in message.consumed for i in indices]
+            if reported:
+                break
+        assert reported == [5, 6, 7]
+    finally:
+        router.close(linger=0)
+        ctx.term()
