@@ -194,6 +194,5 @@ def test_a_send_on_a_connection_the_reader_just_closed_is_refused_not_raised(rou
     conn.close()
     with pytest.raises(ConnectionError):
         conn.send(b"credit")
-    with pytest.raises(ConnectionError):
-        conn.flush()
+    conn.flush()  # nothing queued: nothing to do
     conn.shutdown()  # harmless once closed
