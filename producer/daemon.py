@@ -189,7 +189,8 @@ class ProducerDaemon:
             spec = [(name, dtype, [cfg.batch_size, *shape]) for name, dtype, shape in self.layout.arrays]
             server: ExactServer | SplitServer
             if cfg.shard.auto:
-                server = SplitServer(self.stream, self.producer_id, cfg.epochs, cfg.trainer_timeout, spec)
+                server = SplitServer(self.stream, self.producer_id, cfg.epochs, cfg.trainer_timeout, spec,
+                                     make_ahead=cfg.workers)
             else:
                 server = ExactServer(self.stream, self.producer_id, cfg.epochs, cfg.trainer_timeout, spec,
                                      cfg.min_trainers)

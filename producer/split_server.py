@@ -8,6 +8,9 @@ server keeps, per trainer, the records still to make from its splits, and:
 
 - ``next_chunk(n)`` picks up to ``n`` records of one trainer's splits, round-robin over
   trainers with splits to serve and credit to spare (each batch is made for one trainer);
+  up to ``make_ahead`` batches (one per worker) beyond a trainer's credit may be in the
+  making, so workers go on while credit comes back (in steps of half the trainer's window)
+  rather than idle; such a batch waits in its slot until the credit comes;
 - ``route(chunk)`` names the trainer a made batch goes to; ``gone(chunk)`` says its trainer
   left or said hello again since (a restart: it hands out its splits afresh), and then the
   batch is not sent (``forget``);
@@ -58,10 +61,11 @@ class SplitServer:
     """Serving decisions of an elastic-pool producer; see the module doc. One thread drives it."""
 
     def __init__(self, key: StreamKey, producer_id: str, epochs: Optional[int] = None, trainer_timeout: float = 10.0,
-                 spec: Optional[list[tuple[str, str, list[int]]]] = None) -> None:
+                 spec: Optional[list[tuple[str, str, list[int]]]] = None, make_ahead: int = 2) -> None:
         if not key.splits:
             raise ValueError(f"stream {key} is not an elastic pool's (splits:count:seed)")
         self.key, self.producer_id, self.epochs, self.trainer_timeout = key, producer_id, epochs, trainer_timeout
+        self.make_ahead = make_ahead
         self.spec = list(spec or [])
         self.trainers: dict[bytes, _Trainer] = {}
         self._orders: OrderedDict[int, np.ndarray] = OrderedDict()
@@ -140,7 +144,7 @@ class SplitServer:
 
     def next_chunk(self, n: int) -> Optional[Chunk]:
         """Up to ``n`` records of one trainer's splits (None: nothing to serve now)."""
-        ready = [r for r, t in self.trainers.items() if t.queue and t.credit - t.making > 0]
+        ready = [r for r, t in self.trainers.items() if t.queue and t.credit + self.make_ahead - t.making > 0]
         if not ready:
             return None
         self._rotation += 1

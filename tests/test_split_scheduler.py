@@ -105,16 +105,6 @@ def test_a_finite_producer_finishes_when_its_trainers_did_or_are_gone():
     assert not server.finished
 
 
-def test_credit_bounds_what_is_made_for_a_trainer():
-    server = _server(credit=1)
-    server.on_work(b"t", Work(1, [WorkItem(0, 0, 40, [])]))
-    first = server.next_chunk(8)
-    assert first is not None and server.next_chunk(8) is None  # one batch of credit, one being made
-    server.on_sent(b"t", first.epochs, first.indices, first)
-    server.on_credit(b"t", Credit(1, 1))
-    assert server.next_chunk(8) is not None
-
-
 def test_the_scheduler_hands_out_the_oldest_epoch_first_and_at_most_one_epoch_ahead():
     sched, _ = _scheduler(epochs=5)
     items = []
@@ -291,3 +281,19 @@ def test_an_epoch_a_restored_state_completed_is_skipped_and_the_window_moves_on(
     state.progress(str(KEY)).consumed(0)[:] = True  # epoch 0 all consumed, not yet closed
     sched, _ = _scheduler(epochs=3, split=10, state=state)
     assert sched.progress.completed == 1 and sorted(sched.open) == [1, 2]
+
+
+def test_credit_and_a_few_batches_ahead_bound_what_is_made_for_a_trainer():
+    """Credit comes back in steps of half the trainer's window: workers gated by credit alone would idle between."""
+    server = SplitServer(KEY, "p", 2, make_ahead=2)
+    server.on_hello(b"t", Hello("trainer", 1, 1, InputState()))  # credit for one batch
+    server.on_work(b"t", Work(1, [WorkItem(0, 0, 50, [])]))
+    chunks = [server.next_chunk(5) for _ in range(4)]
+    assert all(c is not None for c in chunks[:3]) and chunks[3] is None  # credit 1 + 2 ahead, no more
+    assert server.route(chunks[0]) == b"t"
+    server.on_sent(b"t", chunks[0].epochs, chunks[0].indices, chunks[0])
+    assert server.route(chunks[1]) is None  # made, waiting in its slot for credit
+    server.on_credit(b"t", Credit(1, 1))
+    assert server.route(chunks[1]) == b"t"
+    server.on_sent(b"t", chunks[1].epochs, chunks[1].indices, chunks[1])
+    assert server.next_chunk(5) is not None and server.next_chunk(5) is None  # one more sent: room for one more
