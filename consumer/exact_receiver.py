@@ -36,10 +36,11 @@ log = logging.getLogger("stoker.consumer")
 
 _WAITING_LOG_EVERY_S = 10.0
 SPLIT_BATCHES = 16  # an elastic pool's split: this many batches of records
-#: Messages a DEALER's receive pipe holds beyond the batches credit allows: an hour of status messages (one a
-#: second) while the trainer is not reading (a full queue). A full pipe stops libzmq reading the connection, so
-#: it would miss a producer's death, and a disconnect found while it is stopped can abort the process inside
-#: libzmq (issue #3937, docs/decisions.md). Batches stay bounded by credit (an honest producer sends no more).
+#: Messages a link holds beyond the batches credit allows (a libzmq DEALER's receive pipe, a direct link's inbox):
+#: an hour of status messages (one a second) while the trainer is not reading (a full queue). A full libzmq pipe
+#: stops libzmq reading the connection, so it would miss a producer's death, and a disconnect found while it is
+#: stopped can abort the process inside libzmq (issue #3937, docs/decisions.md). Batches stay bounded by credit
+#: (an honest producer sends no more; a direct link stops reading past credit + 1).
 STATUS_ROOM = 3600
 
 
