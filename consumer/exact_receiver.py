@@ -175,15 +175,8 @@ class ExactReceiver:
                     break
 
     def _watch(self, core: ReceiveCore) -> None:
-        joined, left = core.follow_pool()
-        for endpoint in left:
-            self.transport.remove(endpoint)
-        for endpoint in joined:
-            try:
-                self.transport.add(endpoint)
-            except ValueError as exc:
-                core.stats.connection_changed(endpoint, False, f"cannot connect: {exc}", False)
-        if self.transport.watch() or joined or left:
+        changed = core.follow_pool(self.transport.add, self.transport.remove)
+        if self.transport.watch() or changed:
             t = self.transport
             count, _, reason = t.failures()
             core.stats.set_connections(t.connected(), count, reason, sum(link.reconnects for link in t.live_links()))

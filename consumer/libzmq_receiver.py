@@ -134,16 +134,15 @@ class LibzmqReceiver:
                 continue
             core.deliver(batch, arrays, owned=False)  # may block on a full queue: not silence from the producers
 
+    def _add(self, endpoint: str) -> None:
+        try:
+            self._watcher.add(endpoint)
+        except zmq.ZMQError as exc:
+            raise ValueError(exc.strerror) from None
+
     def _watch(self, core: ReceiveCore) -> None:
-        joined, left = core.follow_pool()
-        for endpoint in left:
-            self._watcher.remove(endpoint)
-        for endpoint in joined:
-            try:
-                self._watcher.add(endpoint)
-            except zmq.ZMQError as exc:
-                core.stats.connection_changed(endpoint, False, f"cannot connect: {exc.strerror}", False)
-        if self._watcher.poll() or joined or left:
+        changed = core.follow_pool(self._add, self._watcher.remove)
+        if self._watcher.poll() or changed:
             w = self._watcher
             core.stats.set_connections(w.connected, w.failures.count, w.failures.reason, w.reconnects)
 

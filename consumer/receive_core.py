@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Optional, Protocol, Sequence
+from typing import Callable, Optional, Protocol, Sequence
 
 import numpy as np
 
@@ -77,7 +77,7 @@ class BatchSink(Protocol):
 class Receiver(Protocol):
     """One transport's receiving end; see the module doc. Runs on the core's thread unless it says otherwise."""
 
-    #: the producers it connects to; it applies the changes ``core.follow_pool()`` returns, at least every POLL_S
+    #: the producers it connects to; it follows their changes with ``core.follow_pool(join, leave)`` every POLL_S
     pool: ProducerPool
     #: what the per-producer memory bound counts: batches one producer's connection may hold
     held_per_producer: int
@@ -141,12 +141,22 @@ class ReceiveCore:
 
     # ---- for the receivers ----------------------------------------------------------------------
 
-    def follow_pool(self) -> tuple[list[str], list[str]]:
-        """Re-resolve the producer pool when due; the endpoints that joined and left (the receiver applies them)."""
+    def follow_pool(self, join: Callable[[str], object], leave: Callable[[str], object]) -> bool:
+        """Re-resolve the producer pool when due and apply the change: ``leave(endpoint)`` for each producer
+        that left, then ``join(endpoint)`` for each that joined; a ValueError from ``join`` (an address the
+        receiver cannot reach) is counted as that endpoint's connection error. Whether the pool changed."""
         joined, left = self.pool.refresh()
-        if joined or left:
-            self.stats.pool_changed(joined, left, len(self.pool.endpoints))
-        return joined, left
+        if not joined and not left:
+            return False
+        self.stats.pool_changed(joined, left, len(self.pool.endpoints))
+        for endpoint in left:
+            leave(endpoint)
+        for endpoint in joined:
+            try:
+                join(endpoint)
+            except ValueError as exc:
+                self.stats.connection_changed(endpoint, False, f"cannot connect: {exc}", False)
+        return True
 
     def stopped(self) -> bool:
         return self._stop.is_set() or self.error is not None

@@ -118,14 +118,16 @@ class ZMTPReceiver:
         self._threads = [t for t in self._threads if t.is_alive()] + [thread]
 
     def _follow_pool(self, core: ReceiveCore) -> None:
-        joined, left = core.follow_pool()
-        for address in left:
-            leave = self._leave.pop(address, None)
-            if leave is not None:
-                leave.set()  # its thread drops the batch it may be reading and closes the connection
-        if self._started:
-            for address in joined:
+        def join(address: str) -> None:
+            if self._started:  # else _start connects to every endpoint the pool has then
                 self._join_one(address, core)
+
+        core.follow_pool(join, self._leave_one)
+
+    def _leave_one(self, address: str) -> None:
+        leave = self._leave.pop(address, None)
+        if leave is not None:
+            leave.set()  # its thread drops the batch it may be reading and closes the connection
 
     def _connection_callback(self, core: ReceiveCore):  # type: ignore[no-untyped-def]
         def on_connection(endpoint: str, connected: bool, reason: str, handshake_failed: bool,
