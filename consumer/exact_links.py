@@ -26,6 +26,7 @@ from stoker.protocol.curve import CurveClientKeys
 from stoker.protocol.exact_messages import unpack_producer_frame
 
 from .connections import ConnectionWatcher, HandshakeFailures
+from .libzmq_receiver import set_curve
 
 
 class Link(Protocol):
@@ -78,9 +79,7 @@ class LibzmqDealer:
         self.sock = ctx.socket(zmq.DEALER)
         for option, value in options:
             self.sock.setsockopt(option, value)
-        if curve is not None:
-            self.sock.curve_publickey, self.sock.curve_secretkey, self.sock.curve_serverkey = curve.public, \
-                curve.secret, curve.server_public
+        set_curve(self.sock, curve)
         try:
             self.watcher = ConnectionWatcher(self.sock, [address], curve=curve is not None)  # connects it
         except zmq.ZMQError as exc:

@@ -107,10 +107,10 @@ def open_core(addresses: Sequence[str] | Callable[[], Sequence[str]], spec: Opti
     pool = ProducerPool(addresses, discover_every)
     receiver: Receiver
     try:
+        direct = receive == "direct" or (receive == "auto" and why_not is None)
         if exact:
-            direct = receive == "direct" or (receive == "auto" and why_not is None)
             receiver = ExactReceiver(pool, limits, rcvhwm, trainer_id, state, curve, share, direct)
-        elif receive == "direct" or (receive == "auto" and why_not is None):
+        elif direct:
             receiver = ZMTPReceiver(pool, limits)
         else:
             receiver = LibzmqReceiver(pool, limits, rcvhwm, curve)

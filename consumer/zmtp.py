@@ -150,27 +150,18 @@ class ZMTPConnection:
         """Queue ``frame`` as a one-frame message and write what the socket takes now (never waits).
 
         OSError once the connection is closed or stalled (the reader then drops it)."""
-        size = len(frame)
-        head = bytes([0, size]) if size < 256 else bytes([_LONG]) + struct.pack(">Q", size)
-        self._queue(head + frame)
+        self._queue(_frame(frame))
 
     def _queue(self, data: bytes) -> None:
         with self._out_lock:
-            if self._closed:
-                raise ConnectionError(f"the connection to {self.endpoint} is closed")
             if len(self._out) + len(data) > MAX_UNSENT:
                 self._drop(f"{self.endpoint} left {len(self._out)} queued bytes unread")
-            if not self._out:
-                self._out_since = time.monotonic()
-            self._out += data
-            self._write()
+            self._write(data)
 
     def flush(self) -> None:
         """Write what the socket takes of the queued frames (never waits); OSError as ``send``."""
         if self._out:
             with self._out_lock:
-                if self._closed:
-                    raise ConnectionError(f"the connection to {self.endpoint} is closed")
                 self._write()
 
     @property
@@ -178,8 +169,15 @@ class ZMTPConnection:
         """Bytes queued by ``send`` that the socket has not taken yet."""
         return len(self._out)
 
-    def _write(self) -> None:
-        """Caller holds ``_out_lock``. Poll for room first: the socket's timeout would make ``send`` wait."""
+    def _write(self, data: bytes = b"") -> None:
+        """Caller holds ``_out_lock``: queue ``data`` behind what waits, write what the socket takes. Poll for room
+        first: the socket's timeout would make ``send`` wait."""
+        if self._closed:  # by the reader, while another thread held on to this connection
+            raise ConnectionError(f"the connection to {self.endpoint} is closed")
+        if data:
+            if not self._out:
+                self._out_since = time.monotonic()
+            self._out += data
         poller = select.poll()
         poller.register(self._sock, select.POLLOUT)
         while self._out and poller.poll(0):
@@ -256,7 +254,7 @@ class ZMTPConnection:
                 context = body[7:7 + 16]  # after the 2-byte TTL, at most 16 bytes of context
                 pong = b"\x04PONG" + context
                 if not self._out:  # a peer that reads nothing gets no more than one
-                    self._queue(bytes([_COMMAND, len(pong)]) + pong)
+                    self._queue(_frame(pong, command=True))
 
     def skip(self, size: int, more: bool, budget: int, frames: int, limit: int) -> None:
         """Read past the rest of a message (this frame's ``size`` bytes on).
@@ -317,7 +315,7 @@ class ZMTPConnection:
         ready = b"\x05READY" + _property("Socket-Type", self.socket_type.encode())
         if self.socket_type == "DEALER":
             ready += _property("Identity", b"")  # as libzmq's DEALER sends it: the ROUTER picks our routing id
-        self._sock.sendall(bytes([_COMMAND, len(ready)]) + ready)
+        self._sock.sendall(_frame(ready, command=True))
         exact = self.socket_type == "DEALER"
         try:
             flags, size = self._frame_head()
@@ -331,7 +329,7 @@ class ZMTPConnection:
             reason = body[7:7 + body[6]].decode("ascii", "replace") if len(body) > 6 else ""
             raise ProtocolError(f"{self.endpoint} refused the handshake: {reason}")
         socket_type = _properties(body[6:]).get("Socket-Type") if body[:6] == b"\x05READY" else None
-        if socket_type in (b"ROUTER", b"PUSH") and socket_type != PEER_TYPE[self.socket_type]:
+        if socket_type in PEER_TYPE.values() and socket_type != PEER_TYPE[self.socket_type]:
             raise SocketTypeMismatch(f"{self.endpoint} is a {socket_type.decode()} socket: {_mismatch(exact)}")
         if socket_type != PEER_TYPE[self.socket_type]:
             raise SocketTypeMismatch(f"{self.endpoint} is a {socket_type!r} socket, not a producer's "
@@ -345,6 +343,14 @@ def _mismatch(exact: bool) -> str:
                 "--exact (or --epochs N), or the trainer without exact=True (stoker train without --exact)")
     return ("most likely the producer runs in exact mode (--exact or --epochs N) and this trainer does not; use "
             "ZMQInput(..., exact=True) (stoker train --exact), or start the producer without --exact")
+
+
+def _frame(body: bytes, command: bool = False) -> bytes:
+    """One last (no MORE) frame: flags, a 1-byte size or a LONG 8-byte one, the body."""
+    flags = _COMMAND if command else 0
+    if len(body) < 256:
+        return bytes([flags, len(body)]) + body
+    return bytes([flags | _LONG]) + struct.pack(">Q", len(body)) + body
 
 
 def _property(name: str, value: bytes) -> bytes:
