@@ -14,8 +14,19 @@ trainer hands out splits. Per phase it measures, after the pool changed and the 
 
 At the end, per epoch: records seen twice (must be 0) and, for every epoch the run completed,
 records never seen (must be 0); rows the trainer dropped because their record had arrived before.
+
+Then the pool's liveness (issue 29), each on a fresh pool:
+
+- *joining* on the demo's 1,024 records (and ``--large-records``): a third producer joins a pool of
+  two; seconds from joining to its first batch (goal <= 2 s) and images/s with 2 and 3 producers;
+- *stuck*: one producer of three is SIGSTOPped with its workers; seconds from the freeze to the
+  completion of the epoch that was open (goal: the stall bound plus the re-served work) and what the
+  re-serving cost (splits re-served, records wasted);
+- *straggler*: epoch time of two healthy producers plus one at a quarter speed (paused 3/4 of the
+  time) against the two alone, in interleaved rounds (goal <= 1.15x);
+- every phase: records twice 0, never 0; the healthy pools' wasted records 0.
 Prints a table and writes JSON (default benchmarks/results/elastic.json).
-Run:  python benchmarks/elastic.py [--producers 3] [--seconds 10] [--records 3000]
+Run:  python benchmarks/elastic.py [--producers 3] [--seconds 10] [--records 3000] [--liveness-only]
 """
 
 from __future__ import annotations
@@ -33,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from stoker.consumer.batch_stream import BatchStream
-from stoker.producer.process import ProducerProcess
+from stoker.producer.process import ProducerProcess, Throttle
 from stoker.producer.procfs import cpu_seconds
 from stoker.producer.synthetic import build_synthetic
 
@@ -144,6 +155,194 @@ def plain_join(lmdb: Path, args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def _pool_flags(args: argparse.Namespace, name: str, epochs: int | None = None) -> list[str]:
+    return ["--shard", "auto", "--seed", "0", "--workers", "1", "--batch-size", str(args.batch), "--image-size",
+            str(args.size), "--id", name, "--trainer-timeout", "30", *(["--epochs", str(epochs)] if epochs else [])]
+
+
+class Tally:
+    """Records seen per epoch in one stream: twice and never, for the epochs it completed."""
+
+    def __init__(self, records: int) -> None:
+        self.records = records
+        self.seen: dict[int, Counter] = defaultdict(Counter)
+        self.rows = 0
+
+    def take(self, stream: Any) -> None:
+        batch = next(stream)
+        for e, i in zip(batch["epoch"].tolist(), batch["index"].tolist()):
+            self.seen[e][i] += 1
+        self.rows += len(batch["index"])
+
+    def check(self, completed: int) -> dict[str, int]:
+        twice = sum(1 for c in self.seen.values() for n in c.values() if n > 1)
+        never = sum(self.records - len(self.seen.get(e, ())) for e in range(completed))
+        return {"epochs_completed": completed, "twice": twice, "never": never}
+
+
+def _completed(stream: Any) -> int:
+    return stream._exact.splits.progress.completed if stream._exact.splits is not None else 0
+
+
+def _rate(stream: Any, tally: Tally, seconds: float) -> float:
+    t0, rows0 = time.monotonic(), tally.rows
+    while time.monotonic() - t0 < seconds:
+        tally.take(stream)
+    return (tally.rows - rows0) / (time.monotonic() - t0)
+
+
+def joining(lmdb: Path, records: int, args: argparse.Namespace) -> dict[str, Any]:
+    """A third producer joins a pool of two: seconds to its first batch, images/s before and after."""
+    producers = [ProducerProcess(lmdb, extra_args=_pool_flags(args, f"j{k}")) for k in range(2)]
+    pool = [p.endpoint for p in producers]
+    tally = Tally(records)
+    out: dict[str, Any] = {"records": records}
+    try:
+        with BatchStream(lambda: list(pool), exact=True, recv_timeout=120, discover_every=0.2,
+                         queue_capacity=8) as stream:
+            _rate(stream, tally, args.warmup)
+            cpu0 = [_tree_cpu(p) for p in producers]
+            t0 = time.monotonic()
+            out["images_per_s_two"] = _rate(stream, tally, args.seconds)
+            cores_two = sum(_tree_cpu(p) - c for p, c in zip(producers, cpu0)) / (time.monotonic() - t0)
+            producers.append(ProducerProcess(lmdb, extra_args=_pool_flags(args, "j2")))
+            joined = time.monotonic()
+            pool.append(producers[-1].endpoint)
+            while stream.stats.per_producer.get("j2", 0) == 0:
+                if time.monotonic() - joined > 120:
+                    raise RuntimeError(f"the joining producer never delivered: {stream.stats.per_producer}")
+                tally.take(stream)
+            out["join_to_first_batch_s"] = time.monotonic() - joined
+            _rate(stream, tally, args.warmup)
+            cpu0 = [_tree_cpu(p) for p in producers]
+            t0 = time.monotonic()
+            out["images_per_s_three"] = _rate(stream, tally, args.seconds)
+            cores_three = sum(_tree_cpu(p) - c for p, c in zip(producers, cpu0)) / (time.monotonic() - t0)
+            out["step"] = out["images_per_s_three"] / out["images_per_s_two"]
+            # Linear: images/s per producer core kept (on a machine with fewer cores than producers, the cores the
+            # producers could get is what grows, not their count).
+            out["producer_cores"] = [cores_two, cores_three]
+            out["vs_linear"] = out["step"] / (cores_three / cores_two) if cores_two and cores_three else 0.0
+            out["batches_per_producer"] = dict(stream.stats.per_producer)
+            out["wasted_records"] = stream.stats.wasted_records
+            out.update(tally.check(_completed(stream)))
+    finally:
+        for p in producers:
+            p.stop()
+    return out
+
+
+def stuck(lmdb: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """One producer of three frozen: seconds until the epoch open at the freeze completes, and the cost."""
+    producers = [ProducerProcess(lmdb, extra_args=_pool_flags(args, f"s{k}")) for k in range(3)]
+    tally = Tally(args.records)
+    out: dict[str, Any] = {}
+    try:
+        with BatchStream([p.endpoint for p in producers], exact=True, recv_timeout=120, queue_capacity=8,
+                         stall_after=args.stall_after) as stream:
+            _rate(stream, tally, args.warmup)
+            out["images_per_s_three"] = _rate(stream, tally, args.seconds)
+            last_open = _completed(stream) + 1  # the epochs open at the freeze: it may hold records of either
+            producers[0].pause()
+            frozen = time.monotonic()
+            while _completed(stream) <= last_open:
+                if time.monotonic() - frozen > 300:
+                    raise RuntimeError(f"epoch {last_open} never completed after the freeze: {stream.stats}")
+                if "freeze_to_stuck_s" not in out and stream.stats.producers_stuck:
+                    out["freeze_to_stuck_s"] = time.monotonic() - frozen
+                tally.take(stream)
+            out["freeze_to_epoch_complete_s"] = time.monotonic() - frozen
+            out["stall_bound_s"] = stream._exact.splits.stall_bound()
+            out["images_per_s_two_left"] = _rate(stream, tally, args.seconds)
+            stats = stream.stats
+            out.update(splits_reserved=stats.splits_reserved, wasted_records=stats.wasted_records,
+                       producers_stuck=stats.producers_stuck)
+            out.update(tally.check(_completed(stream)))
+    finally:
+        for p in producers:
+            p.stop()
+    return out
+
+
+def _epoch_seconds(lmdb: Path, args: argparse.Namespace, slow: bool, epochs: int) -> dict[str, Any]:
+    names = ["h0", "h1", *(["slow"] if slow else [])]
+    producers = [ProducerProcess(lmdb, extra_args=_pool_flags(args, n, epochs + 1)) for n in names]
+    tally = Tally(args.records)
+    try:
+        throttle = Throttle(producers[-1], slowdown=4.0) if slow else None
+        with BatchStream([p.endpoint for p in producers], exact=True, recv_timeout=120, queue_capacity=8,
+                         stall_after=args.stall_after) as stream:
+            tally.take(stream)  # epoch 0 is the warm-up: processes start, caches fill
+            if throttle is not None:
+                throttle.__enter__()
+            try:
+                while _completed(stream) < 1:
+                    tally.take(stream)
+                t0 = time.monotonic()
+                while _completed(stream) < 1 + epochs:
+                    tally.take(stream)
+                seconds = (time.monotonic() - t0) / epochs
+            finally:
+                if throttle is not None:
+                    throttle.__exit__()
+            for _ in stream:
+                pass  # the last epoch's rest
+            stats = stream.stats
+            return {"epoch_s": seconds, "backups": stats.splits_backed_up, "wasted_records": stats.wasted_records,
+                    "splits_reserved": stats.splits_reserved, **tally.check(_completed(stream))}
+    finally:
+        for p in producers:
+            p.stop()
+
+
+def straggler(lmdb: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Epoch time, two healthy producers plus one at a quarter speed vs the two alone, interleaved rounds."""
+    rounds = []
+    for r in range(args.rounds):
+        order = [False, True] if r % 2 == 0 else [True, False]
+        got = {slow: _epoch_seconds(lmdb, args, slow, args.straggler_epochs) for slow in order}
+        rounds.append({"healthy": got[False], "with_straggler": got[True],
+                       "ratio": got[True]["epoch_s"] / got[False]["epoch_s"]})
+    ratios = sorted(r["ratio"] for r in rounds)
+    return {"rounds": rounds, "ratio_median": ratios[len(ratios) // 2], "ratio_min": ratios[0], "ratio_max": ratios[-1]}
+
+
+def liveness(tmp: Path, lmdb: Path, args: argparse.Namespace) -> dict[str, Any]:
+    demo = tmp / "demo"
+    build_synthetic(demo, 1024, seed=0, progress=False)
+    out: dict[str, Any] = {"joining": [joining(demo, 1024, args)]}
+    if args.large_records:
+        large = tmp / "large"
+        build_synthetic(large, args.large_records, seed=0, progress=False)
+        out["joining"].append(joining(large, args.large_records, args))
+    out["stuck"] = stuck(lmdb, args)
+    out["straggler"] = straggler(lmdb, args)
+    return out
+
+
+def print_liveness(live: dict[str, Any]) -> None:
+    print("\nLiveness (issue 29)")
+    for j in live["joining"]:
+        print(f"joining, {j['records']:,} records: first batch {j['join_to_first_batch_s']:.2f} s after joining; images/s "
+              f"{j['images_per_s_two']:.0f} (2) -> {j['images_per_s_three']:.0f} (3), step {j['step']:.2f}x "
+              f"({j['producer_cores'][0]:.2f} -> {j['producer_cores'][1]:.2f} producer cores: {j['vs_linear']:.2f} of linear); batches {j['batches_per_producer']}; wasted records "
+              f"{j['wasted_records']}; twice {j['twice']}, never {j['never']}")
+    s = live["stuck"]
+    print(f"stuck: taken for stuck {s.get('freeze_to_stuck_s', float('nan')):.1f} s after the freeze, the epochs open "
+          f"at the freeze complete {s['freeze_to_epoch_complete_s']:.1f} s after it (stall bound "
+          f"{s['stall_bound_s']:.1f} s); images/s {s['images_per_s_three']:.0f} (3) -> {s['images_per_s_two_left']:.0f} "
+          f"(2 left); splits re-served {s['splits_reserved']}, records wasted {s['wasted_records']}; twice "
+          f"{s['twice']}, never {s['never']}")
+    g = live["straggler"]
+    for k, r in enumerate(g["rounds"]):
+        print(f"straggler round {k}: epoch {r['healthy']['epoch_s']:.2f} s with 2 healthy, "
+              f"{r['with_straggler']['epoch_s']:.2f} s with a quarter-speed third ({r['ratio']:.2f}x; backups "
+              f"{r['with_straggler']['backups']}, wasted {r['with_straggler']['wasted_records']}; healthy wasted "
+              f"{r['healthy']['wasted_records']}); twice {r['healthy']['twice'] + r['with_straggler']['twice']}, "
+              f"never {r['healthy']['never'] + r['with_straggler']['never']}")
+    print(f"straggler: median {g['ratio_median']:.2f}x (range {g['ratio_min']:.2f}-{g['ratio_max']:.2f})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--producers", type=int, default=3, help="producers added one at a time (>= 3)")
@@ -153,12 +352,26 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--size", type=int, default=160, help="crop size in pixels")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "elastic.json"))
+    parser.add_argument("--liveness-only", action="store_true", help="only the joining, stuck and straggler phases")
+    parser.add_argument("--large-records", type=int, default=0,
+                        help="also time a join on a dataset this large (0: only the 1,024-record one)")
+    parser.add_argument("--stall-after", type=float, default=3.0, help="the trainers' stall bound floor, seconds")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the straggler phase")
+    parser.add_argument("--straggler-epochs", type=int, default=2, help="epochs timed per straggler round")
     args = parser.parse_args()
     if args.producers < 3:
         parser.error("--producers must be at least 3 (the run SIGKILLs one and scales one down)")
 
     tmp = Path(tempfile.mkdtemp(prefix="stoker-elastic-"))
     build_synthetic(tmp / "data", args.records, seed=0, progress=False)
+    if args.liveness_only:
+        live = liveness(tmp, tmp / "data", args)
+        print_liveness(live)
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps({"machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+                                              "args": vars(args), "liveness": live}, indent=2))
+        print(f"wrote {args.out}")
+        return
     run = Run(tmp / "data", args)
     phases: list[dict[str, Any]] = []
     joins: list[dict[str, Any]] = []
@@ -201,6 +414,7 @@ def main() -> None:
         for producer in run.producers.values():
             producer.stop()
     plain = plain_join(tmp / "data", args)
+    live = liveness(tmp, tmp / "data", args)
 
     base = phases[0]
     for phase in phases:
@@ -218,7 +432,7 @@ def main() -> None:
               "epochs_completed": completed, "rows_dropped_as_arrived_before": dropped,
               "splits_released": released,
               "twice_total": sum(e["twice"] for e in epochs),
-              "never_total": sum(e["never"] or 0 for e in epochs), "plain": plain}
+              "never_total": sum(e["never"] or 0 for e in epochs), "plain": plain, "liveness": live}
 
     print(f"\nElastic pool, {args.records} records, batches of {args.batch} x {args.size} px, one worker per producer, "
           f"{os.cpu_count()} CPUs")
@@ -238,6 +452,7 @@ def main() -> None:
           f"{plain['images_per_s_one']:.0f} -> {plain['images_per_s_two']:.0f}, "
           f"{plain['images_per_s_after_leave']:.0f} after the first left; coverage per epoch (seen, records): "
           + ", ".join(f"{e}: {s}/{r}" for e, (s, r) in plain["coverage"].items()))
+    print_liveness(live)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(f"wrote {args.out}")

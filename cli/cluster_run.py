@@ -11,7 +11,8 @@ it consumed, so coverage across trainers can be checked. With ``add_host_at``/
 name (``cluster_elastic``): a data host joins and one leaves mid-run, and the harness prints
 images/s over time and each epoch's coverage. Everything is torn down
 when training ends, fails, or is interrupted: producers are stopped, any process
-left in the namespaces is killed, the namespaces deleted.
+left in the namespaces is killed, the namespaces deleted. Last, one line per producer
+(``producer_lines``): its id, batches, images and images/s, a producer that sent nothing included.
 """
 
 from __future__ import annotations
@@ -92,6 +93,7 @@ def run_cluster(run: ClusterRun) -> int:
         producers: list[ProducerProcess] = []
         names = PoolNames([t.namespace for t in cluster.trainers if t.namespace]) if run.elastic else None
         log_dir = Path(run.log_consumed or tempfile.mkdtemp(prefix="stoker-cluster-"))
+        trainers_started: Optional[float] = None
         try:
             for i in range(run.hosts):
                 producers.append(_start_producer(run, cluster, i))
@@ -121,6 +123,7 @@ def run_cluster(run: ClusterRun) -> int:
                     str(run.image_size), "--classes", str(classes), "--queue-capacity", str(run.queue_capacity),
                     *extra]))
                 print(f"{trainer.name}: namespace {trainer.namespace}, address {trainer.address}", flush=True)
+            trainers_started = time.monotonic()
             if run.elastic:
                 assert names is not None
                 watcher = ConsumedWatcher([log_dir / f"{t.name}.jsonl" for t in cluster.trainers])
@@ -135,12 +138,36 @@ def run_cluster(run: ClusterRun) -> int:
                 return subprocess.run(commands[0], stdin=subprocess.DEVNULL).returncode
             return _run_prefixed(commands, [t.name for t in cluster.trainers])
         finally:
+            trainers_ended = time.monotonic()
             for producer in producers:
                 producer.stop()
+            if trainers_started is not None:
+                print("producers (each daemon's own count at its stop: batches made and sent, socket buffers "
+                      "included: at least what the trainers took; images/s over its time in the run, from the "
+                      "trainers' start or its own to its stop or theirs):", flush=True)
+                for line in producer_lines(producers, trainers_started, trainers_ended):
+                    print(f"  {line}", flush=True)
             if names is not None:
                 names.close()
             if not run.log_consumed:
                 shutil.rmtree(log_dir, ignore_errors=True)
+
+
+def producer_lines(producers: Sequence[ProducerProcess], start: float, end: float) -> list[str]:
+    """One line per stopped producer of a run from ``start`` to ``end`` (``time.monotonic()``): its id, and the
+    batches and images its workers made to send (the daemon's final log line), with images/s over its time in the
+    run: from ``start`` or its own start, whichever is later, to its stop or ``end``, whichever is earlier."""
+    lines = []
+    for producer in producers:
+        counted = producer.counters()
+        if counted is None:
+            lines.append(f"{producer.producer_id}: no count (it exited without its final log line)")
+            continue
+        batches, images, _ = counted
+        seconds = min(producer.stopped_at or end, end) - max(producer.started_at, start)
+        rate = f"{images / seconds:.0f} images/s over {seconds:.1f} s" if seconds > 0 else "not timed (0 s in the run)"
+        lines.append(f"{producer.producer_id}: {batches:,} batches, {images:,} images, {rate}")
+    return lines
 
 
 class _ElasticPool:

@@ -232,7 +232,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         queue_capacity=args.queue_capacity, recv_timeout=args.recv_timeout, logdir=args.logdir,
         log_every=args.log_every, metrics_port=args.metrics_port, progress=not args.no_progress,
         exact=args.exact, trainer_id=args.trainer_id, consumed_log=args.log_consumed, report=args.report,
-        discover_every=args.discover_every, share=args.share,
+        discover_every=args.discover_every, share=args.share, stall_after=args.stall_after,
+        stall_limit=args.stall_limit,
     )
     from stoker.consumer import InputError
     from stoker.consumer.summaries import TensorBoardNotInstalledError

@@ -169,7 +169,9 @@ def build_parser(handlers: Mapping[str, Callable[[argparse.Namespace], int]]) ->
                    help="batches queued on the trainer-facing socket before backpressure; each worker decodes into "
                    "SNDHWM+1 shared-memory batch slots, so memory ~ workers x (SNDHWM+1) x batch bytes")
     p.add_argument("--log-interval", type=float, default=10.0, help="seconds between rate log lines")
-    p.add_argument("--id", default=None, help="producer id in headers (default: HOST:PORT#SHARD)")
+    p.add_argument("--id", default=None,
+                   help="producer id in headers (default: HOST:PORT#SHARD~INSTANCE, INSTANCE 6 random hex digits, "
+                   "so every daemon, a restarted one too, is its own entry in a trainer's stats)")
     p.add_argument("--parent-pid", type=_positive_int, default=None, metavar="PID",
                    help="shut down when process PID exits (for launchers: a test run or a harness killed outright "
                    "leaves no producer behind); none: run until SIGTERM/SIGINT")
@@ -196,6 +198,13 @@ def build_parser(handlers: Mapping[str, Callable[[argparse.Namespace], int]]) ->
     t.add_argument("--share", type=_share, default=(0, 1), metavar="RANK/WORLD",
                    help="exact mode with an elastic pool (producers --shard auto): this trainer's share of each "
                    "epoch's splits, for data-parallel trainers")
+    t.add_argument("--stall-after", type=float, default=10.0, metavar="S",
+                   help="seconds a producer holding work may send nothing new while training waits before it counts "
+                   "as stuck: an elastic pool hands its splits to the other producers, and the trainer logs what it "
+                   "waits for (a floor: a pool whose splits take longer waits 4x their median)")
+    t.add_argument("--stall-limit", type=float, default=300.0, metavar="S",
+                   help="exact mode with fixed shards: fail after a producer was stuck this long, naming it (no "
+                   "other producer can serve its shard; it is warned about before, at a growing interval)")
     t.add_argument("--model", choices=("small-cnn", "resnet50"), default="small-cnn", help="model to train")
     t.add_argument("--steps", type=_positive_int, default=1000, help="training steps")
     t.add_argument("--batch-size", type=_positive_int, default=64, help="batch size the producers send")

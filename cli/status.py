@@ -74,9 +74,13 @@ def status_rows(urls: Sequence[str], interval: float) -> list[StatusRow]:
             images = _sum(b, "stoker_trainer_images_received_total") - _sum(a, "stoker_trainer_images_received_total")
             occupancy = _sum(b, "stoker_trainer_queue_occupancy")
             rejected = _sum(b, "stoker_trainer_protocol_errors_total") + _sum(b, "stoker_trainer_mismatched_batches_total")
+            stuck = _sum(b, "stoker_trainer_producers_stuck_total") + _sum(b, "stoker_trainer_stall_warnings_total")
+            liveness = (f"  stuck producers {int(stuck)} (splits re-served "
+                        f"{int(_sum(b, 'stoker_trainer_splits_reserved_total'))}, records wasted "
+                        f"{int(_sum(b, 'stoker_trainer_wasted_records_total'))})" if stuck else "")
             rows.append(StatusRow(u, "trainer", f"{images / interval:8.1f} img/s  queue {occupancy:.2f}  rejected "
-                                  f"{int(rejected)}  producers connected {int(_sum(b, 'stoker_trainer_connected_producers'))}",
-                                  images / interval, occupancy))
+                                  f"{int(rejected)}  producers connected {int(_sum(b, 'stoker_trainer_connected_producers'))}"
+                                  + liveness, images / interval, occupancy))
         else:
             rows.append(StatusRow(u, "unknown", "no stoker metrics at this URL", 0.0))
     return rows

@@ -112,7 +112,9 @@ class BatchStream:
     (default 8 batches); ``recv_timeout`` (60 s); ``rcvhwm`` (4); ``max_message_bytes`` (512 MiB);
     ``curve`` keys; ``exact``, ``resume_state``, ``trainer_id``; ``receive`` (``"auto"``); ``discover_every``
     (5 s: names are re-resolved, so the stream follows a growing and shrinking producer pool); ``share``
-    (``(rank, world)`` of an elastic pool's splits, exact mode).
+    (``(rank, world)`` of an elastic pool's splits, exact mode); ``stall_after`` (10 s: a producer holding work
+    that sends nothing new for this long is stuck, and an elastic pool gives its work to the others) and
+    ``stall_limit`` (300 s: fixed shards, a producer stuck this long fails the input).
     """
 
     def __init__(self, addresses: Sequence[str] | str, batch_size: Optional[int] = None,
@@ -120,7 +122,8 @@ class BatchStream:
                  recv_timeout: float = 60.0, rcvhwm: int = 4, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
                  curve: Optional[CurveClientKeys] = None, exact: bool = False, resume_state: Optional[bytes] = None,
                  trainer_id: Optional[str] = None, receive: str = "auto", discover_every: float = 5.0,
-                 share: tuple[int, int] = (0, 1)) -> None:
+                 share: tuple[int, int] = (0, 1), stall_after: Optional[float] = 10.0,
+                 stall_limit: Optional[float] = 300.0) -> None:
         self.addresses = split_addresses(addresses)
         if queue_capacity < 1 or recv_timeout <= 0:
             raise ValueError("queue_capacity must be >= 1 and recv_timeout > 0")
@@ -128,7 +131,7 @@ class BatchStream:
         self.trainer_id, state = exact_identity(exact, resume_state, trainer_id)
         self._core = open_core(self.addresses, declared_spec(spec, batch_size, image_shape, exact), receive,
                                recv_timeout, rcvhwm, max_message_bytes, curve, exact, self.trainer_id, state,
-                               discover_every, share)
+                               discover_every, share, stall_after, stall_limit)
         self.spec = self._core.spec
         receiver = self._core.receiver
         self.receive = "direct" if receiver.direct else "libzmq"  # the path chosen

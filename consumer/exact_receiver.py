@@ -21,21 +21,21 @@ import zmq
 
 from stoker.protocol import DecodeLimits, ProtocolError
 from stoker.protocol.batch_spec import BatchSpec
-from stoker.protocol.exact_messages import MAX_SPLIT
 from stoker.protocol.curve import CurveClientKeys
 from stoker.protocol.input_state import InputState
 
 from .direct_dealer import DirectDealer
 from .discovery import ProducerPool
 from .exact_links import Link, LibzmqDealer
-from .exact_transport import ExactTransport
+from .errors import InputError
+from .exact_transport import STALL_LIMIT_S, ExactTransport
+from .split_scheduler import STALL_AFTER_S
 from .libzmq_receiver import socket_options
 from .receive_core import POLL_S, ReceiveCore, aligned_empty
 
 log = logging.getLogger("stoker.consumer")
 
 _WAITING_LOG_EVERY_S = 10.0
-SPLIT_BATCHES = 16  # an elastic pool's split: this many batches of records
 #: Messages a link holds beyond the batches credit allows (a libzmq DEALER's receive pipe, a direct link's inbox):
 #: an hour of status messages (one a second) while the trainer is not reading (a full queue). A full libzmq pipe
 #: stops libzmq reading the connection, so it would miss a producer's death, and a disconnect found while it is
@@ -43,12 +43,6 @@ SPLIT_BATCHES = 16  # an elastic pool's split: this many batches of records
 #: (an honest producer sends no more; a direct link stops reading past credit + 1).
 STATUS_ROOM = 3600
 
-
-def split_records(batch_size: int) -> int:
-    """Records per split: ``SPLIT_BATCHES`` batches, within the protocol's bound (whole batches where they fit)."""
-    if batch_size * SPLIT_BATCHES <= MAX_SPLIT:
-        return batch_size * SPLIT_BATCHES
-    return (MAX_SPLIT // batch_size) * batch_size or MAX_SPLIT
 SOURCE = "stoker_source"
 
 
@@ -59,7 +53,8 @@ class ExactReceiver:
 
     def __init__(self, pool: ProducerPool, limits: DecodeLimits, rcvhwm: int, trainer_id: str,
                  state: InputState, curve: Optional[CurveClientKeys] = None, share: tuple[int, int] = (0, 1),
-                 direct: bool = False) -> None:
+                 direct: bool = False, stall_after: Optional[float] = STALL_AFTER_S,
+                 stall_limit: Optional[float] = STALL_LIMIT_S) -> None:
         if direct and curve is not None:
             raise ValueError("direct receive speaks ZMTP without CurveZMQ: exact mode with curve keys uses libzmq")
         self.pool = pool
@@ -77,7 +72,8 @@ class ExactReceiver:
             return LibzmqDealer(self._ctx, address, options, limits, curve)
 
         try:
-            self.transport = ExactTransport(connect, pool.endpoints, trainer_id, state, rcvhwm, share)
+            self.transport = ExactTransport(connect, pool.endpoints, trainer_id, state, rcvhwm, share, stall_after,
+                                            stall_limit)
         except ValueError:
             self._ctx.destroy(linger=0)
             raise
@@ -122,12 +118,16 @@ class ExactReceiver:
         self._core, self._spec = core, spec
         batch_size = spec.batch_size
         mask_at = [a.name for a in spec.arrays].index("mask")
-        transport.split_records = split_records(batch_size)
+        transport.batch_size = batch_size
         transport.expected_spec = spec
         while True:
             self._watch(core)
             transport.flush()
             core.stats.set_control(*transport.control)
+            core.stats.set_pool_work(*transport.pool_counters(), transport.stall_warnings)
+            if transport.stall_error is not None:
+                core.fail(InputError(transport.stall_error))
+                return
             if transport.finished:
                 transport.flush(force=True)  # the pool's "finished" and the last records go before the sockets close
                 core.finish()
@@ -138,6 +138,7 @@ class ExactReceiver:
             if not core.watch():
                 return
             if room <= 0:
+                transport.queue_full()
                 time.sleep(0.02)
                 continue
             for i in transport.poll(int(POLL_S * 1000)):
@@ -193,6 +194,10 @@ class ExactReceiver:
 
     def failures(self) -> tuple[int, str, str]:
         return self.transport.failures()
+
+    def waiting_report(self) -> list[str]:
+        """Per producer, what this trainer waits for (``ExactTransport.waiting_report``)."""
+        return self.transport.waiting_report()
 
     def mode_mismatches(self) -> dict[str, int]:
         out: dict[str, int] = {}

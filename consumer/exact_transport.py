@@ -16,6 +16,10 @@ lock, and ``snapshot``, which ``save_state`` calls.
   heartbeat goes every 0.5 s without other traffic, also while the queue is
   full, so a slow step is never taken for dead.
 - ``finished`` once every producer said it finished its epochs.
+- ``check_stalls()`` (every turn): a producer holding work that sent nothing new for the stall bound
+  while this trainer's queue had room is named. In an elastic pool its splits go to the others
+  (``split_scheduler``); a fixed shard cannot be served by anyone else, so the warning repeats at a
+  growing interval and, past ``stall_limit``, the input fails naming the producer and the fix.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from stoker.protocol.input_state import InputState, StreamKey, rows_by_epoch
 
 from .connections import HandshakeFailures
 from .exact_links import Link
-from .split_scheduler import SplitScheduler
+from .split_scheduler import STALL_AFTER_S, SplitScheduler, split_records
 
 log = logging.getLogger("stoker.consumer")
 
@@ -46,6 +50,9 @@ HEARTBEAT_S = 0.5
 #: would double the control traffic (and the wake-ups on both sides) for nothing.
 REPORT_WAIT_S = 0.1
 DESCRIBE_RETRY_S = 1.0
+#: Default of ``stall_limit`` (``--stall-limit``): a fixed-shard producer stuck this long fails the input.
+STALL_LIMIT_S = 300.0
+_STALL_CHECK_S = 0.25
 
 
 class ExactTransport:
@@ -53,11 +60,17 @@ class ExactTransport:
     ``state``: the consumed records this trainer starts from (a restored checkpoint)."""
 
     def __init__(self, connect: Callable[[str], Link], addresses: Sequence[str], trainer_id: str, state: InputState,
-                 credit: int, share: tuple[int, int] = (0, 1)) -> None:
+                 credit: int, share: tuple[int, int] = (0, 1), stall_after: Optional[float] = STALL_AFTER_S,
+                 stall_limit: Optional[float] = STALL_LIMIT_S) -> None:
         self.trainer_id, self.credit = trainer_id, credit
         # An elastic pool (producers with --shard auto): this trainer hands out the splits of its share.
         self.splits: Optional[SplitScheduler] = None
-        self.split_records = 1024  # records per split; the receiver sets it from the batch size
+        self.batch_size = 64  # the receiver sets it from the spec; splits are whole batches
+        self.stall_after, self.stall_limit = stall_after, stall_limit
+        self.stall_error: Optional[str] = None  # set once a fixed-shard producer stayed stuck past stall_limit
+        self.stall_warnings = 0  # warnings that a fixed-shard producer sends nothing (repeated, growing apart)
+        self._stalls_checked = 0.0
+        self._queue_full_at = float("-inf")
         self.share = share
         self._pooled: set[int] = set()  # producers serving this trainer's splits under the current session
         self._refused_pool: set[str] = set()
@@ -85,6 +98,9 @@ class ExactTransport:
         self._owed_at: list[float] = []
         self._last_sent: list[float] = []
         self._described_at: list[float] = []
+        self._heard_at: list[float] = []  # any message (batch or status) from it
+        self._batch_at: list[float] = []  # a batch of the current session, or the hello that began it
+        self._stall_warned: list[tuple[float, float]] = []  # (next warning at, interval), while stuck
         #: control messages sent and received, and their bytes (the receive thread writes them)
         self.control = [0, 0, 0, 0]
         try:
@@ -113,6 +129,10 @@ class ExactTransport:
             self._owed_at.append(0.0)
             self._last_sent.append(0.0)
             self._described_at.append(-DESCRIBE_RETRY_S)
+            now = time.monotonic()
+            self._heard_at.append(now)
+            self._batch_at.append(now)
+            self._stall_warned.append((0.0, 0.0))
         return len(self.links) - 1
 
     def remove(self, address: str) -> Optional[int]:
@@ -203,6 +223,7 @@ class ExactTransport:
                 held[self.stream[i]] = [(e, sorted(ix)) for e, ix in self._held[i].items() if ix]
             self._reports[i] = []  # the hello's state includes them
         self._owed[i] = 0  # and it gives the whole credit afresh
+        self._batch_at[i] = time.monotonic()
         self._send(i, encode_hello(Hello(self.trainer_id, self.session[i], self.credit, state, held)))
 
     def _send(self, i: int, frame: bytes) -> bool:
@@ -230,8 +251,10 @@ class ExactTransport:
             credit_due = self._owed[i] > 0 and (force or now - self._owed_at[i] >= REPORT_WAIT_S)
             if reports_due or credit_due or now - self._last_sent[i] >= HEARTBEAT_S:
                 self._credit(i)
-            if i in self._pooled:
-                self._give_work(i)
+        self._give_work_all()
+        if now - self._stalls_checked >= _STALL_CHECK_S:
+            self._stalls_checked = now
+            self.stall_error = self.check_stalls(now) or self.stall_error
 
     def _give_back(self, i: int) -> None:
         """One credit back to producer ``i`` (a batch of it was queued or dropped). Credit goes in steps of half
@@ -283,6 +306,7 @@ class ExactTransport:
         message = link.receive()
         if isinstance(message, Batch):
             return message
+        self._heard_at[i] = time.monotonic()
         body, nbytes = message
         status = decode_status(body)  # ProtocolError propagates: counted as a rejected message
         self.control[2] += 1
@@ -318,6 +342,7 @@ class ExactTransport:
         if session != self.session[i] or self.session[i] == 0:
             self.stale_batches += 1
             return False
+        self._batch_at[i] = time.monotonic()
         if stream and stream != self.stream[i]:
             with self._lock:
                 self.stream[i] = stream
@@ -342,10 +367,11 @@ class ExactTransport:
         with self._lock:
             if self.splits is None:
                 key = StreamKey.parse(status.stream)
+                split = split_records(key.records, self.batch_size, self.share[1])
                 self.splits = SplitScheduler(key, self._state.progress(status.stream), status.epochs,
-                                             self.split_records, *self.share)
-                log.info("elastic pool of %d records (seed %d): handing out splits of %d records%s", key.records,
-                         key.seed, self.split_records, f", share {self.share[0]}/{self.share[1]}"
+                                             split, *self.share, stall_after=self.stall_after)
+                log.info("elastic pool of %d records (seed %d): handing out splits of %d records (%d an epoch)%s",
+                         key.records, key.seed, split, self.splits.splits, f", share {self.share[0]}/{self.share[1]}"
                          if self.share[1] > 1 else "")
             why = ""
             if status.stream != str(self.splits.key) or status.epochs != self.splits.epochs:
@@ -363,7 +389,7 @@ class ExactTransport:
                     log.error("producer %s gets no work: %s", status.producer, why)
                 return
         self._pooled.add(i)
-        self._give_work(i)
+        self._give_work_all()
 
     def _leave_pool(self, i: int) -> None:
         if i in self._pooled:
@@ -374,6 +400,17 @@ class ExactTransport:
             if released:
                 log.info("producer %s left or restarted: %d unfinished split(s) go to the others",
                          self.addresses[i], released)
+
+    def _give_work_all(self) -> None:
+        """Top up every pooled producer, those holding the fewest splits first: when splits are scarce (the
+        window's end, a small dataset) a producer that joined takes the next free one."""
+        if not self._pooled:
+            return
+        with self._lock:
+            assert self.splits is not None
+            order = sorted(self._pooled, key=self.splits.holding)
+        for i in order:
+            self._give_work(i)
 
     def _give_work(self, i: int) -> None:
         with self._lock:
@@ -400,10 +437,118 @@ class ExactTransport:
         with self._lock:
             if self.splits is None or stream != str(self.splits.key):
                 return np.zeros(len(indices), bool)  # no pool of this trainer's: nothing of it is asked for
-            keep = self.splits.arrived(epochs, indices, mask)
-        if i in self._pooled:
-            self._give_work(i)
+            keep = self.splits.arrived(epochs, indices, mask, producer=i)
+        self._give_work_all()
         return keep
+
+    def queue_full(self) -> None:
+        """The trainer's queue is full: producers wait for credit, which is not a stall of theirs."""
+        self._queue_full_at = time.monotonic()
+        if self.splits is not None:
+            with self._lock:
+                self.splits.queue_full(self._queue_full_at)
+
+    def name(self, i: int) -> str:
+        """Producer ``i`` as a person finds it: its id (from its status) and the address we connect to."""
+        status = self.status[i]
+        return f"{status.producer} at {self.addresses[i]}" if status is not None else self.addresses[i]
+
+    def check_stalls(self, now: Optional[float] = None) -> Optional[str]:
+        """Name producers that hold work and send nothing new (see the module doc); the error to fail the input
+        with once a fixed-shard producer stayed stuck past ``stall_limit`` (else None)."""
+        now = time.monotonic() if now is None else now
+        if self.splits is not None:
+            with self._lock:
+                stuck = self.splits.stalls(now)
+            for producer, silent, held in stuck:
+                log.warning("elastic pool: producer %s sent no new record for %.0f s while this trainer waited "
+                            "(stall bound %.1f s); its %d record(s) go to the other producers. It gets no new work "
+                            "until it serves again", self.name(producer), silent, self.splits.stall_bound(), held)
+            if stuck:
+                self._give_work_all()
+        if self.stall_after is None or not self.active:
+            return None
+        for i in self.live():
+            status, link = self.status[i], self.links[i]
+            if i in self._pooled or self.session[i] == 0 or status is None or status.stream.startswith("splits:") \
+                    or status.finished or status.waiting > 0 or link is None or not link.connected:
+                self._stall_warned[i] = (0.0, 0.0)
+                continue
+            # A full queue excuses silence (credit, not the producer, holds it back) unless others moved on meanwhile.
+            others = max((self._batch_at[j] for j in self.live() if j != i), default=float("-inf"))
+            excuse = self._queue_full_at if others - self._batch_at[i] <= self.stall_after else float("-inf")
+            silent = now - max(self._batch_at[i], excuse)
+            if silent <= self.stall_after:
+                self._stall_warned[i] = (0.0, 0.0)
+                continue
+            next_at, interval = self._stall_warned[i]
+            if now >= next_at:
+                self.stall_warnings += 1
+                heard = now - self._heard_at[i]
+                log.warning("producer %s sent no batch for %.0f s while this trainer waited for data (%s); a fixed "
+                            "shard (%s, %s) cannot be served by another producer, so its records wait for it. "
+                            "Restart it (it resumes the open epochs), or run the job as an elastic pool (producers "
+                            "--shard auto). This trainer fails in %.0f s (stall_limit)", self.name(i), silent,
+                            f"its last message came {heard:.0f} s ago" if heard > 1 else
+                            "it is alive, but neither its workers nor its epochs move on", status.stream,
+                            self._open_epochs(status.stream), max(0.0, (self.stall_limit or 0) - silent))
+                interval = max(self.stall_after, 2 * interval)
+                self._stall_warned[i] = (now + interval, interval)
+            if self.stall_limit is not None and silent > self.stall_limit:
+                return (f"producer {self.name(i)} sent no batch for {silent:.0f} s (stall_limit={self.stall_limit:g}) "
+                        f"while this trainer waited; its fixed shard {status.stream} cannot be served by another "
+                        f"producer ({self._open_epochs(status.stream)}). Restart that producer and this trainer from "
+                        "its last checkpoint, or run the job as an elastic pool (producers --shard auto), where "
+                        "other producers take a stuck one's work")
+        return None
+
+    def _open_epochs(self, stream: str) -> str:
+        """What this trainer still waits for from a fixed shard: records of its open epochs not consumed."""
+        with self._lock:
+            progress = self._state.streams.get(stream)
+            try:
+                count = StreamKey.parse(stream).size
+            except ValueError:
+                return "epochs unknown"
+            if progress is None:
+                return f"all {count} records of its first epoch to come"
+            epoch = progress.completed
+            bitmap = progress.open.get(epoch)  # not consumed(): that would open the epoch in the state
+            left = count - (int(bitmap.sum()) if bitmap is not None else 0)
+            return f"{left} of {count} records of epoch {epoch} not consumed yet"
+
+    def waiting_report(self) -> list[str]:
+        """One line per producer for a trainer that waits for data: connected, session, credit owed, last batch
+        age, what it holds of an elastic pool's work."""
+        now = time.monotonic()
+        lines = []
+        for i in self.live():
+            link, status = self.links[i], self.status[i]
+            connected = bool(link is not None and link.connected)
+            what = f"{self.name(i)}: {'connected' if connected else 'NOT connected'}"
+            what += f", session {self.session[i]}" if self.session[i] else ", no hello yet"
+            what += f", last batch {now - self._batch_at[i]:.1f} s ago, last message {now - self._heard_at[i]:.1f} s ago"
+            if self.splits is not None and i in self._pooled:
+                with self._lock:
+                    what += (f", holds {self.splits.holding(i)} split(s) ({self.splits.records_held(i)} records)"
+                             + (" STUCK" if i in self.splits.stuck else ""))
+            elif status is not None and status.stream:
+                what += f", serves {status.stream}: {self._open_epochs(status.stream)}"
+                if status.waiting:
+                    what += f", waits for {status.waiting} more trainer(s)"
+            lines.append(what)
+        if self.splits is not None:
+            with self._lock:
+                lines.append(f"elastic pool: epochs open {sorted(self.splits.open)}, "
+                             f"{sum(e.left for e in self.splits.open.values())} record(s) of them not consumed")
+        return lines
+
+    def pool_counters(self) -> tuple[int, int, int, int]:
+        """``(splits re-served from stuck producers, backup splits, wasted records, producers taken for stuck)``."""
+        sched = self.splits
+        if sched is None:
+            return 0, 0, 0, 0
+        return sched.reserved, sched.backups, sched.duplicates, sched.stalls_seen
 
     def rejected(self, i: int) -> None:
         """A batch from producer ``i`` was rejected (undecodable, wrong spec): in a pool its records would never

@@ -24,9 +24,11 @@ from stoker.protocol.input_state import InputState
 
 from .discovery import DEFAULT_REFRESH_S, AddressSource, ProducerPool, check_source
 from .exact_receiver import ExactReceiver
+from .exact_transport import STALL_LIMIT_S
 from .exact_state import parse_state
 from .libzmq_receiver import LibzmqReceiver
 from .receive_core import ReceiveCore, Receiver
+from .split_scheduler import STALL_AFTER_S
 from .zmtp import tcp_address
 from .zmtp_receiver import ZMTPReceiver
 
@@ -87,11 +89,18 @@ def direct_applies(addresses: Sequence[str] | Callable[[], Sequence[str]], curve
 def open_core(addresses: Sequence[str] | Callable[[], Sequence[str]], spec: Optional[BatchSpec], receive: str,
               recv_timeout: float, rcvhwm: int, max_message_bytes: int, curve: Optional[CurveClientKeys], exact: bool,
               trainer_id: str, state: InputState, discover_every: float = DEFAULT_REFRESH_S,
-              share: tuple[int, int] = (0, 1)) -> ReceiveCore:
+              share: tuple[int, int] = (0, 1), stall_after: Optional[float] = STALL_AFTER_S,
+              stall_limit: Optional[float] = STALL_LIMIT_S) -> ReceiveCore:
     """A receive core over the chosen transport, its spec resolved (may wait up to ``recv_timeout``).
 
     ``addresses`` are producer sources (``discovery``): names are resolved again every ``discover_every`` s.
-    ``share``: ``(rank, world)`` of an elastic pool's splits this trainer hands out (exact mode)."""
+    ``share``: ``(rank, world)`` of an elastic pool's splits this trainer hands out (exact mode).
+    ``stall_after``: seconds without progress after which a producer holding work is stuck (its pool splits go
+    to others; the input logs what it waits for); ``stall_limit``: a fixed-shard producer stuck that long fails
+    the input (exact mode). None turns either off."""
+    for name, value in (("stall_after", stall_after), ("stall_limit", stall_limit)):
+        if value is not None and not value > 0:
+            raise ValueError(f"{name}={value!r}: give seconds > 0, or None to turn it off")
     rank, world = share
     if not 0 <= rank < world:
         raise ValueError(f"share={share}: give (rank, world) with 0 <= rank < world, e.g. (0, 1) for one trainer")
@@ -109,7 +118,8 @@ def open_core(addresses: Sequence[str] | Callable[[], Sequence[str]], spec: Opti
     try:
         direct = receive == "direct" or (receive == "auto" and why_not is None)
         if exact:
-            receiver = ExactReceiver(pool, limits, rcvhwm, trainer_id, state, curve, share, direct)
+            receiver = ExactReceiver(pool, limits, rcvhwm, trainer_id, state, curve, share, direct, stall_after,
+                                     stall_limit)
         elif direct:
             receiver = ZMTPReceiver(pool, limits)
         else:
@@ -117,4 +127,4 @@ def open_core(addresses: Sequence[str] | Callable[[], Sequence[str]], spec: Opti
     except BaseException:
         pool.close()  # its resolving thread goes with it
         raise
-    return ReceiveCore(receiver, spec, recv_timeout)
+    return ReceiveCore(receiver, spec, recv_timeout, stall_after)

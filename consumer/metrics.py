@@ -53,6 +53,21 @@ class ZMQInputCollector(Collector):
                                   value=s.producers_joined)
         yield CounterMetricFamily("stoker_trainer_producers_left", "Producers that left the pool since the start",
                                   value=s.producers_left)
+        yield CounterMetricFamily("stoker_trainer_splits_reserved",
+                                  "Elastic pool: splits handed out again because their producer was stuck",
+                                  value=s.splits_reserved)
+        yield CounterMetricFamily("stoker_trainer_splits_backed_up",
+                                  "Elastic pool: splits also handed to an idle producer because their holder straggled",
+                                  value=s.splits_backed_up)
+        yield CounterMetricFamily("stoker_trainer_wasted_records",
+                                  "Exact mode: records dropped because another producer's copy arrived first",
+                                  value=s.wasted_records)
+        yield CounterMetricFamily("stoker_trainer_producers_stuck",
+                                  "Elastic pool: times a producer holding work was taken for stuck (its work re-served)",
+                                  value=s.producers_stuck)
+        yield CounterMetricFamily("stoker_trainer_stall_warnings",
+                                  "Fixed shards: warnings that a producer holding this trainer's records sends nothing",
+                                  value=s.stall_warnings)
         coverage = GaugeMetricFamily("stoker_trainer_epoch_coverage", "Distinct records received / records, per epoch",
                                      labels=["epoch"])
         for epoch, (seen, records) in s.coverage.items():

@@ -11,7 +11,10 @@ sockets nor frameworks: it resolves the batch spec (declared, learned from the f
 or described by exact-mode producers), runs the receiver on one thread, and fails the input
 with one error that says why when no acceptable batch arrived for ``recv_timeout`` seconds,
 or at once when every producer refused the handshake because one side runs exact mode and
-the other does not (a mismatch that waiting cannot fix). ``close()`` is bounded (about 2 s).
+the other does not (a mismatch that waiting cannot fix). When nothing was delivered for
+``stall_after`` seconds while the sink had room (the step waits for data), it logs once what it
+waits for: the pool, each producer's connection and last batch, and the receiver's own
+``waiting_report()`` (exact mode: sessions, held work, open epochs). ``close()`` is bounded (about 2 s).
 No TensorFlow is imported here.
 """
 
@@ -31,6 +34,7 @@ from stoker.protocol.batch_spec import BatchSpec
 from .discovery import ProducerPool
 from .errors import InputClosedError, InputError, InputTimeoutError
 from .receive_stats import ReceiveStats
+from .split_scheduler import STALL_AFTER_S
 
 log = logging.getLogger("stoker.consumer")
 
@@ -108,11 +112,16 @@ class ReceiveCore:
     failed (also after ``close()``: InputClosedError); ``finished`` is set when a finite run ended.
     """
 
-    def __init__(self, receiver: Receiver, spec: Optional[BatchSpec], recv_timeout: float) -> None:
+    def __init__(self, receiver: Receiver, spec: Optional[BatchSpec], recv_timeout: float,
+                 stall_after: Optional[float] = STALL_AFTER_S) -> None:
         self.receiver = receiver
         self.pool = receiver.pool
         self.sources = receiver.pool.describe()  # the addresses or names the user gave, for messages
         self.recv_timeout = recv_timeout
+        self.stall_after = stall_after
+        self.stall_reports = 0
+        self._delivered_at = time.monotonic()
+        self._stall_reported = False
         self.stats = ReceiveStats()
         self.stats.pool_changed([], [], len(self.pool.endpoints))
         self.error: Optional[InputError] = None
@@ -183,7 +192,8 @@ class ReceiveCore:
             with self._lock:
                 self._delivering -= 1
         self._handshake_failures_at_batch = self.receiver.failures()[0]
-        self._last_batch_at = time.monotonic()
+        self._last_batch_at = self._delivered_at = time.monotonic()
+        self._stall_reported = False
         conflict = self.stats.accepted(batch, arrays)
         if conflict and self.exact:
             self.fail(InputError(f"exact mode cannot hold every record once per epoch: {conflict}"))
@@ -218,7 +228,38 @@ class ReceiveCore:
         if failure is not None:
             self.fail(failure)
             return False
+        self._report_stall()
         return True
+
+    def _report_stall(self) -> None:
+        """Log once, after ``stall_after`` s without a delivery while the step waits, what the input waits for."""
+        silent = time.monotonic() - self._delivered_at
+        if self._stall_reported or self.stall_after is None or silent <= self.stall_after or self._delivering:
+            return
+        sink = self._sink
+        if sink is None or sink.size() >= sink.capacity:
+            return  # a full queue: the step is slow, the input is not
+        self._stall_reported = True
+        self.stall_reports += 1
+        log.warning("the input delivered nothing for %.0f s while the step waits for data:\n  %s", silent,
+                    "\n  ".join(self.waiting_for()))
+
+    def waiting_for(self) -> list[str]:
+        """What the input waits for, a line each: the pool, connections, each producer's last batch, and what the
+        receiver knows (``waiting_report``, exact mode)."""
+        stats = self.stats.snapshot()
+        lines = [f"producers at {self.sources}: {len(self.pool.endpoints)} address(es), "
+                 f"{stats.connected_producers} connected ({', '.join(stats.connected_endpoints) or 'none'})"]
+        lines += [f"cannot receive from {endpoint}: {reason}" for endpoint, reason in self.stats.endpoint_errors()]
+        lines += [f"producer {p}: {stats.per_producer.get(p, 0)} batch(es), the last {age:.1f} s ago"
+                  for p, age in self.stats.last_batch_ages().items()]
+        if self.stats.rejected_since_batch:
+            lines.append(f"{self.stats.rejected_since_batch} message(s) rejected since the last batch: "
+                         f"{stats.last_error}")
+        report = getattr(self.receiver, "waiting_report", None)
+        if report is not None:
+            lines += report()
+        return lines
 
     def failure(self, silent: float, waiting_for: str = "") -> Optional[InputError]:
         """The error to fail with now, if any: a certain mode mismatch, or ``silent`` past ``recv_timeout``."""
@@ -284,7 +325,7 @@ class ReceiveCore:
         if self._thread is not None:
             return
         self._sink = sink
-        self._last_batch_at = time.monotonic()
+        self._last_batch_at = self._delivered_at = time.monotonic()
         self._receiver_ended = False
         self._thread = threading.Thread(target=self._run, name="stoker-receive", daemon=True)
         self._thread.start()

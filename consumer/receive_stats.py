@@ -20,6 +20,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from stoker.protocol import ProtocolError
+from stoker.protocol.batch_codec import place_of
 from stoker.protocol.batch_spec import BatchMismatchError
 from stoker.protocol.input_state import StreamKey
 
@@ -112,6 +113,15 @@ class InputStats:
     pool_size: int = 0
     producers_joined: int = 0
     producers_left: int = 0
+    #: an elastic pool's liveness (``split_scheduler``): splits handed out again because their producer was stuck,
+    #: backup splits given to idle producers for a straggler's, rows dropped because their record had arrived
+    #: from another producer first (the work those copies cost), and times a producer was taken for stuck
+    splits_reserved: int = 0
+    splits_backed_up: int = 0
+    wasted_records: int = 0
+    producers_stuck: int = 0
+    #: fixed-shard exact mode: warnings that a producer holding this trainer's records sends nothing
+    stall_warnings: int = 0
     #: epoch -> (distinct records received, records in the dataset), from the batches' ``index``/``epoch`` rows and
     #: the dataset size their headers' streams name; the last ``COVERAGE_EPOCHS`` epochs seen
     coverage: dict[int, tuple[int, int]] = field(default_factory=dict)
@@ -120,6 +130,34 @@ class InputStats:
     def mean_queue_occupancy(self) -> float:
         """Time-sampled mean fraction of queue capacity in use (near 0: input-bound)."""
         return self.occupancy_sum / self.occupancy_samples if self.occupancy_samples else 0.0
+
+
+@dataclass(frozen=True)
+class ProducerTally:
+    """What one producer delivered: batches and images over the whole run, images/s over a timed window."""
+
+    producer: str
+    batches: int
+    images: int
+    images_per_s: float
+
+    def line(self) -> str:
+        return f"{self.producer}: {self.batches:,} batches, {self.images:,} images, {self.images_per_s:.0f} images/s"
+
+
+def producer_tallies(end: InputStats, start: InputStats, seconds: float) -> list[ProducerTally]:
+    """One tally per producer that sent a batch, by id: batches and images counted up to ``end``; images/s =
+    images received between the ``start`` and ``end`` snapshots / ``seconds`` (0 if ``seconds`` is not > 0)."""
+    return [ProducerTally(p, n, end.samples_per_producer.get(p, 0),
+                          (end.samples_per_producer.get(p, 0) - start.samples_per_producer.get(p, 0)) / seconds
+                          if seconds > 0 else 0.0)
+            for p, n in sorted(end.per_producer.items())]
+
+
+def silent_producers(stats: InputStats) -> int:
+    """A lower bound on the producers connected now that sent no batch yet: connected endpoints beyond the
+    producers heard from. They are counted, not named: a producer's id comes with its first batch."""
+    return max(0, stats.connected_producers - len(stats.per_producer))
 
 
 def shard_conflict(a: str, a_stream: str, b: str, b_stream: str) -> Optional[str]:
@@ -160,6 +198,7 @@ class ReceiveStats:
         self._conflicting: set[frozenset[str]] = set()
         self._endpoint_errors: dict[str, str] = {}  # endpoint -> why it is not connected (direct receive)
         self._coverage = Coverage()
+        self._last_batch_at: dict[str, float] = {}  # producer -> when its last batch was accepted (monotonic)
 
     def snapshot(self) -> InputStats:
         with self._lock:
@@ -181,6 +220,7 @@ class ReceiveStats:
             stats.batches += 1
             stats.bytes += sum(a.nbytes for a in arrays)
             stats.per_producer[producer] = stats.per_producer.get(producer, 0) + 1
+            self._last_batch_at[producer] = time.monotonic()
             stats.samples_per_producer[producer] = stats.samples_per_producer.get(producer, 0) + samples
             if header.stages:
                 stages = stats.stage_seconds.setdefault(producer, {})
@@ -197,11 +237,12 @@ class ReceiveStats:
         return conflict
 
     def _check_streams(self, producer: str, stream: str) -> Optional[str]:
-        """Caller holds the lock."""
+        """Caller holds the lock. A producer restarted at the same place (``place_of``: a new instance id) is
+        the same producer, not a second one serving its shard."""
         found = None
         for other, other_stream in self._stats.producer_streams.items():
             pair = frozenset((producer, other))
-            if other == producer or pair in self._conflicting:
+            if place_of(other) == place_of(producer) or pair in self._conflicting:
                 continue
             why = shard_conflict(other, other_stream, producer, stream)
             if why:
@@ -275,6 +316,12 @@ class ReceiveStats:
             for endpoint in left:
                 self._endpoint_errors.pop(endpoint, None)
 
+    def last_batch_ages(self) -> dict[str, float]:
+        """Per producer heard from, seconds since its last accepted batch."""
+        now = time.monotonic()
+        with self._lock:
+            return {p: now - t for p, t in sorted(self._last_batch_at.items())}
+
     def endpoint_errors(self) -> list[tuple[str, str]]:
         with self._lock:
             return sorted(self._endpoint_errors.items())
@@ -285,6 +332,13 @@ class ReceiveStats:
             s = self._stats
             s.control_sent, s.control_bytes_sent, s.control_received, s.control_bytes_received = \
                 sent, bytes_sent, received, bytes_received
+
+    def set_pool_work(self, reserved: int, backed_up: int, wasted: int, stuck: int, stall_warnings: int) -> None:
+        """Exact mode's liveness counters so far (totals, from the receive thread)."""
+        with self._lock:
+            s = self._stats
+            s.splits_reserved, s.splits_backed_up, s.wasted_records, s.producers_stuck, s.stall_warnings = \
+                reserved, backed_up, wasted, stuck, stall_warnings
 
     def add_occupancy(self, fraction: float) -> None:
         with self._lock:

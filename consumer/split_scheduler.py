@@ -2,31 +2,45 @@
 
 With ``--shard auto`` no producer owns a shard; the trainer owns the input state already
 (exact mode), so it also hands out the work. Each epoch's order of the whole dataset
-(``epoch_order(range(records), seed, epoch)``) is cut into *splits* of ``split`` positions;
-this trainer's share is the splits ``s`` with ``s % world == rank`` (several data-parallel
-trainers take disjoint shares, so nothing has to be agreed between them).
+(``epoch_order(range(records), seed, epoch)``) is cut into *splits* of ``split`` positions
+(``split_records``: enough splits that every producer of a growing pool can hold its share ahead,
+a batch at least); this trainer's share is the splits ``s`` with ``s % world == rank`` (several
+data-parallel trainers take disjoint shares, so nothing has to be agreed between them).
 
 - ``top_up(i)`` hands producer ``i`` more splits until it has ``ahead`` unfinished ones: splits
-  released by a producer that left first, then the oldest open epoch's next split. At most
-  ``EPOCHS_AHEAD`` epoch beyond the oldest incomplete one is open, as with fixed shards.
-- ``arrived(i, ...)`` is asked for every batch: a row is kept only if its record belongs to an
+  released by a producer that left or is stuck first, then the oldest open epoch's next split. At
+  most ``EPOCHS_AHEAD`` epoch beyond the oldest incomplete one is open, as with fixed shards. The
+  transport tops up the producers holding the fewest splits first, so a newcomer takes work at once.
+  A producer left idle with nothing free takes a *backup* of the split whose holder is furthest
+  from finishing it, when that holder's own pace says it would take ``BACKUP_FACTOR`` times longer
+  than the idle producer (a straggler at an epoch's end, as MapReduce's backup tasks and LATE do).
+- ``stalls(now)``: a producer holding splits that made no progress for ``stall_bound()`` (the
+  floor ``stall_after``, or ``STALL_FACTOR`` times the pool's recent split times if longer), while
+  the trainer's queue had room or other producers moved on, is *stuck*: its splits are handed to the others and it gets no new
+  work until a batch of it arrives again (then it simply goes on: what it made meanwhile is
+  dropped where others served it first).
+- ``arrived(...)`` is asked for every batch: a row is kept only if its record belongs to an
   open epoch, to this trainer's share, and has not arrived before (nor been consumed: a restored
-  checkpoint). A split handed out twice (to a producer taken for dead that was not) therefore
-  costs work, never a duplicate. Masked rows that carry an index are records the producer could
-  not make (bad data): done, counted, never asked for again.
+  checkpoint). A split handed out twice (a backup, a stuck producer that wakes up, one taken for dead
+  that was not) therefore costs work (``duplicates``: wasted records), never a duplicate. Masked rows
+  that carry an index are records the producer could not make (bad data): done, counted, never
+  asked for again.
 - ``release(i)``: producer ``i`` left the pool, disconnected or restarted: its unfinished splits
   go back, less what arrived, to be handed to the others.
 - ``consumed(...)`` follows the steps; an epoch whose share is all consumed (or failed) is
   completed in the input state (its bitmap dropped); ``finished`` after ``epochs`` epochs.
 
 Exactness follows from the trainer alone: a record is delivered to a step at most once per
-epoch (``arrived``), and every record of the share is asked for until it arrived (``release``).
+epoch (``arrived``), and every record of the share is asked for until it arrived (``release``,
+``stalls``). Times are ``time.monotonic()`` unless a test passes ``now``.
 Not thread-safe: the transport calls it under its lock.
 """
 
 from __future__ import annotations
 
 import logging
+import statistics
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Optional
@@ -40,6 +54,30 @@ log = logging.getLogger("stoker.consumer")
 
 EPOCHS_AHEAD = 1
 DEFAULT_AHEAD = 2  # unfinished splits each producer holds: one being served, one to go on with
+SPLIT_BATCHES = 16  # the largest split: this many batches of records
+#: The fewest splits an epoch (of one trainer's share) is cut into, where batches allow: a pool of P producers
+#: holding DEFAULT_AHEAD each needs 2P of them free, and a small dataset of few large splits left a joining
+#: producer without any (issue 29: 1,024 records in splits of 16 batches made two splits an epoch).
+MIN_SPLITS = 64
+#: Default floor of the stall bound (``stall_after``, ``--stall-after``): a producer holding work that sent no new
+#: record for this long while the trainer waited is stuck. Well above a worker's first batch (spawn, imports).
+STALL_AFTER_S = 10.0
+STALL_FACTOR = 4.0  # the bound is at least this many times the median of the pool's recent split times
+BACKUP_FACTOR = 3.0  # back a split up when its holder needs this many times longer than an idle producer would
+_SPLIT_TIMES = 32  # recent split times kept
+_PACE_WEIGHT = 0.3  # weight of the newest sample in a producer's seconds-per-record average
+
+
+def split_records(records: int, batch_size: int, world: int = 1) -> int:
+    """Records per split of a pool of ``records``: whole batches, at most ``SPLIT_BATCHES``, and few enough that an
+    epoch of one of ``world`` shares has ``MIN_SPLITS`` splits where the dataset allows (a batch at least).
+
+    A function of its arguments only: trainers sharing a pool must cut epochs alike (their shares are splits)."""
+    batch_size = max(1, batch_size)
+    batches = max(1, min(SPLIT_BATCHES, records // max(1, world * MIN_SPLITS) // batch_size))
+    if batches * batch_size <= MAX_SPLIT:
+        return batches * batch_size
+    return (MAX_SPLIT // batch_size) * batch_size or MAX_SPLIT
 
 
 @dataclass
@@ -51,20 +89,31 @@ class _Epoch:
     left: int  # records of the share not done
     split_left: np.ndarray  # int32 [splits]: records of each split of the share not arrived (0 for others')
     cursor: int = 0  # next split of the first pass
-    returned: deque = field(default_factory=deque)  # splits given back by producers that left
+    returned: deque = field(default_factory=deque)  # splits given back by producers that left or are stuck
+
+
+@dataclass
+class _Pace:
+    """What the scheduler knows of one producer's speed."""
+
+    busy_since: float = 0.0  # when it last went from holding no split to holding one
+    last_fresh: float = 0.0  # when a record of it last arrived first
+    seconds_per_record: Optional[float] = None  # average while it held work (None: not measured yet)
 
 
 class SplitScheduler:
-    """See the module doc. ``progress``: the trainer's state of this stream (marked by the steps)."""
+    """See the module doc. ``progress``: the trainer's state of this stream (marked by the steps).
+    ``stall_after``: the floor of the stall bound in seconds (None: never take a producer for stuck)."""
 
     def __init__(self, key: StreamKey, progress: StreamProgress, epochs: Optional[int], split: int,
-                 rank: int = 0, world: int = 1, ahead: int = DEFAULT_AHEAD) -> None:
+                 rank: int = 0, world: int = 1, ahead: int = DEFAULT_AHEAD,
+                 stall_after: Optional[float] = STALL_AFTER_S) -> None:
         if not key.splits:
             raise ValueError(f"stream {key} is not an elastic pool's")
         if not 1 <= split <= MAX_SPLIT or not 0 <= rank < world:
             raise ValueError(f"split of {split} records (1-{MAX_SPLIT}) or share {rank}/{world} is invalid")
         self.key, self.progress, self.epochs, self.split = key, progress, epochs, split
-        self.rank, self.world, self.ahead = rank, world, ahead
+        self.rank, self.world, self.ahead, self.stall_after = rank, world, ahead, stall_after
         self.records = key.records
         self.splits = -(-self.records // split)
         if rank >= self.splits:
@@ -72,12 +121,20 @@ class SplitScheduler:
                              f"{self.splits} split(s) of {split}; run fewer trainers or smaller batches")
         self.open: dict[int, _Epoch] = {}
         self.assigned: dict[int, dict[tuple[int, int], None]] = {}  # producer -> its unfinished splits, in order
-        self.owner: dict[tuple[int, int], int] = {}
-        self.duplicates = 0  # rows dropped: their record had arrived already
+        self.holders: dict[tuple[int, int], list[int]] = {}  # split -> producers serving it (two: a backup)
+        self.stuck: set[int] = set()  # producers taken for stuck: no new work until they deliver again
+        self._pace: dict[int, _Pace] = {}
+        self._handed_at: dict[tuple[int, int], float] = {}  # split -> when it was first handed out
+        self._split_times: deque = deque(maxlen=_SPLIT_TIMES)
+        self._queue_full_at = float("-inf")  # the trainer's queue was last full (producers wait for credit)
+        self.duplicates = 0  # rows dropped: their record had arrived already (wasted work)
         self.foreign = 0  # rows dropped: not this trainer's (another share, an epoch not open)
         self.failed = 0  # records producers could not make
         self.handed_out = 0  # splits handed out, again after a release included
         self.released = 0  # splits taken back from producers that left
+        self.reserved = 0  # splits handed out again because their producer was stuck
+        self.backups = 0  # splits also handed to an idle producer because their holder straggled
+        self.stalls_seen = 0  # times a producer was taken for stuck
         self._open_epochs()
 
     # ---- epochs ----------------------------------------------------------------------------
@@ -128,6 +185,9 @@ class SplitScheduler:
             log.info("epoch %d complete: every record of this trainer's share consumed once", e)
         for e in [e for e in self.open if e < self.progress.completed]:
             del self.open[e]
+        if self._handed_at and min(self._handed_at)[0] not in self.open:  # a closed epoch's: forget them
+            for es in [es for es in self._handed_at if es[0] not in self.open]:
+                del self._handed_at[es]
 
     @property
     def finished(self) -> bool:
@@ -135,36 +195,79 @@ class SplitScheduler:
 
     # ---- handing out -----------------------------------------------------------------------
 
+    def _free(self, e: int, s: int) -> bool:
+        return self.open[e].split_left[s] > 0 and not self.holders.get((e, s))
+
     def _next_free(self) -> Optional[tuple[int, int]]:
         for e in sorted(self.open):
             epoch = self.open[e]
             while epoch.returned:
                 s = epoch.returned.popleft()
-                if epoch.split_left[s] > 0 and (e, s) not in self.owner:
+                if self._free(e, s):
                     return e, s
             while epoch.cursor < self.splits:
                 s = epoch.cursor
                 epoch.cursor += 1
-                if self._mine(s) and epoch.split_left[s] > 0 and (e, s) not in self.owner:
+                if self._mine(s) and self._free(e, s):
                     return e, s
         return None
 
-    def top_up(self, producer: int) -> list[WorkItem]:
-        """More splits for ``producer`` until it holds ``ahead`` unfinished ones (as work items to send)."""
+    def _unfinished(self, es: tuple[int, int]) -> bool:
+        epoch = self.open.get(es[0])
+        return epoch is not None and epoch.split_left[es[1]] > 0
+
+    def _drop_finished(self, producer: int) -> dict[tuple[int, int], None]:
         mine = self.assigned.setdefault(producer, {})
-        for es in [es for es in mine if self.open.get(es[0]) is None or self.open[es[0]].split_left[es[1]] == 0]:
+        for es in [es for es in mine if not self._unfinished(es)]:
             del mine[es]
-            self.owner.pop(es, None)
+            self._unhold(es, producer)
+        return mine
+
+    def _unhold(self, es: tuple[int, int], producer: int) -> None:
+        holders = self.holders.get(es)
+        if holders is not None and producer in holders:
+            holders.remove(producer)
+            if not holders:
+                del self.holders[es]
+
+    def _hold(self, producer: int, es: tuple[int, int], now: float) -> WorkItem:
+        mine = self.assigned.setdefault(producer, {})
+        pace = self._pace.setdefault(producer, _Pace(now, now))
+        if not mine:
+            pace.busy_since = now  # idle until now: its clock starts here
+        mine[es] = None
+        self.holders.setdefault(es, []).append(producer)
+        self._handed_at.setdefault(es, now)
+        self.handed_out += 1
+        return self._item(*es)
+
+    def top_up(self, producer: int, now: Optional[float] = None) -> list[WorkItem]:
+        """More splits for ``producer`` until it holds ``ahead`` unfinished ones (as work items to send); none for
+        a stuck producer. One left idle with nothing free may take a backup of a straggler's split."""
+        now = time.monotonic() if now is None else now
+        mine = self._drop_finished(producer)
+        if producer in self.stuck:
+            return []
         items = []
         while len(mine) < self.ahead:
             free = self._next_free()
             if free is None:
                 break
-            mine[free] = None
-            self.owner[free] = producer
-            self.handed_out += 1
-            items.append(self._item(*free))
+            items.append(self._hold(producer, free, now))
+        if not mine:
+            backup = self._backup_for(producer, now)
+            if backup is not None:
+                self.backups += 1
+                items.append(self._hold(producer, backup, now))
         return items
+
+    def holding(self, producer: int) -> int:
+        """Unfinished splits ``producer`` holds."""
+        return len(self.assigned.get(producer, {}))
+
+    def records_held(self, producer: int) -> int:
+        """Records of ``producer``'s unfinished splits that have not arrived."""
+        return sum(int(self.open[e].split_left[s]) for e, s in self.assigned.get(producer, {}) if e in self.open)
 
     def _item(self, e: int, s: int) -> WorkItem:
         epoch = self.open[e]
@@ -172,30 +275,125 @@ class SplitScheduler:
         have = epoch.arrived[epoch.order[start:end]]
         return WorkItem(e, start, end, np.flatnonzero(have).tolist())
 
-    def release(self, producer: int) -> int:
-        """Producer ``producer`` is gone (or restarted): its unfinished splits go back; how many."""
+    def _give_back(self, producer: int) -> int:
+        """Producer ``producer`` no longer serves its splits: those nobody else serves go back; how many."""
         mine = self.assigned.pop(producer, {})
         count = 0
         for e, s in mine:
-            self.owner.pop((e, s), None)
+            self._unhold((e, s), producer)
             epoch = self.open.get(e)
-            if epoch is not None and epoch.split_left[s] > 0:
+            if epoch is not None and epoch.split_left[s] > 0 and not self.holders.get((e, s)):
                 epoch.returned.append(s)
                 count += 1
+        return count
+
+    def release(self, producer: int) -> int:
+        """Producer ``producer`` is gone (or restarted): its unfinished splits go back; how many."""
+        count = self._give_back(producer)
+        self.stuck.discard(producer)
+        self._pace.pop(producer, None)
         self.released += count
         return count
 
-    def holding(self, producer: int) -> int:
-        """Unfinished splits ``producer`` holds."""
-        return len(self.assigned.get(producer, {}))
+    # ---- producers that stop serving, and stragglers ----------------------------------------
+
+    def queue_full(self, now: Optional[float] = None) -> None:
+        """The trainer's queue is full: producers wait for credit now, so nobody is judged stuck or slow."""
+        self._queue_full_at = time.monotonic() if now is None else now
+
+    def stall_bound(self) -> float:
+        """Seconds without progress after which a producer holding work is stuck: the floor ``stall_after``, or
+        ``STALL_FACTOR`` times the median time of the pool's recent splits (handed out to last record) if longer."""
+        floor = self.stall_after if self.stall_after is not None else float("inf")
+        if not self._split_times:
+            return floor
+        return max(floor, STALL_FACTOR * statistics.median(self._split_times))
+
+    def stalls(self, now: Optional[float] = None) -> list[tuple[int, float, int]]:
+        """Producers newly taken for stuck, as ``(producer, seconds without progress, records it held)``: each held
+        work, made no progress for ``stall_bound()`` while the trainer's queue had room, and another producer is
+        there to take its splits, which go back to be handed out again (``reserved``)."""
+        if self.stall_after is None:
+            return []
+        now = time.monotonic() if now is None else now
+        bound = self.stall_bound()
+        found = []
+        for producer, mine in list(self.assigned.items()):
+            if not mine or producer in self.stuck:
+                continue
+            pace = self._pace.setdefault(producer, _Pace(now, now))
+            others = [p for p in self.assigned if p != producer and p not in self.stuck]
+            # A full queue excuses silence (credit, not the producer, holds it back) unless others moved on meanwhile:
+            # the receiver reads every producer in turn, so one that others outpace by the bound is not waiting.
+            own = max(pace.last_fresh, pace.busy_since)
+            moved = max((self._pace[p].last_fresh for p in others if p in self._pace), default=float("-inf"))
+            excuse = self._queue_full_at if moved - own <= bound else float("-inf")
+            if now - max(own, excuse) <= bound or not others:
+                continue
+            held = self.records_held(producer)
+            self.stuck.add(producer)
+            self.stalls_seen += 1
+            self.reserved += self._give_back(producer)
+            self.assigned[producer] = {}
+            found.append((producer, now - max(pace.last_fresh, pace.busy_since), held))
+        return found
+
+    def _estimate(self, producer: int) -> Optional[float]:
+        pace = self._pace.get(producer)
+        return pace.seconds_per_record if pace is not None else None
+
+    def _backup_for(self, idle: int, now: float) -> Optional[tuple[int, int]]:
+        """The split to back up on idle producer ``idle``: the one whose holder would finish it last, if that holder
+        needs ``BACKUP_FACTOR`` times longer than ``idle`` would (by each one's measured pace); None if no split is
+        that late, paces are not known yet, or the trainer's queue was full lately (credit, not pace, limits)."""
+        if now - self._queue_full_at < 1.0:
+            return None
+        paces = [p.seconds_per_record for p in self._pace.values() if p.seconds_per_record]
+        if not paces:
+            return None
+        own = self._estimate(idle) or statistics.median(paces)
+        worst, worst_ratio = None, BACKUP_FACTOR
+        for producer, mine in self.assigned.items():
+            pace = self._estimate(producer)
+            if producer == idle or producer in self.stuck or not pace:
+                continue
+            ahead_of_it = 0
+            for es in mine:
+                left = int(self.open[es[0]].split_left[es[1]]) if es[0] in self.open else 0
+                ahead_of_it += left
+                if left and len(self.holders.get(es, ())) == 1:
+                    ratio = (ahead_of_it * pace) / (left * own)
+                    if ratio > worst_ratio:
+                        worst, worst_ratio = es, ratio
+        return worst
+
+    def _paced(self, producer: int, fresh: int, now: float) -> None:
+        """A batch of ``producer`` arrived with ``fresh`` records first: it is responsive (no longer stuck, even if
+        what it sends was served by others meanwhile), and its pace is measured."""
+        pace = self._pace.setdefault(producer, _Pace(now, now))
+        if producer in self.stuck:
+            self.stuck.discard(producer)
+            pace.busy_since = now
+            log.warning("elastic pool: producer %d sends again; it takes new work", producer)
+        if not fresh:
+            return
+        began = max(pace.last_fresh, pace.busy_since, self._queue_full_at)
+        if now > began and self.assigned.get(producer):
+            sample = (now - began) / fresh
+            pace.seconds_per_record = sample if pace.seconds_per_record is None else \
+                (1 - _PACE_WEIGHT) * pace.seconds_per_record + _PACE_WEIGHT * sample
+        pace.last_fresh = now
 
     # ---- what arrives and what the steps take ----------------------------------------------
 
-    def arrived(self, epochs: np.ndarray, indices: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        """Which rows of a batch to keep (see the module doc); marks them arrived."""
+    def arrived(self, epochs: np.ndarray, indices: np.ndarray, mask: np.ndarray, producer: Optional[int] = None,
+                now: Optional[float] = None) -> np.ndarray:
+        """Which rows of a batch (from ``producer``) to keep (see the module doc); marks them arrived."""
+        now = time.monotonic() if now is None else now
         epochs, indices = np.asarray(epochs, np.int64), np.asarray(indices, np.int64)
         valid = np.asarray(mask).astype(bool)
         keep = np.zeros(len(indices), bool)
+        fresh_count = 0
         for e in np.unique(epochs[indices >= 0]).tolist():
             rows = np.flatnonzero((epochs == e) & (indices >= 0))
             epoch = self.open.get(e)
@@ -218,12 +416,20 @@ class SplitScheduler:
             self.duplicates += int((~first & valid[rows]).sum())
             fresh_rows, fresh = rows[first], records[first]
             epoch.arrived[fresh] = True
-            np.subtract.at(epoch.split_left, epoch.position[fresh] // self.split, 1)
+            touched = epoch.position[fresh] // self.split
+            np.subtract.at(epoch.split_left, touched, 1)
+            for s in np.unique(touched[epoch.split_left[touched] == 0]).tolist():
+                handed = self._handed_at.pop((e, s), None)
+                if handed is not None:
+                    self._split_times.append(now - handed)
+            fresh_count += len(fresh)
             keep[fresh_rows] = valid[fresh_rows]
             failed = fresh[~valid[fresh_rows]]
             if len(failed):  # the producer could not make them: done, never asked for again
                 self.failed += len(failed)
                 self._done(epoch, failed)
+        if producer is not None:
+            self._paced(producer, fresh_count, now)
         self._close_done()
         self._open_epochs()
         return keep

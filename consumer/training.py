@@ -21,6 +21,7 @@ from stoker.protocol.curve import CurveClientKeys
 
 from .interrupts import close_on_signal
 from .models import build_model
+from .receive_stats import ProducerTally, producer_tallies, silent_producers
 from .report import write_report
 from .summaries import require_tensorboard
 from .timeline import Timeline
@@ -61,6 +62,19 @@ class TrainConfig:
     receive: str = "auto"  # or "direct" / "libzmq": ZMQInput(receive=...)
     discover_every: float = 5.0  # seconds between re-resolving producer names (an elastic pool)
     share: tuple[int, int] = (0, 1)  # (rank, world) of an elastic pool's splits
+    stall_after: Optional[float] = 10.0  # seconds: a producer holding work that sends nothing new is stuck
+    stall_limit: Optional[float] = 300.0  # seconds: a stuck fixed-shard producer fails the input (exact mode)
+
+
+def has_liveness_events(s: InputStats) -> bool:
+    return bool(s.producers_stuck or s.splits_backed_up or s.wasted_records or s.stall_warnings)
+
+
+def liveness_text(s: InputStats) -> str:
+    """What stuck and slow producers cost: work re-served or backed up, records made twice, warnings."""
+    return (f"{s.producers_stuck} taken for stuck ({s.splits_reserved} split(s) re-served), {s.splits_backed_up} "
+            f"backup split(s) for stragglers, {s.wasted_records:,} record(s) made twice and dropped (wasted work, "
+            f"never a duplicate), {s.stall_warnings} warning(s) of a fixed-shard producer sending nothing")
 
 
 def coverage_text(coverage: dict[int, tuple[int, int]]) -> str:
@@ -75,7 +89,8 @@ class TrainReport:
 
     A run that ends within its warm-up (an exact run over a short epoch) has nothing after
     it: then ``seconds`` and ``images_per_s`` cover the whole run, tracing included, and
-    ``includes_warmup`` says so (the summary and the report too).
+    ``includes_warmup`` says so (the summary and the report too). ``stats_at_start`` is the input's
+    stats when that clock started: each producer's images/s is over the same ``seconds``.
     """
 
     steps: int
@@ -87,10 +102,23 @@ class TrainReport:
     input_stats: InputStats = field(default_factory=InputStats)
     timeline: Optional[Timeline] = None
     includes_warmup: bool = False
+    stats_at_start: InputStats = field(default_factory=InputStats)
 
     @property
     def rate_label(self) -> str:
         return "images/s (whole run, warm-up included)" if self.includes_warmup else "images/s (after warm-up)"
+
+    def producers(self) -> list[ProducerTally]:
+        """Per producer that sent a batch: batches and images received over the whole run, and images/s over
+        the timed ``seconds`` (images received in them / ``seconds``, the window of ``images_per_s``)."""
+        return producer_tallies(self.input_stats, self.stats_at_start, self.seconds)
+
+    def producer_lines(self) -> list[str]:
+        """One line per producer (``producers()``), then one for connected producers that sent nothing."""
+        silent = silent_producers(self.input_stats)
+        return [t.line() for t in self.producers()] + (
+            [f"{silent} more connected producer(s): 0 batches (a producer is named by its first batch)"]
+            if silent else [])
 
     def bottleneck(self) -> str:
         """One sentence: which side limited training, judged by queue occupancy."""
@@ -109,10 +137,12 @@ class TrainReport:
         s = self.input_stats
         return {"steps": str(self.steps), self.rate_label: f"{self.images_per_s:.0f}",
                 "mean queue occupancy": f"{self.mean_queue_occupancy:.2f}",
-                "batches received": ", ".join(f"{p}: {n}" for p, n in sorted(s.per_producer.items())) or "none",
+                f"batches received per producer (images/s over the timed {self.seconds:.1f} s)":
+                    "; ".join(self.producer_lines()) or "none",
                 "batches rejected": str(s.protocol_errors + s.mismatched_batches),
                 "producers whose shards overlap": (f"{s.shard_conflicts} pair(s): {s.last_shard_conflict}"
                                                    if s.shard_conflicts else "none"),
+                "stuck or slow producers": liveness_text(s) if has_liveness_events(s) else "none",
                 "records received per epoch": coverage_text(s.coverage) or "not known (no stream in the headers)",
                 "final loss / accuracy": f"{self.final_loss:.3f} / {self.final_accuracy:.2f}",
                 "how step times were taken": "waiting for each step's result (a sync per step; staging still "
@@ -126,12 +156,14 @@ class TrainReport:
                if self.includes_warmup else ""),
             f"mean queue occupancy: {self.mean_queue_occupancy:.2f}",
             f"final loss {self.final_loss:.3f}, accuracy {self.final_accuracy:.2f}",
-            f"batches received: {s.batches} ({', '.join(f'{p}: {n}' for p, n in sorted(s.per_producer.items()))}); "
-            f"rejected: {s.protocol_errors + s.mismatched_batches}",
+            f"batches received: {s.batches:,}, rejected: {s.protocol_errors + s.mismatched_batches}; per producer "
+            f"(batches and images over the whole run, images/s over the {self.seconds:.1f} s timed above):",
+            *(f"  {line}" for line in self.producer_lines() or ["none"]),
             *([f"warning: {s.shard_conflicts} pair(s) of producers whose shards overlap: {s.last_shard_conflict}"]
               if s.shard_conflicts else []),
             *([f"producer pool: {s.pool_size} now, {s.producers_joined} joined and {s.producers_left} left during "
                "the run"] if s.producers_joined or s.producers_left else []),
+            *([f"stuck or slow producers: {liveness_text(s)}"] if has_liveness_events(s) else []),
             *([f"records received per epoch (the latest still in progress): {coverage_text(s.coverage)}"]
               if s.coverage else []),
             f"bottleneck: {self.bottleneck()}",
@@ -158,7 +190,8 @@ def train(config: TrainConfig) -> TrainReport:
             config.addresses, batch_size=config.batch_size, image_shape=(config.image_size, config.image_size, 3),
             queue_capacity=config.queue_capacity, recv_timeout=config.recv_timeout, curve=config.curve,
             exact=config.exact, trainer_id=config.trainer_id, receive=config.receive,
-            discover_every=config.discover_every, share=config.share))
+            discover_every=config.discover_every, share=config.share, stall_after=config.stall_after,
+            stall_limit=config.stall_limit))
         stack.enter_context(close_on_signal(inp.close))
         if config.metrics_port is not None:
             log.info("metrics on http://0.0.0.0:%d/metrics", inp.serve_metrics(config.metrics_port))
@@ -236,7 +269,8 @@ def train(config: TrainConfig) -> TrainReport:
         mean_occ = ((stats_end.occupancy_sum - stats_start.occupancy_sum) / samples) if samples else stats_end.mean_queue_occupancy
         result = TrainReport(steps=steps_run, seconds=seconds, images_per_s=measured * config.batch_size / seconds,
                              mean_queue_occupancy=mean_occ, final_loss=final_loss, final_accuracy=final_accuracy,
-                             input_stats=stats_end, timeline=timeline, includes_warmup=includes_warmup)
+                             input_stats=stats_end, timeline=timeline, includes_warmup=includes_warmup,
+                             stats_at_start=stats_start)
         if config.report and timeline is not None:
             write_report(config.report, f"stoker train: {config.model}", result.bottleneck(), timeline,
                          result.facts())

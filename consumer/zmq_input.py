@@ -54,6 +54,13 @@ class ZMQInput(tf.train.experimental.PythonState):
         share: ``(rank, world)``, exact mode with an elastic pool (producers ``--shard auto``):
             this trainer hands out, and trains on, the splits ``s`` of each epoch with
             ``s % world == rank``; data-parallel trainers give their rank and number.
+        stall_after: seconds (default 10) a producer holding work may send nothing new while the
+            step waits before it counts as stuck: an elastic pool hands its splits to the other
+            producers (a floor: the pool's own recent split times may set a longer bound); every
+            input logs once what it waits for. None: off.
+        stall_limit: exact mode with fixed shards (default 300 s): a producer stuck this long
+            fails the input with an error naming it (no other producer can serve its shard;
+            warnings come before, at a growing interval). None: warn only.
         batch_size, image_shape: the ``imagenet`` pipeline's batches (images uint8
             ``[batch_size, *image_shape]``, labels int32): give either (the other defaults to 64
             or ``(224, 224, 3)``) as a shortcut for its ``spec``.
@@ -136,6 +143,8 @@ class ZMQInput(tf.train.experimental.PythonState):
         receive: str = "auto",
         discover_every: float = 5.0,
         share: tuple[int, int] = (0, 1),
+        stall_after: Optional[float] = 10.0,
+        stall_limit: Optional[float] = 300.0,
     ) -> None:
         try:
             self.addresses = split_addresses(addresses)
@@ -162,7 +171,7 @@ class ZMQInput(tf.train.experimental.PythonState):
         self._closed = False
         self._metrics: Any = None
         self._core = open_core(self.addresses, declared, receive, recv_timeout, rcvhwm, max_message_bytes, curve,
-                               exact, self.trainer_id, state, discover_every, share)
+                               exact, self.trainer_id, state, discover_every, share, stall_after, stall_limit)
         self.receive = "direct" if self._core.receiver.direct else "libzmq"  # the path chosen
         self.spec = self._core.spec
         self.batch_size = self.spec.batch_size

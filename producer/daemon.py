@@ -30,6 +30,7 @@ from typing import Optional
 
 import zmq
 
+from stoker.protocol.batch_codec import with_instance
 from stoker.protocol.curve import CurveServerKeys
 from stoker.protocol.input_state import StreamKey
 from stoker.protocol.metrics_server import MetricsServer
@@ -60,6 +61,17 @@ def _control_endpoint() -> tuple[Optional[str], str]:
         return None, f"ipc://@stoker-producer-{os.getpid()}-{secrets.token_hex(8)}"
     folder = tempfile.mkdtemp(prefix="stoker-producer-")
     return folder, f"ipc://{folder}/workers.sock"
+
+
+def default_producer_id(endpoint: str, shard: ShardSpec) -> str:
+    """``HOST:PORT#SHARD~INSTANCE``: unique per daemon instance, within the header's 128-character id limit.
+
+    ``INSTANCE`` is 6 random hex digits (``with_instance``): producers on one port number in different network
+    namespaces, containers with host networking or cloned VMs share ``HOST:PORT#SHARD``, and a trainer's stats
+    must not merge them; a restarted producer is a new instance. ``--id`` replaces the whole id.
+    """
+    host = "".join(c for c in socket.gethostname() if "!" <= c <= "~")  # printable ASCII, no spaces
+    return with_instance(f"{host}:{endpoint.rsplit(':', 1)[-1]}#{shard}")
 
 
 class BindError(RuntimeError):
@@ -167,7 +179,7 @@ class ProducerDaemon:
         self.endpoint = self._out.getsockopt(zmq.LAST_ENDPOINT).decode()
         # Made here, before the forwarding thread owns the socket; drained by run()'s loop.
         self.handshakes = HandshakeFailureLog(self._out, self.endpoint, curve=config.curve is not None)
-        self.producer_id = config.producer_id or f"{socket.gethostname()}:{self.endpoint.rsplit(':', 1)[-1]}#{config.shard}"
+        self.producer_id = config.producer_id or default_producer_id(self.endpoint, config.shard)
         self.stats = StageStats(config.workers, mp.get_context("spawn"))
         self.layout = SlotLayout(self.pipeline.batch_arrays(exact=config.exact), config.batch_size,
                                  slots=config.sndhwm + 1)
@@ -230,10 +242,10 @@ class ProducerDaemon:
         exact = (f"exact, {cfg.epochs} epochs" if cfg.epochs else "exact, endless") if cfg.exact else "plain"
         log.info(
             "serving %s on %s: %d records in shard %s of %d, pipeline %s (%s mode): batches of %d x {%s}, "
-            "%d workers, seed %d, %s (stream %s)",
+            "%d workers, seed %d, %s (stream %s), producer_id=%s",
             cfg.lmdb_path, self.endpoint, len(cfg.shard.records(self.meta.count)), cfg.shard, self.meta.count,
             self.pipeline.name, cfg.mode, cfg.batch_size, self.pipeline.describe(), cfg.workers, self.seed, exact,
-            self.stream,
+            self.stream, self.producer_id,
         )
         try:
             last, last_t = self.stats.totals(), time.monotonic()

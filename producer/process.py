@@ -12,6 +12,7 @@ import os
 import re
 import signal
 import subprocess
+import threading
 import sys
 import tempfile
 import time
@@ -20,7 +21,8 @@ from typing import Mapping, Sequence
 
 from .procfs import stat_fields
 
-_SERVING_RE = re.compile(r"serving .* on (\S+): ")
+_SERVING_RE = re.compile(r"serving .* on (\S+): .*\n")  # a whole line: the id comes at its end
+_ID_RE = re.compile(r"serving .* producer_id=([^\s\"]+)")
 _STOPPED_RE = re.compile(r"stopped: (\d+) batches, (\d+) images sent, (\d+) records skipped")
 
 
@@ -47,7 +49,13 @@ class ProducerProcess:
         self._log = open(self.log_path, "wb")  # truncate: an old "serving" line must not be mistaken for ours
         self.proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      env=dict(env) if env is not None else None)
+        #: ``time.monotonic()`` when ``stop()`` was first asked of it while it ran (None: not yet, or it exited)
+        self.stopped_at: float | None = None
         self.endpoint = self._wait_for_endpoint(start_timeout)
+        self.started_at = time.monotonic()  # when it was serving
+        match = _ID_RE.search(self.log_text())
+        #: the id in its batch headers (``--id``, or the daemon's unique default), from its "serving" log line
+        self.producer_id = match.group(1) if match else ""
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -85,6 +93,9 @@ class ProducerProcess:
     def stop(self, timeout: float = 5.0) -> int:
         """SIGTERM, wait up to ``timeout``, then SIGKILL. Returns the exit code."""
         if self.proc.poll() is None:
+            if self.stopped_at is None:
+                self.stopped_at = time.monotonic()
+            self.resume()  # a paused daemon would not see SIGTERM until the SIGKILL
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout)
@@ -94,9 +105,27 @@ class ProducerProcess:
         self._log.close()
         return self.proc.returncode
 
+    def pause(self) -> None:
+        """SIGSTOP the daemon and its workers, as a paused VM or a host in a swap storm: its connections stay up
+        (its kernel still answers), it sends nothing. ``resume()`` continues it; ``stop()`` resumes it first."""
+        self._signal_tree(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self._signal_tree(signal.SIGCONT)
+
+    def _signal_tree(self, sig: int) -> None:
+        if self.proc.poll() is not None:
+            return
+        for pid in [self.proc.pid, *self.child_pids()]:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
     def kill(self) -> None:
         """SIGKILL without any chance to clean up, as a crash would."""
         if self.proc.poll() is None:
+            self.stopped_at = self.stopped_at or time.monotonic()
             self.proc.kill()
             self.proc.wait(5)
 
@@ -110,3 +139,30 @@ class ProducerProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class Throttle:
+    """Runs a producer at about ``1/slowdown`` of its speed, paused and resumed in turn (a straggler: a host short of
+    CPU, a slow disk), while the ``with`` block lasts; resumed at the end."""
+
+    def __init__(self, producer: ProducerProcess, slowdown: float = 4.0, period_s: float = 0.2) -> None:
+        self.producer, self.run_s = producer, period_s / slowdown
+        self.stop_s = period_s - self.run_s
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        while not self._done.is_set():
+            self.producer.pause()
+            self._done.wait(self.stop_s)
+            self.producer.resume()
+            self._done.wait(self.run_s)
+
+    def __enter__(self) -> "Throttle":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join(5)
+        self.producer.resume()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import re
+import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -51,6 +52,23 @@ _ID_RE = re.compile(r"[\x21-\x7e]{1,128}")
 def is_valid_id(text: object) -> bool:
     """A producer or trainer id: 1-128 printable ASCII characters, no spaces (the one rule for both)."""
     return isinstance(text, str) and _ID_RE.fullmatch(text) is not None
+
+
+_INSTANCE_RE = re.compile(r"~[0-9a-f]{6}\Z")
+
+
+def with_instance(place: str) -> str:
+    """``place`` (printable ASCII, no spaces) plus ``~`` and 6 random hex digits, cut to the 128-character id
+    limit: a producer daemon's default id, one per instance, so no two daemons' batches are counted as one's."""
+    suffix = f"~{secrets.token_hex(3)}"
+    return place[:128 - len(suffix)] + suffix
+
+
+def place_of(producer: str) -> str:
+    """A producer id without the suffix ``with_instance`` adds: what a producer restarted at the same address and
+    shard keeps, so that a restart is not taken for a second producer serving the same shard."""
+    return _INSTANCE_RE.sub("", producer)
+
 
 MAX_HEADER_BYTES = 64 * 1024
 MAX_ARRAYS = 64

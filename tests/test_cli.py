@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
 import pytest
+
+from stoker.producer.process import ProducerProcess
 
 COMMANDS = [[], ["lmdb"], ["lmdb", "build"], ["lmdb", "synth"], ["lmdb", "info"], ["produce"], ["train"], ["demo"]]
 
@@ -41,3 +44,33 @@ def test_outputs_written_at_the_end_of_a_run_are_checked_before_it_starts(comman
     out = subprocess.run([sys.executable, "-m", "stoker.cli.main", *command], capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 2 and message in out.stderr, out.stderr
+
+
+@pytest.mark.timeout(300)
+def test_train_summary_has_a_line_per_producer_with_its_batches_images_and_images_per_s(synth_lmdb):
+    args = ["--workers", "1", "--batch-size", "8", "--image-size", "32"]
+    with ProducerProcess(synth_lmdb, extra_args=[*args, "--shard", "0/2"]) as p0, \
+            ProducerProcess(synth_lmdb, extra_args=[*args, "--shard", "1/2"]) as p1:
+        out = subprocess.run([sys.executable, "-m", "stoker.cli.main", "train", "--connect",
+                              f"{p0.endpoint},{p1.endpoint}", "--steps", "30", "--batch-size", "8", "--image-size",
+                              "32", "--classes", "4", "--queue-capacity", "4", "--no-progress"],
+                             capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert re.search(r"^batches received: [\d,]+, rejected: 0; per producer \(batches and images over the whole run, "
+                     r"images/s over the [\d.]+ s timed above\):$", out.stdout, re.M), out.stdout
+    lines = re.findall(r"^  (\S+): [\d,]+ batches, [\d,]+ images, \d+ images/s$", out.stdout, re.M)
+    assert sorted(lines) == sorted([p0.producer_id, p1.producer_id]), out.stdout
+
+
+def test_the_train_summary_counts_connected_producers_that_sent_no_batch():
+    from stoker.consumer.receive_stats import InputStats
+    from stoker.consumer.training import TrainReport
+
+    stats = InputStats(batches=3, per_producer={"vm:5555#auto~3fa2c1": 3},
+                       samples_per_producer={"vm:5555#auto~3fa2c1": 24}, connected_producers=2)
+    report = TrainReport(steps=3, seconds=2.0, images_per_s=12.0, mean_queue_occupancy=0.5, final_loss=1.0,
+                         final_accuracy=0.5, input_stats=stats)
+    assert report.producer_lines() == ["vm:5555#auto~3fa2c1: 3 batches, 24 images, 12 images/s",
+                                       "1 more connected producer(s): 0 batches (a producer is named by its first "
+                                       "batch)"]
+    assert "  1 more connected producer(s): 0 batches" in report.summary()

@@ -33,6 +33,15 @@ def _assert_its_namespaces_are_gone(stdout: str) -> None:
     assert not left, f"namespaces left behind: {sorted(left)}"
 
 
+# A trainer's summary: one line per producer it received from; the harness's: one per producer it ran.
+_RECEIVED_RE = re.compile(r"^(?:trainer\d+: )?  (\S+): ([\d,]+) batches, [\d,]+ images, \d+ images/s$", re.M)
+_SERVED_RE = re.compile(r"^  (\S+): ([\d,]+) batches, [\d,]+ images, (?:\d+ images/s over [\d.]+ s|not timed.*)$", re.M)
+
+
+def _per_producer(pattern: re.Pattern, stdout: str) -> dict[str, int]:
+    return {name: int(n.replace(",", "")) for name, n in pattern.findall(stdout)}
+
+
 def _our_namespaces() -> set[str]:
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30).stdout
     return {line.split()[0] for line in out.splitlines() if line.startswith("stk")}
@@ -48,11 +57,15 @@ def test_stoker_cluster_trains_from_producers_on_separate_hosts_and_tears_down(s
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     # Each producer served from its own host address, and the trainer received from both.
     assert "producer on tcp://10.213.0.101:5555" in result.stdout and "producer on tcp://10.213.0.102:5555" in result.stdout
-    per_producer = re.search(r"batches received: \d+ \((.*)\); rejected: 0", result.stdout)
-    assert per_producer, result.stdout[-2000:]
-    counts = dict(item.rsplit(": ", 1) for item in per_producer.group(1).split(", "))
-    assert sorted(name.rsplit("#", 1)[1] for name in counts) == ["0/2", "1/2"], counts
-    assert all(int(n) > 0 for n in counts.values()), counts
+    assert re.search(r"batches received: [\d,]+, rejected: 0; per producer", result.stdout), result.stdout[-2000:]
+    received = _per_producer(_RECEIVED_RE, result.stdout)
+    assert sorted(received) == ["data0#0/2", "data1#1/2"], result.stdout[-2000:]
+    assert all(n > 0 for n in received.values()), received
+    # The harness's own line per producer: what each daemon counted at its stop.
+    assert "producers (each daemon's own count at its stop" in result.stdout, result.stdout[-2000:]
+    served = _per_producer(_SERVED_RE, result.stdout)
+    assert sorted(served) == ["data0#0/2", "data1#1/2"], result.stdout[-2000:]
+    assert all(served[name] >= received[name] for name in served), (served, received)
     assert "trained 30 steps" in result.stdout
     _assert_its_namespaces_are_gone(result.stdout)
 
@@ -67,6 +80,9 @@ def test_two_trainer_hosts_and_two_producer_hosts_train_and_cover_the_epoch_exac
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     for name in ("trainer0", "trainer1"):
         assert f"{name}: trained " in result.stdout, f"{name} did not train:\n{result.stdout[-3000:]}"
+        lines = re.findall(rf"^{name}:   (\S+): [\d,]+ batches, [\d,]+ images, \d+ images/s$", result.stdout, re.M)
+        assert lines and set(lines) <= {"data0#0/2", "data1#1/2"}, result.stdout[-3000:]
+    assert sorted(_per_producer(_SERVED_RE, result.stdout)) == ["data0#0/2", "data1#1/2"], result.stdout[-3000:]
     seen: dict[int, int] = {}
     for name in ("trainer0", "trainer1"):
         lines = (tmp_path / "consumed" / f"{name}.jsonl").read_text().splitlines()
@@ -116,4 +132,7 @@ def test_an_elastic_pool_gains_and_loses_a_data_host_mid_run_and_every_epoch_sta
     for epoch in (0, 1):
         assert f"epoch {epoch}: 96/96 records (100.0%), 0 seen more than once" in result.stdout, result.stdout[-3000:]
     assert "epoch 2:" not in result.stdout
+    # One line per producer of the pool, the one that joined and the one that left included (whatever each sent).
+    assert sorted(_per_producer(_SERVED_RE, result.stdout)) == ["data0#auto", "data1#auto", "data2#auto"], \
+        result.stdout[-3000:]
     _assert_its_namespaces_are_gone(result.stdout)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -19,6 +20,7 @@ import numpy as np
 import pytest
 import zmq
 
+from stoker.consumer.batch_stream import BatchStream
 from stoker.producer.dataset_format import LmdbDataset
 from stoker.producer.process import ProducerProcess
 from stoker.producer.procfs import running
@@ -368,3 +370,27 @@ def test_a_launcher_killed_outright_leaves_no_producer_behind(synth_lmdb, tmp_pa
         for pid in pids:  # a failure must not leak what it checks for
             if running(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_pool_producers_on_one_host_and_port_number_get_their_own_ids_and_stats_entries(synth_lmdb):
+    # Two pool producers on one host and one port number (two loopback addresses here; network namespaces,
+    # containers with host networking or cloned VMs alike) are both HOST:PORT#auto: each instance adds its own id.
+    args = ["--shard", "auto", "--workers", "1", "--batch-size", "8", "--image-size", "16"]
+    producers = [ProducerProcess(synth_lmdb, extra_args=args)]
+    port = producers[0].endpoint.rsplit(":", 1)[1]
+    try:
+        producers.append(ProducerProcess(synth_lmdb, bind=f"tcp://127.0.0.2:{port}", extra_args=args))
+        ids = [p.producer_id for p in producers]
+        shape = rf"{re.escape(socket.gethostname())}:{port}#auto~[0-9a-f]{{6}}"
+        assert all(re.fullmatch(shape, i) for i in ids) and ids[0] != ids[1], ids
+        with BatchStream([p.endpoint for p in producers], exact=True, recv_timeout=60) as stream:
+            deadline = time.monotonic() + 60
+            while len(stream.stats.per_producer) < 2:
+                assert time.monotonic() < deadline, f"waited 60 s for both producers: {stream.stats.per_producer}"
+                next(stream)
+            stats = stream.stats
+    finally:
+        for p in producers:
+            p.stop()
+    assert sorted(stats.per_producer) == sorted(ids)
+    assert all(stats.samples_per_producer[i] > 0 for i in ids)

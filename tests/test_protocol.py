@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from stoker.protocol import ALLOWED_DTYPES, PROTOCOL_VERSION, DecodeLimits, ProtocolError, decode_batch, encode_batch
+from stoker.protocol.batch_codec import is_valid_id, place_of, with_instance
 
 dtypes = st.sampled_from(sorted(ALLOWED_DTYPES)).map(np.dtype)
 arrays = dtypes.flatmap(lambda dt: hnp.arrays(dt, hnp.array_shapes(min_dims=0, max_dims=4, min_side=0, max_side=5)))
@@ -129,3 +130,12 @@ def test_message_size_limit_is_enforced_before_decoding():
     frames = encode_batch({"x": np.zeros(1000, np.uint8)}, producer="p", seq=0)
     with pytest.raises(ProtocolError, match="more than the 500 allowed"):
         decode_batch(frames, DecodeLimits(max_message_bytes=500))
+
+
+def test_default_producer_ids_differ_per_instance_fit_the_header_and_keep_their_place():
+    ids = {with_instance("vm:5555#auto") for _ in range(20)}
+    assert len(ids) == 20 and all(is_valid_id(i) and place_of(i) == "vm:5555#auto" for i in ids)
+    long = with_instance("h" * 200)
+    assert len(long) == 128 and is_valid_id(long)
+    assert decode_batch(encode_batch({"a": np.zeros(1)}, producer=long, seq=0)).header.producer == long
+    assert place_of("data0#0/2") == "data0#0/2"  # an --id without the suffix is its own place

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stoker.consumer.split_scheduler import SplitScheduler
+from stoker.consumer.split_scheduler import MIN_SPLITS, SplitScheduler, split_records
 from stoker.protocol import ProtocolError
 from stoker.protocol.exact_messages import (Credit, Hello, Work, WorkItem, decode_trainer_message, encode_work)
 from stoker.protocol.input_state import InputState, StreamKey, epoch_order
@@ -297,3 +297,152 @@ def test_credit_and_a_few_batches_ahead_bound_what_is_made_for_a_trainer():
     assert server.route(chunks[1]) == b"t"
     server.on_sent(b"t", chunks[1].epochs, chunks[1].indices, chunks[1])
     assert server.next_chunk(5) is not None and server.next_chunk(5) is None  # one more sent: room for one more
+
+
+# ---- liveness: every producer gets work, a stuck one's work goes to the others, stragglers are backed up ----
+
+def test_splits_are_small_enough_for_every_producer_of_a_growing_pool_and_whole_batches():
+    assert split_records(1024, 32) == 32  # the demo: 32 splits an epoch, not the 2 of 16-batch splits
+    assert split_records(1_000_000, 64) == 16 * 64  # large datasets keep 16-batch splits
+    assert split_records(20_000, 64) == 4 * 64  # 20,000 records / 64 splits = 312 records: 4 whole batches
+    assert split_records(100, 64) == 64  # a batch at least
+    assert split_records(1_000_000, 64, world=8) == split_records(1_000_000, 64, world=8)  # a function: trainers agree
+    for records, batch, world in [(1024, 32, 1), (1024, 8, 2), (50_000, 64, 4), (3000, 8, 1)]:
+        split = split_records(records, batch, world)
+        assert split % batch == 0
+        assert -(-records // split) >= min(MIN_SPLITS * world, records // batch)
+
+
+def _pool(records=1024, batch=32, epochs=2, stall_after=5.0):
+    key = StreamKey.parse(f"splits:{records}:7")
+    state = InputState()
+    sched = SplitScheduler(key, state.progress(str(key)), epochs, split_records(records, batch),
+                           stall_after=stall_after)
+    return sched, key
+
+
+def _serve(sched, key, item, producer, now, n=None):
+    """Producer ``producer`` delivers the first ``n`` records (all: None) of a work item at ``now``; rows kept."""
+    order = epoch_order(np.arange(key.records), key.seed, item.epoch)[item.start:item.end]
+    skip = set(item.skip)
+    records = np.asarray([r for k, r in enumerate(order) if k not in skip][:n], np.int64)
+    return sched.arrived(np.full(len(records), item.epoch), records, np.ones(len(records), bool), producer, now)
+
+
+def test_a_producer_joining_a_pool_of_two_takes_work_at_once_on_a_small_dataset():
+    sched, _ = _pool()
+    for p in (0, 1):
+        assert len(sched.top_up(p, now=0.0)) == 2
+    assert len(sched.top_up(2, now=1.0)) == 2  # the newcomer: free splits are there
+
+
+def test_a_stuck_producers_splits_go_to_the_others_and_it_gets_work_again_once_it_serves():
+    sched, key = _pool(stall_after=5.0)
+    stuck_items = sched.top_up(0, now=0.0)
+    other_items = sched.top_up(1, now=0.0)
+    for item in other_items:
+        assert _serve(sched, key, item, 1, now=1.0).all()
+    assert sched.stalls(now=4.0) == []  # within the bound
+    found = sched.stalls(now=6.0)
+    assert [p for p, _, _ in found] == [0] and found[0][2] == 2 * sched.split
+    assert sched.reserved == 2 and sched.top_up(0, now=6.0) == []  # stuck: no new work
+    again = sched.top_up(1, now=6.0)
+    assert [(i.epoch, i.start) for i in again] == [(i.epoch, i.start) for i in stuck_items]  # re-served first
+    for item in again:
+        assert _serve(sched, key, item, 1, now=7.0).all()
+    # The stuck producer wakes up and sends what it made: nothing of it is kept, it counts as wasted work, and it
+    # is responsive again: it takes new work.
+    assert not _serve(sched, key, stuck_items[0], 0, now=8.0).any()
+    assert sched.duplicates == sched.split and 0 not in sched.stuck
+    assert sched.top_up(0, now=8.0)
+
+
+def test_nobody_is_taken_for_stuck_while_the_trainers_queue_is_full_or_alone_in_the_pool():
+    sched, key = _pool(stall_after=5.0)
+    sched.top_up(0, now=0.0)
+    assert sched.stalls(now=60.0) == []  # alone: nobody could take its work
+    items = sched.top_up(1, now=0.0)
+    _serve(sched, key, items[0], 1, now=1.0)
+    sched.queue_full(now=58.0)  # the step is slow: producers wait for credit
+    assert sched.stalls(now=60.0) == []
+    assert [p for p, _, _ in sched.stalls(now=64.0)] == [0]
+    # A full queue does not excuse a producer that the others outpaced by more than the bound: it is not credit.
+    sched, key = _pool(stall_after=5.0)
+    sched.top_up(0, now=0.0)
+    items = sched.top_up(1, now=5.5)
+    _serve(sched, key, items[0], 1, now=6.0)  # a split in 0.5 s: the bound stays the 5 s floor
+    sched.queue_full(now=6.5)
+    assert [p for p, _, _ in sched.stalls(now=7.0)] == [0]
+
+
+def test_an_idle_producer_backs_up_a_stragglers_split_and_not_a_healthy_one():
+    def race(slow_pace: float) -> int:
+        sched, key = _pool(records=256, batch=8, epochs=1, stall_after=1000.0)  # 32 splits of 8 in one epoch
+        held = {0: sched.top_up(0, now=0.0), 1: sched.top_up(1, now=0.0)}
+        now = {0: 0.0, 1: 0.0}
+        pace = {0: slow_pace, 1: 1.0}  # seconds per split
+        backups = 0
+        while not sched.finished:
+            p = min(now, key=now.get)  # the producer whose next split is done first
+            if not held[p]:
+                more = sched.top_up(p, now=now[p])
+                if not more:
+                    now[p] = min(now.values()) + 0.5 if len(set(now.values())) > 1 else now[p] + 0.5
+                    if all(not h for h in held.values()) and not more:
+                        break
+                    continue
+                held[p] = more
+            item = held[p].pop(0)
+            now[p] += pace[p]
+            keep = _serve(sched, key, item, p, now=now[p])
+            epochs = np.zeros(int(keep.sum()), np.int64)
+            order = epoch_order(np.arange(key.records), key.seed, 0)[item.start:item.end]
+            rows = np.asarray([r for k, r in enumerate(order) if k not in set(item.skip)], np.int64)[keep]
+            sched.progress.mark(0, rows)
+            sched.consumed(epochs, rows)
+            held[p] += sched.top_up(p, now=now[p])
+            backups = sched.backups
+        assert sched.finished
+        return backups
+
+    assert race(1.0) == 0  # equal paces: nothing is worth doing twice
+    assert race(4.0) > 0  # a producer at a quarter speed: its last splits are backed up by the idle one
+
+
+def test_every_record_once_per_epoch_while_producers_freeze_thaw_and_straggle():
+    """Virtual time: producers of different speeds, some frozen for a while; the stall bound hands their work on."""
+    for seed in range(4):
+        rng = random.Random(seed)
+        key = StreamKey.parse("splits:300:5")
+        state = InputState()
+        sched = SplitScheduler(key, state.progress(str(key)), 3, 10, stall_after=3.0)
+        servers = {p: SplitServer(key, f"p{p}", 3) for p in range(3)}
+        for server in servers.values():
+            server.on_hello(b"t", Hello("t", 1, 10**6, InputState()))
+        speed = {p: rng.choice([1, 1, 4]) for p in servers}  # ticks per batch
+        frozen_until = {p: 0.0 for p in servers}
+        consumed: dict[int, list[int]] = {}
+        now = 0.0
+        for tick in range(20000):
+            if sched.finished:
+                break
+            now = tick * 0.1
+            if rng.random() < 0.002:
+                frozen_until[rng.choice(list(servers))] = now + rng.uniform(2, 20)
+            sched.stalls(now)
+            for p, server in servers.items():
+                items = sched.top_up(p, now)
+                if items:
+                    server.on_work(b"t", Work(1, items))
+                if now < frozen_until[p] or tick % speed[p]:
+                    continue
+                chunk = server.next_chunk(5)
+                if chunk is None:
+                    continue
+                server.on_sent(b"t", chunk.epochs, chunk.indices, chunk)
+                keep = sched.arrived(np.asarray(chunk.epochs), np.asarray(chunk.indices), np.ones(len(chunk), bool),
+                                     p, now)
+                _step(sched, consumed, chunk, keep)
+        assert sched.finished, f"seed {seed}: the run did not finish"
+        for epoch in range(3):
+            assert sorted(consumed[epoch]) == list(range(300)), f"seed {seed}, epoch {epoch}"

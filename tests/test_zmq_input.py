@@ -109,7 +109,7 @@ def test_killed_producer_leaves_training_running_and_rejoins_when_restarted(synt
                 return False
 
             assert run_until(lambda stats: len(stats.per_producer) == 2)
-            p0_id = next(i for i in inp.stats.per_producer if i.endswith("#0/2"))
+            p0_id = next(i for i in inp.stats.per_producer if "#0/2~" in i)
             p0.kill()
             # Batches p0 wrote before it died still arrive from the kernel's socket buffers, however many
             # they hold. Once libzmq has read up to the closed connection it reports the disconnect; from
@@ -120,8 +120,9 @@ def test_killed_producer_leaves_training_running_and_rejoins_when_restarted(synt
                 step()
             after_kill = inp.stats.per_producer
             assert after_kill[p0_id] <= drained_at + inp.rcvhwm + 1
-            p0 = _producer(synth_lmdb, "--shard", "0/2", bind=p0.endpoint)  # same address
-            assert run_until(lambda stats: stats.per_producer[p0_id] > after_kill[p0_id] + inp.rcvhwm + 1), \
+            p0 = _producer(synth_lmdb, "--shard", "0/2", bind=p0.endpoint)  # same address, a new instance id
+            assert p0.producer_id != p0_id
+            assert run_until(lambda stats: stats.per_producer.get(p0.producer_id, 0) > 0), \
                 "restarted producer did not rejoin"
     finally:
         p0.stop()

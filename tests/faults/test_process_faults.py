@@ -46,20 +46,20 @@ def test_producer_killed_ten_times_and_restarted_never_stalls_or_corrupts(synth_
     try:
         with ZMQInput([endpoint], batch_size=B, image_shape=(EVAL_SIZE, EVAL_SIZE, 3), recv_timeout=timeout,
                       queue_capacity=2) as inp:
-            producer_id = None
+            incarnations = []
             for kill in range(10):
-                before = inp.stats.per_producer.get(producer_id, 0) if producer_id else 0
+                incarnations.append(producer.producer_id)  # each start is a new instance: its own id
                 longest_gap, last = 0.0, time.monotonic()
                 # Consume until this incarnation has clearly delivered (more than what was buffered).
-                while inp.stats.per_producer.get(producer_id, 0) <= before + 8 if producer_id else inp.stats.batches < 8:
+                while inp.stats.per_producer.get(producer.producer_id, 0) <= 8:
                     _check_batch(inp, record_by_checksum)  # raises InputTimeoutError on a stall > timeout
                     now = time.monotonic()
                     longest_gap, last = max(longest_gap, now - last), now
-                    producer_id = producer_id or next(iter(inp.stats.per_producer))
                 assert longest_gap < timeout
                 producer.kill()
                 producer = ProducerProcess(synth_lmdb, bind=endpoint, extra_args=EVAL)
             assert inp.stats.protocol_errors == 0 and inp.stats.mismatched_batches == 0
+            assert len(set(incarnations)) == 10 and set(incarnations) <= set(inp.stats.per_producer)
     finally:
         producer.stop()
 
