@@ -43,6 +43,8 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from stoker.consumer.batch_stream import BatchStream
 from stoker.producer.process import ProducerProcess, Throttle
 from stoker.producer.procfs import cpu_seconds
@@ -307,6 +309,50 @@ def straggler(lmdb: Path, args: argparse.Namespace) -> dict[str, Any]:
     return {"rounds": rounds, "ratio_median": ratios[len(ratios) // 2], "ratio_min": ratios[0], "ratio_max": ratios[-1]}
 
 
+def scheduler_at_scale(records: int, batch: int, producers: int, batches: int) -> dict[str, Any]:
+    """The trainer's scheduling work per batch on a large pool, without images (a million-image LMDB takes hours to
+    build here): ``producers`` serve in turn, a newcomer joins halfway; CPU microseconds per batch for what the
+    transport does on each (arrived, consumed, a top-up of every producer fewest first, a stall check every 0.25 s)
+    and how many work items the newcomer got at its first top-up."""
+    from stoker.consumer.split_scheduler import SplitScheduler, split_records
+    from stoker.protocol.input_state import InputState, StreamKey
+
+    key = StreamKey.parse(f"splits:{records}:0")
+    state = InputState()
+    sched = SplitScheduler(key, state.progress(str(key)), None, split_records(records, batch))
+    held: dict[int, list] = {p: [] for p in range(producers)}
+    now, newcomer_items = 0.0, None
+    checked = 0.0
+    start = time.process_time()  # the whole loop: the simulated producers' bookkeeping too (an upper bound)
+    for n in range(batches):
+        if n == batches // 2:
+            held[producers] = []
+            newcomer_items = len(sched.top_up(producers, now))
+        p = n % len(held)
+        for q in ([p] if not sched.holding(p) else []) + sched.wants_work():  # as the transport does
+            for item in sched.top_up(q, now):
+                order = sched.open[item.epoch].order[item.start:item.end]
+                held[q].append([item.epoch, order])
+        if held[p]:
+            epoch, order = held[p][0]
+            take, held[p][0][1] = order[:batch], order[batch:]
+            if not len(held[p][0][1]):
+                held[p].pop(0)
+            epochs = np.full(len(take), epoch)
+            keep = sched.arrived(epochs, take, np.ones(len(take), bool), p, now)
+            state.progress(str(key)).mark(epoch, take[keep])
+            sched.consumed(epochs[keep], take[keep])
+        if now - checked >= 0.25:
+            checked = now
+            sched.stalls(now)
+        now += 0.01
+    t_cpu = time.process_time() - start
+    return {"records": records, "batch": batch, "producers": producers, "batches": batches,
+            "split_records": sched.split, "cpu_us_per_batch": 1e6 * t_cpu / batches,
+            "newcomer_items_at_first_top_up": newcomer_items, "wasted_records": sched.duplicates,
+            "producers_stuck": sched.stalls_seen}
+
+
 def liveness(tmp: Path, lmdb: Path, args: argparse.Namespace) -> dict[str, Any]:
     demo = tmp / "demo"
     build_synthetic(demo, 1024, seed=0, progress=False)
@@ -315,6 +361,7 @@ def liveness(tmp: Path, lmdb: Path, args: argparse.Namespace) -> dict[str, Any]:
         large = tmp / "large"
         build_synthetic(large, args.large_records, seed=0, progress=False)
         out["joining"].append(joining(large, args.large_records, args))
+    out["scheduler_at_scale"] = [scheduler_at_scale(n, 64, p, 4000) for n, p in ((1_000_000, 16), (1_000_000, 100))]
     out["stuck"] = stuck(lmdb, args)
     out["straggler"] = straggler(lmdb, args)
     return out
@@ -327,6 +374,11 @@ def print_liveness(live: dict[str, Any]) -> None:
               f"{j['images_per_s_two']:.0f} (2) -> {j['images_per_s_three']:.0f} (3), step {j['step']:.2f}x "
               f"({j['producer_cores'][0]:.2f} -> {j['producer_cores'][1]:.2f} producer cores: {j['vs_linear']:.2f} of linear); batches {j['batches_per_producer']}; wasted records "
               f"{j['wasted_records']}; twice {j['twice']}, never {j['never']}")
+    for k in live["scheduler_at_scale"]:
+        print(f"scheduler, {k['records']:,} records in splits of {k['split_records']}, {k['producers']} producers: "
+              f"{k['cpu_us_per_batch']:.0f} us CPU per batch of {k['batch']}; a newcomer got "
+              f"{k['newcomer_items_at_first_top_up']} split(s) at its first top-up; wasted {k['wasted_records']}, "
+              f"stuck {k['producers_stuck']}")
     s = live["stuck"]
     print(f"stuck: taken for stuck {s.get('freeze_to_stuck_s', float('nan')):.1f} s after the freeze, the epochs open "
           f"at the freeze complete {s['freeze_to_epoch_complete_s']:.1f} s after it (stall bound "

@@ -389,6 +389,7 @@ class ExactTransport:
                     log.error("producer %s gets no work: %s", status.producer, why)
                 return
         self._pooled.add(i)
+        self._give_work(i)  # new to the scheduler: its first top-up makes it known
         self._give_work_all()
 
     def _leave_pool(self, i: int) -> None:
@@ -408,7 +409,8 @@ class ExactTransport:
             return
         with self._lock:
             assert self.splits is not None
-            order = sorted(self._pooled, key=self.splits.holding)
+            order = list(self._pooled) if self.splits.finished else \
+                [i for i in self.splits.wants_work() if i in self._pooled]
         for i in order:
             self._give_work(i)
 

@@ -64,6 +64,7 @@ MIN_SPLITS = 64
 STALL_AFTER_S = 10.0
 STALL_FACTOR = 4.0  # the bound is at least this many times the median of the pool's recent split times
 BACKUP_FACTOR = 3.0  # back a split up when its holder needs this many times longer than an idle producer would
+BACKUP_CHECK_S = 0.25  # idle producers look for a split to back up at most this often (it scans every holder)
 _SPLIT_TIMES = 32  # recent split times kept
 _PACE_WEIGHT = 0.3  # weight of the newest sample in a producer's seconds-per-record average
 
@@ -123,10 +124,12 @@ class SplitScheduler:
         self.assigned: dict[int, dict[tuple[int, int], None]] = {}  # producer -> its unfinished splits, in order
         self.holders: dict[tuple[int, int], list[int]] = {}  # split -> producers serving it (two: a backup)
         self.stuck: set[int] = set()  # producers taken for stuck: no new work until they deliver again
+        self._hungry: set[int] = set()  # producers known, not stuck, holding fewer than ``ahead`` splits
         self._pace: dict[int, _Pace] = {}
         self._handed_at: dict[tuple[int, int], float] = {}  # split -> when it was first handed out
         self._split_times: deque = deque(maxlen=_SPLIT_TIMES)
         self._queue_full_at = float("-inf")  # the trainer's queue was last full (producers wait for credit)
+        self._backups_checked_at = float("-inf")
         self.duplicates = 0  # rows dropped: their record had arrived already (wasted work)
         self.foreign = 0  # rows dropped: not this trainer's (another share, an epoch not open)
         self.failed = 0  # records producers could not make
@@ -178,16 +181,24 @@ class SplitScheduler:
                 return
 
     def _close_done(self) -> None:
+        closed = False
         while self.progress.completed in self.open and self.open[self.progress.completed].left == 0:
             e = self.progress.completed
             del self.open[e]
+            closed = True
             self.progress.advance(e + 1)
             log.info("epoch %d complete: every record of this trainer's share consumed once", e)
         for e in [e for e in self.open if e < self.progress.completed]:
             del self.open[e]
-        if self._handed_at and min(self._handed_at)[0] not in self.open:  # a closed epoch's: forget them
+            closed = True
+        if closed:  # what the closed epochs' splits left behind
             for es in [es for es in self._handed_at if es[0] not in self.open]:
                 del self._handed_at[es]
+            for es in [es for es in self.holders if es[0] not in self.open]:
+                for p in self.holders.pop(es):
+                    if p in self.assigned:
+                        self.assigned[p].pop(es, None)
+                        self._note_room(p)
 
     @property
     def finished(self) -> bool:
@@ -221,7 +232,14 @@ class SplitScheduler:
         for es in [es for es in mine if not self._unfinished(es)]:
             del mine[es]
             self._unhold(es, producer)
+        self._note_room(producer)
         return mine
+
+    def _note_room(self, producer: int) -> None:
+        if producer not in self.stuck and len(self.assigned.get(producer, ())) < self.ahead:
+            self._hungry.add(producer)
+        else:
+            self._hungry.discard(producer)
 
     def _unhold(self, es: tuple[int, int], producer: int) -> None:
         holders = self.holders.get(es)
@@ -239,6 +257,7 @@ class SplitScheduler:
         self.holders.setdefault(es, []).append(producer)
         self._handed_at.setdefault(es, now)
         self.handed_out += 1
+        self._note_room(producer)
         return self._item(*es)
 
     def top_up(self, producer: int, now: Optional[float] = None) -> list[WorkItem]:
@@ -254,7 +273,8 @@ class SplitScheduler:
             if free is None:
                 break
             items.append(self._hold(producer, free, now))
-        if not mine:
+        if not mine and now - self._backups_checked_at >= BACKUP_CHECK_S:
+            self._backups_checked_at = now
             backup = self._backup_for(producer, now)
             if backup is not None:
                 self.backups += 1
@@ -262,8 +282,13 @@ class SplitScheduler:
         return items
 
     def holding(self, producer: int) -> int:
-        """Unfinished splits ``producer`` holds."""
+        """Unfinished splits ``producer`` holds (a split is dropped from its holders as its last record arrives)."""
         return len(self.assigned.get(producer, {}))
+
+    def wants_work(self) -> list[int]:
+        """The producers a ``top_up`` could hand anything (known, not stuck, holding fewer than ``ahead``), those
+        holding the fewest first: when splits are scarce a producer that joined takes the next free one."""
+        return sorted(self._hungry, key=self.holding)
 
     def records_held(self, producer: int) -> int:
         """Records of ``producer``'s unfinished splits that have not arrived."""
@@ -291,6 +316,8 @@ class SplitScheduler:
         """Producer ``producer`` is gone (or restarted): its unfinished splits go back; how many."""
         count = self._give_back(producer)
         self.stuck.discard(producer)
+        self._hungry.discard(producer)
+        self.assigned.pop(producer, None)
         self._pace.pop(producer, None)
         self.released += count
         return count
@@ -318,20 +345,29 @@ class SplitScheduler:
         now = time.monotonic() if now is None else now
         bound = self.stall_bound()
         found = []
-        for producer, mine in list(self.assigned.items()):
-            if not mine or producer in self.stuck:
+        live = [p for p in self.assigned if p not in self.stuck]
+        if len(live) < 2:
+            return found  # nobody could take its work
+        # The two latest progress times among them: "the others moved on" is the latest of someone else's.
+        latest = sorted(((self._pace[p].last_fresh, p) for p in live if p in self._pace), reverse=True)[:2]
+        remaining = len(live)
+        for producer in live:
+            if remaining < 2:
+                break  # the last one standing keeps its work: nobody else could take it
+            if not self.assigned[producer]:
                 continue
             pace = self._pace.setdefault(producer, _Pace(now, now))
-            others = [p for p in self.assigned if p != producer and p not in self.stuck]
             # A full queue excuses silence (credit, not the producer, holds it back) unless others moved on meanwhile:
             # the receiver reads every producer in turn, so one that others outpace by the bound is not waiting.
             own = max(pace.last_fresh, pace.busy_since)
-            moved = max((self._pace[p].last_fresh for p in others if p in self._pace), default=float("-inf"))
+            moved = next((t for t, p in latest if p != producer), float("-inf"))
             excuse = self._queue_full_at if moved - own <= bound else float("-inf")
-            if now - max(own, excuse) <= bound or not others:
+            if now - max(own, excuse) <= bound:
                 continue
             held = self.records_held(producer)
             self.stuck.add(producer)
+            self._hungry.discard(producer)
+            remaining -= 1
             self.stalls_seen += 1
             self.reserved += self._give_back(producer)
             self.assigned[producer] = {}
@@ -373,6 +409,7 @@ class SplitScheduler:
         pace = self._pace.setdefault(producer, _Pace(now, now))
         if producer in self.stuck:
             self.stuck.discard(producer)
+            self._note_room(producer)
             pace.busy_since = now
             log.warning("elastic pool: producer %d sends again; it takes new work", producer)
         if not fresh:
@@ -422,6 +459,10 @@ class SplitScheduler:
                 handed = self._handed_at.pop((e, s), None)
                 if handed is not None:
                     self._split_times.append(now - handed)
+                for p in self.holders.pop((e, s), ()):  # done: its holders have room for the next at once
+                    if p in self.assigned:
+                        self.assigned[p].pop((e, s), None)
+                        self._note_room(p)
             fresh_count += len(fresh)
             keep[fresh_rows] = valid[fresh_rows]
             failed = fresh[~valid[fresh_rows]]
