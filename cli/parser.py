@@ -201,7 +201,7 @@ def build_parser(handlers: Mapping[str, Callable[[argparse.Namespace], int]]) ->
     t.add_argument("--stall-after", type=float, default=10.0, metavar="S",
                    help="seconds a producer holding work may send nothing new while training waits before it counts "
                    "as stuck: an elastic pool hands its splits to the other producers, and the trainer logs what it "
-                   "waits for (a floor: a pool whose splits take longer waits 4x their median)")
+                   "waits for (a floor: a pool whose producers go longer between batches waits 4x the median gap)")
     t.add_argument("--stall-limit", type=float, default=300.0, metavar="S",
                    help="exact mode with fixed shards: fail after a producer was stuck this long, naming it (no "
                    "other producer can serve its shard; it is warned about before, at a growing interval)")

@@ -53,6 +53,7 @@ DESCRIBE_RETRY_S = 1.0
 #: Default of ``stall_limit`` (``--stall-limit``): a fixed-shard producer stuck this long fails the input.
 STALL_LIMIT_S = 300.0
 _STALL_CHECK_S = 0.25
+_PAUSE_S = 1.0  # a gap this long between two stall checks: the trainer itself was paused
 
 
 class ExactTransport:
@@ -73,6 +74,7 @@ class ExactTransport:
         self._queue_full_at = float("-inf")
         self.share = share
         self._pooled: set[int] = set()  # producers serving this trainer's splits under the current session
+        self._stuck: set[int] = set()  # producers taken for stuck, told to start afresh, not answered yet
         self._refused_pool: set[str] = set()
         self._told_finished: set[tuple[int, int]] = set()  # (producer, session) told the run is complete
         self.expected_spec: Optional[BatchSpec] = None  # the receiver's: a pool producer must send these batches
@@ -101,6 +103,8 @@ class ExactTransport:
         self._heard_at: list[float] = []  # any message (batch or status) from it
         self._batch_at: list[float] = []  # a batch of the current session, or the hello that began it
         self._stall_warned: list[tuple[float, float]] = []  # (next warning at, interval), while stuck
+        self._read_turn: list[int] = []  # when each was last read (a turn count): poll() serves the oldest first
+        self._turn = 0
         #: control messages sent and received, and their bytes (the receive thread writes them)
         self.control = [0, 0, 0, 0]
         try:
@@ -133,6 +137,7 @@ class ExactTransport:
             self._heard_at.append(now)
             self._batch_at.append(now)
             self._stall_warned.append((0.0, 0.0))
+            self._read_turn.append(0)
         return len(self.links) - 1
 
     def remove(self, address: str) -> Optional[int]:
@@ -253,6 +258,8 @@ class ExactTransport:
                 self._credit(i)
         self._give_work_all()
         if now - self._stalls_checked >= _STALL_CHECK_S:
+            if now - self._stalls_checked > _PAUSE_S:
+                self.queue_full()  # this thread did not run (a paused trainer, a GC): nobody else's silence
             self._stalls_checked = now
             self.stall_error = self.check_stalls(now) or self.stall_error
 
@@ -287,11 +294,14 @@ class ExactTransport:
     # ---- data -------------------------------------------------------------------------------
 
     def poll(self, timeout_ms: int) -> list[int]:
-        """The producers with a message waiting, after at most ``timeout_ms``."""
+        """The producers with a message waiting, after at most ``timeout_ms``, the one read longest ago first: a
+        receiver with room for one batch per turn (a slow step) reads each producer in turn, never the first
+        registered alone (which starved the others and made them look stuck)."""
         if not self._number:
             time.sleep(timeout_ms / 1000)
             return []
-        return [self._number[sock] for sock, _ in self._poller.poll(timeout_ms)]
+        ready = [self._number[sock] for sock, _ in self._poller.poll(timeout_ms)]
+        return sorted(ready, key=self._read_turn.__getitem__)
 
     def owned(self, i: int) -> bool:
         """Whether producer ``i``'s batches arrive in memory the sink may own (``exact_links``)."""
@@ -303,6 +313,8 @@ class ExactTransport:
         ProtocolError for a bad message."""
         link = self.links[i]
         assert link is not None
+        self._turn += 1
+        self._read_turn[i] = self._turn
         message = link.receive()
         if isinstance(message, Batch):
             return message
@@ -389,6 +401,9 @@ class ExactTransport:
                     log.error("producer %s gets no work: %s", status.producer, why)
                 return
         self._pooled.add(i)
+        if i in self._stuck:
+            self._stuck.discard(i)
+            log.warning("elastic pool: producer %s answers again: it takes new work", self.name(i))
         self._give_work(i)  # new to the scheduler: its first top-up makes it known
         self._give_work_all()
 
@@ -465,23 +480,34 @@ class ExactTransport:
             for producer, silent, held in stuck:
                 log.warning("elastic pool: producer %s sent no new record for %.0f s while this trainer waited "
                             "(stall bound %.1f s); its %d record(s) go to the other producers. It gets no new work "
-                            "until it serves again", self.name(producer), silent, self.splits.stall_bound(), held)
+                            "until it answers again", self.name(producer), silent, self.splits.stall_bound(), held)
+                # A new session: the producer drops what it queued for us (it would make it for nothing) and rejoins
+                # the pool when it answers; batches it made before are stale and dropped.
+                self._stuck.add(producer)
+                link = self.links[producer]
+                handshakes = link.handshakes if link is not None else 0
+                self._hello(producer)
+                self._said_hello[producer] = handshakes
             if stuck:
                 self._give_work_all()
         if self.stall_after is None or not self.active:
             return None
         for i in self.live():
             status, link = self.status[i], self.links[i]
+            # Idle (its epochs wait for trainers to consume them), said lately and since its last batch: not stuck.
+            idle = status is not None and status.idle and now - self._heard_at[i] <= self.stall_after
             if i in self._pooled or self.session[i] == 0 or status is None or status.stream.startswith("splits:") \
-                    or status.finished or status.waiting > 0 or link is None or not link.connected:
-                self._stall_warned[i] = (0.0, 0.0)
+                    or status.finished or status.waiting > 0 or idle or link is None or not link.connected:
+                self._batch_at[i] = now  # not waited on now: its silence counts from when it is again
+                self._stall_warned[i] = (0.0, self._stall_warned[i][1])
                 continue
             # A full queue excuses silence (credit, not the producer, holds it back) unless others moved on meanwhile.
             others = max((self._batch_at[j] for j in self.live() if j != i), default=float("-inf"))
             excuse = self._queue_full_at if others - self._batch_at[i] <= self.stall_after else float("-inf")
             silent = now - max(self._batch_at[i], excuse)
             if silent <= self.stall_after:
-                self._stall_warned[i] = (0.0, 0.0)
+                # The interval is kept: a producer that stalls again and again is not named at every stall.
+                self._stall_warned[i] = (0.0, self._stall_warned[i][1])
                 continue
             next_at, interval = self._stall_warned[i]
             if now >= next_at:

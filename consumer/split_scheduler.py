@@ -15,7 +15,7 @@ data-parallel trainers take disjoint shares, so nothing has to be agreed between
   from finishing it, when that holder's own pace says it would take ``BACKUP_FACTOR`` times longer
   than the idle producer (a straggler at an epoch's end, as MapReduce's backup tasks and LATE do).
 - ``stalls(now)``: a producer holding splits that made no progress for ``stall_bound()`` (the
-  floor ``stall_after``, or ``STALL_FACTOR`` times the pool's recent split times if longer), while
+  floor ``stall_after``, or ``STALL_FACTOR`` times the pool's recent progress gaps if longer), while
   the trainer's queue had room or other producers moved on, is *stuck*: its splits are handed to the others and it gets no new
   work until a batch of it arrives again (then it simply goes on: what it made meanwhile is
   dropped where others served it first).
@@ -62,10 +62,10 @@ MIN_SPLITS = 64
 #: Default floor of the stall bound (``stall_after``, ``--stall-after``): a producer holding work that sent no new
 #: record for this long while the trainer waited is stuck. Well above a worker's first batch (spawn, imports).
 STALL_AFTER_S = 10.0
-STALL_FACTOR = 4.0  # the bound is at least this many times the median of the pool's recent split times
+STALL_FACTOR = 4.0  # the bound is at least this many times the median of the pool's recent progress gaps
 BACKUP_FACTOR = 3.0  # back a split up when its holder needs this many times longer than an idle producer would
 BACKUP_CHECK_S = 0.25  # idle producers look for a split to back up at most this often (it scans every holder)
-_SPLIT_TIMES = 32  # recent split times kept
+_GAPS = 64  # recent progress gaps kept (a producer's time between two batches with new records)
 _PACE_WEIGHT = 0.3  # weight of the newest sample in a producer's seconds-per-record average
 
 
@@ -126,8 +126,7 @@ class SplitScheduler:
         self.stuck: set[int] = set()  # producers taken for stuck: no new work until they deliver again
         self._hungry: set[int] = set()  # producers known, not stuck, holding fewer than ``ahead`` splits
         self._pace: dict[int, _Pace] = {}
-        self._handed_at: dict[tuple[int, int], float] = {}  # split -> when it was first handed out
-        self._split_times: deque = deque(maxlen=_SPLIT_TIMES)
+        self._gaps: deque = deque(maxlen=_GAPS)
         self._queue_full_at = float("-inf")  # the trainer's queue was last full (producers wait for credit)
         self._backups_checked_at = float("-inf")
         self.duplicates = 0  # rows dropped: their record had arrived already (wasted work)
@@ -192,8 +191,6 @@ class SplitScheduler:
             del self.open[e]
             closed = True
         if closed:  # what the closed epochs' splits left behind
-            for es in [es for es in self._handed_at if es[0] not in self.open]:
-                del self._handed_at[es]
             for es in [es for es in self.holders if es[0] not in self.open]:
                 for p in self.holders.pop(es):
                     if p in self.assigned:
@@ -255,7 +252,6 @@ class SplitScheduler:
             pace.busy_since = now  # idle until now: its clock starts here
         mine[es] = None
         self.holders.setdefault(es, []).append(producer)
-        self._handed_at.setdefault(es, now)
         self.handed_out += 1
         self._note_room(producer)
         return self._item(*es)
@@ -330,11 +326,12 @@ class SplitScheduler:
 
     def stall_bound(self) -> float:
         """Seconds without progress after which a producer holding work is stuck: the floor ``stall_after``, or
-        ``STALL_FACTOR`` times the median time of the pool's recent splits (handed out to last record) if longer."""
+        ``STALL_FACTOR`` times the median of the pool's recent progress gaps (a producer's time between two batches
+        with new records, while it held work) if longer: a pool of slow pipelines or large batches waits longer."""
         floor = self.stall_after if self.stall_after is not None else float("inf")
-        if not self._split_times:
+        if not self._gaps:
             return floor
-        return max(floor, STALL_FACTOR * statistics.median(self._split_times))
+        return max(floor, STALL_FACTOR * statistics.median(self._gaps))
 
     def stalls(self, now: Optional[float] = None) -> list[tuple[int, float, int]]:
         """Producers newly taken for stuck, as ``(producer, seconds without progress, records it held)``: each held
@@ -411,11 +408,11 @@ class SplitScheduler:
             self.stuck.discard(producer)
             self._note_room(producer)
             pace.busy_since = now
-            log.warning("elastic pool: producer %d sends again; it takes new work", producer)
         if not fresh:
             return
         began = max(pace.last_fresh, pace.busy_since, self._queue_full_at)
         if now > began and self.assigned.get(producer):
+            self._gaps.append(now - began)
             sample = (now - began) / fresh
             pace.seconds_per_record = sample if pace.seconds_per_record is None else \
                 (1 - _PACE_WEIGHT) * pace.seconds_per_record + _PACE_WEIGHT * sample
@@ -435,7 +432,10 @@ class SplitScheduler:
             rows = np.flatnonzero((epochs == e) & (indices >= 0))
             epoch = self.open.get(e)
             if epoch is None:
-                self.foreign += int(valid[rows].sum())
+                if 0 <= e < self.progress.completed:  # a closed epoch: every record of it came before (work wasted)
+                    self.duplicates += int(valid[rows].sum())
+                else:
+                    self.foreign += int(valid[rows].sum())
                 continue
             ok = indices[rows] < self.records
             self.foreign += int((~ok & valid[rows]).sum())
@@ -456,9 +456,6 @@ class SplitScheduler:
             touched = epoch.position[fresh] // self.split
             np.subtract.at(epoch.split_left, touched, 1)
             for s in np.unique(touched[epoch.split_left[touched] == 0]).tolist():
-                handed = self._handed_at.pop((e, s), None)
-                if handed is not None:
-                    self._split_times.append(now - handed)
                 for p in self.holders.pop((e, s), ()):  # done: its holders have room for the next at once
                     if p in self.assigned:
                         self.assigned[p].pop((e, s), None)

@@ -56,7 +56,7 @@ class ZMQInput(tf.train.experimental.PythonState):
             ``s % world == rank``; data-parallel trainers give their rank and number.
         stall_after: seconds (default 10) a producer holding work may send nothing new while the
             step waits before it counts as stuck: an elastic pool hands its splits to the other
-            producers (a floor: the pool's own recent split times may set a longer bound); every
+            producers (a floor: a pool whose producers go longer between batches waits 4x that gap); every
             input logs once what it waits for. None: off.
         stall_limit: exact mode with fixed shards (default 300 s): a producer stuck this long
             fails the input with an error naming it (no other producer can serve its shard;

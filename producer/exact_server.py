@@ -124,6 +124,7 @@ class ExactServer:
         self.skipped_total = 0
         self.reserved_total = 0  # records served again after a loss
         self.status_changed = False
+        self.idle = False  # the last next_chunk found nothing to serve (the epoch window): said in statuses
         #: Bumped whenever a hello or a dropped trainer may make records being made stale (``take_stale``):
         #: a batch chosen since then needs no row-by-row check.
         self.generation = 0
@@ -194,6 +195,11 @@ class ExactServer:
             if epoch.cursor >= len(epoch.order) and self._may_open(e + 1) and e + 1 <= self.completed + EPOCHS_AHEAD:
                 self._epoch(e + 1)
             e += 1
+        idle = not indices
+        if idle != self.idle:
+            # Said at once when it becomes idle (a waiting trainer must not take it for stuck); busy again shows in
+            # its batches and the next periodic status.
+            self.idle, self.status_changed = idle, self.status_changed or idle
         return Chunk(epochs, indices, generation=self.generation) if indices else None
 
     def _positions(self, epochs: Sequence[int], indices: Sequence[int]) -> list[tuple[int, np.ndarray]]:
@@ -380,4 +386,5 @@ class ExactServer:
 
     def status(self) -> Status:
         waiting = max(0, self.min_trainers - len(self._joined)) if not self.finished else 0
-        return Status(str(self.key), self.producer_id, self.completed, self.epochs, self.finished, self.spec, waiting)
+        return Status(str(self.key), self.producer_id, self.completed, self.epochs, self.finished, self.spec, waiting,
+                      idle=self.idle)

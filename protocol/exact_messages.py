@@ -90,6 +90,9 @@ class Status:
     waiting: int = 0  # trainers still to join before it serves anything (--min-trainers)
     session: int = 0  # the addressed trainer's session it was sent under; 0: before it joined (a describe's answer)
     stranger: bool = False  # the answer to credit or work from a trainer this producer does not know: say hello
+    #: it has nothing to serve now: every record of its open epochs is out, and it waits for trainers (this one or
+    #: others) to consume them (the one-epoch-ahead window); a fixed-shard trainer does not take it for stuck
+    idle: bool = False
 
 
 def _int(value: Any, what: str, low: int = 0, high: int = 2**31) -> int:
@@ -155,7 +158,7 @@ def encode_status(status: Status) -> bytes:
     return msgpack.packb({"t": "status", "stream": status.stream, "producer": status.producer,
                           "completed": status.completed, "epochs": status.epochs, "finished": status.finished,
                           "spec": [[n, d, list(shape)] for n, d, shape in status.spec], "waiting": status.waiting,
-                          "session": status.session, "stranger": status.stranger},
+                          "session": status.session, "stranger": status.stranger, "idle": status.idle},
                          use_bin_type=True)
 
 
@@ -245,8 +248,11 @@ def decode_status(body: dict) -> Status:
     stranger = body.get("stranger", False)
     if not isinstance(stranger, bool):
         raise ProtocolError("status 'stranger' must be true or false")
+    idle = body.get("idle", False)
+    if not isinstance(idle, bool):
+        raise ProtocolError("status 'idle' must be true or false")
     return Status(stream, producer, _int(body.get("completed"), "status 'completed'"), epochs, finished, spec, waiting,
-                  session, stranger)
+                  session, stranger, idle)
 
 
 def unpack_producer_frame(frame: Any) -> Optional[dict]:

@@ -108,6 +108,7 @@ def test_a_frozen_producer_in_a_pool_of_three_stalls_nothing_and_no_record_comes
                 assert time.monotonic() < deadline, f"producer 0 never served: {stream.stats}"
                 _count(next(stream), seen)
             freeze(producers[0])
+            frozen_at = time.time()
             for batch in stream:  # to the end of the run: the others take its splits
                 _count(batch, seen)
             stats = stream.stats
@@ -115,8 +116,8 @@ def test_a_frozen_producer_in_a_pool_of_three_stalls_nothing_and_no_record_comes
         _stop_all(producers)
     _assert_each_record_once(seen, range(2))
     assert stats.producers_stuck >= 1 and stats.splits_reserved >= 1, stats
-    assert any("sent no new record" in r.message and producers[0].endpoint.split("//")[1] in r.message
-               for r in caplog.records), "the stuck producer was not named"
+    named = [r.message for r in caplog.records if r.created >= frozen_at and "sent no new record" in r.message]
+    assert named and all(producers[0].producer_id in m for m in named), named  # it, and only it
 
 
 @pytest.mark.timeout(240)
@@ -147,7 +148,7 @@ def test_a_frozen_producer_that_is_thawed_serves_again_and_no_record_comes_twice
     finally:
         _stop_all(producers)
     _assert_each_record_once(seen, range(last + 1))
-    assert stats.producers_stuck >= 1
+    assert stats.splits_reserved >= 1, stats
 
 
 @pytest.mark.timeout(240)
@@ -179,6 +180,7 @@ def test_a_frozen_fixed_shard_producer_is_named_then_fails_the_input(lmdb: Path,
                 assert time.monotonic() < deadline, f"producer 1 never served: {stream.stats}"
                 next(stream)
             freeze(producers[1])
+            frozen_at = time.time()
             with pytest.raises(InputError, match="stall_limit") as failure:
                 while time.monotonic() < deadline:
                     next(stream)  # producer 0 goes on, its endless shard: no stall of the job, but shard 1 waits
@@ -187,8 +189,8 @@ def test_a_frozen_fixed_shard_producer_is_named_then_fails_the_input(lmdb: Path,
         _stop_all(producers)
     address = producers[1].endpoint.split("//")[1]
     assert address in str(failure.value) and "--shard auto" in str(failure.value)
-    warnings = [r.message for r in caplog.records if "sent no batch" in r.message]
-    assert warnings and address in warnings[0] and "cannot be served by another producer" in warnings[0]
+    warnings = [r.message for r in caplog.records if r.created >= frozen_at and "sent no batch" in r.message]
+    assert warnings and all(address in w and "cannot be served by another producer" in w for w in warnings), warnings
     assert stats.stall_warnings >= 1
 
 
@@ -210,12 +212,13 @@ def test_plain_mode_goes_on_at_the_others_rate_and_says_what_it_waits_for_once_a
                 next(stream)
             assert _batches_of(stream, producers[0]) > before
             freeze(producers[0])
+            frozen_at = time.time()
             with pytest.raises(InputError):
                 while time.monotonic() < deadline:
                     next(stream)
     finally:
         _stop_all(producers)
-    reports = [r.message for r in caplog.records if "delivered nothing" in r.message]
+    reports = [r.message for r in caplog.records if r.created >= frozen_at and "delivered nothing" in r.message]
     assert len(reports) == 1, reports  # once, not every turn
     assert producers[0].producer_id in reports[0] and producers[1].producer_id in reports[0]
 

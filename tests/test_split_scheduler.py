@@ -306,7 +306,7 @@ def test_splits_are_small_enough_for_every_producer_of_a_growing_pool_and_whole_
     assert split_records(1_000_000, 64) == 16 * 64  # large datasets keep 16-batch splits
     assert split_records(20_000, 64) == 4 * 64  # 20,000 records / 64 splits = 312 records: 4 whole batches
     assert split_records(100, 64) == 64  # a batch at least
-    assert split_records(1_000_000, 64, world=8) == split_records(1_000_000, 64, world=8)  # a function: trainers agree
+    assert split_records(1_000_000, 64, world=8) == 16 * 64 and split_records(100_000, 64, world=8) == 64 * 3
     for records, batch, world in [(1024, 32, 1), (1024, 8, 2), (50_000, 64, 4), (3000, 8, 1)]:
         split = split_records(records, batch, world)
         assert split % batch == 0
@@ -410,7 +410,9 @@ def test_an_idle_producer_backs_up_a_stragglers_split_and_not_a_healthy_one():
 
 
 def test_every_record_once_per_epoch_while_producers_freeze_thaw_and_straggle():
-    """Virtual time: producers of different speeds, some frozen for a while; the stall bound hands their work on."""
+    """Virtual time: producers of different speeds, some frozen for a while, one for good; the stall bound hands
+    their work on, idle producers back up stragglers, and every record still comes once per epoch."""
+    reserved = backups = 0
     for seed in range(4):
         rng = random.Random(seed)
         key = StreamKey.parse("splits:300:5")
@@ -419,8 +421,11 @@ def test_every_record_once_per_epoch_while_producers_freeze_thaw_and_straggle():
         servers = {p: SplitServer(key, f"p{p}", 3) for p in range(3)}
         for server in servers.values():
             server.on_hello(b"t", Hello("t", 1, 10**6, InputState()))
-        speed = {p: rng.choice([1, 1, 4]) for p in servers}  # ticks per batch
+        speed = {0: 1, 1: 1, 2: 4}  # ticks per batch: one straggler
         frozen_until = {p: 0.0 for p in servers}
+        servers[3] = SplitServer(key, "p3", 3)
+        servers[3].on_hello(b"t", Hello("t", 1, 10**6, InputState()))
+        speed[3], frozen_until[3] = 1, float("inf")  # takes work, never serves
         consumed: dict[int, list[int]] = {}
         now = 0.0
         for tick in range(20000):
@@ -446,3 +451,6 @@ def test_every_record_once_per_epoch_while_producers_freeze_thaw_and_straggle():
         assert sched.finished, f"seed {seed}: the run did not finish"
         for epoch in range(3):
             assert sorted(consumed[epoch]) == list(range(300)), f"seed {seed}, epoch {epoch}"
+        assert 3 in sched.stuck
+        reserved, backups = reserved + sched.reserved, backups + sched.backups
+    assert reserved > 0 and backups > 0
