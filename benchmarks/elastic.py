@@ -247,13 +247,15 @@ def stuck(lmdb: Path, args: argparse.Namespace) -> dict[str, Any]:
             last_open = _completed(stream) + 1  # the epochs open at the freeze: it may hold records of either
             producers[0].pause()
             frozen = time.monotonic()
-            while _completed(stream) <= last_open:
+            while _completed(stream) <= last_open or "freeze_to_stuck_s" not in out:
                 if time.monotonic() - frozen > 300:
                     raise RuntimeError(f"epoch {last_open} never completed after the freeze: {stream.stats}")
                 if "freeze_to_stuck_s" not in out and stream.stats.producers_stuck:
                     out["freeze_to_stuck_s"] = time.monotonic() - frozen
+                if "freeze_to_epoch_complete_s" not in out and _completed(stream) > last_open:
+                    out["freeze_to_epoch_complete_s"] = time.monotonic() - frozen
                 tally.take(stream)
-            out["freeze_to_epoch_complete_s"] = time.monotonic() - frozen
+            out.setdefault("freeze_to_epoch_complete_s", time.monotonic() - frozen)
             out["stall_bound_s"] = stream._exact.splits.stall_bound()
             out["images_per_s_two_left"] = _rate(stream, tally, args.seconds)
             stats = stream.stats
@@ -298,15 +300,33 @@ def _epoch_seconds(lmdb: Path, args: argparse.Namespace, slow: bool, epochs: int
 
 
 def straggler(lmdb: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """Epoch time, two healthy producers plus one at a quarter speed vs the two alone, interleaved rounds."""
+    """Epoch time, two healthy producers plus one at a quarter speed vs the two alone, interleaved rounds; and the
+    same straggler with backups off (an ablation: the scheduler runs in this process, its factor is patched)."""
+    from stoker.consumer import split_scheduler
+
+    def configured(name: str) -> dict[str, Any]:
+        factor = split_scheduler.BACKUP_FACTOR
+        if name == "no_backups":
+            split_scheduler.BACKUP_FACTOR = float("inf")
+        try:
+            return _epoch_seconds(lmdb, args, name != "healthy", args.straggler_epochs)
+        finally:
+            split_scheduler.BACKUP_FACTOR = factor
+
     rounds = []
+    names = ["healthy", "with_straggler", "no_backups"]
     for r in range(args.rounds):
-        order = [False, True] if r % 2 == 0 else [True, False]
-        got = {slow: _epoch_seconds(lmdb, args, slow, args.straggler_epochs) for slow in order}
-        rounds.append({"healthy": got[False], "with_straggler": got[True],
-                       "ratio": got[True]["epoch_s"] / got[False]["epoch_s"]})
-    ratios = sorted(r["ratio"] for r in rounds)
-    return {"rounds": rounds, "ratio_median": ratios[len(ratios) // 2], "ratio_min": ratios[0], "ratio_max": ratios[-1]}
+        got = {name: configured(name) for name in names[r % 3:] + names[:r % 3]}  # the order rotates
+        rounds.append({**got, "ratio": got["with_straggler"]["epoch_s"] / got["healthy"]["epoch_s"],
+                       "ratio_no_backups": got["no_backups"]["epoch_s"] / got["healthy"]["epoch_s"]})
+
+    def spread(key: str) -> tuple[float, float, float]:
+        values = sorted(r[key] for r in rounds)
+        return values[len(values) // 2], values[0], values[-1]
+
+    (median, low, high), (median_off, low_off, high_off) = spread("ratio"), spread("ratio_no_backups")
+    return {"rounds": rounds, "ratio_median": median, "ratio_min": low, "ratio_max": high,
+            "no_backups_median": median_off, "no_backups_min": low_off, "no_backups_max": high_off}
 
 
 def scheduler_at_scale(records: int, batch: int, producers: int, batches: int) -> dict[str, Any]:
@@ -326,8 +346,9 @@ def scheduler_at_scale(records: int, batch: int, producers: int, batches: int) -
     start = time.process_time()  # the whole loop: the simulated producers' bookkeeping too (an upper bound)
     for n in range(batches):
         if n == batches // 2:
-            held[producers] = []
-            newcomer_items = len(sched.top_up(producers, now))
+            items = sched.top_up(producers, now)
+            held[producers] = [[i.epoch, sched.open[i.epoch].order[i.start:i.end]] for i in items]
+            newcomer_items = len(items)
         p = n % len(held)
         for q in ([p] if not sched.holding(p) else []) + sched.wants_work():  # as the transport does
             for item in sched.top_up(q, now):
@@ -387,12 +408,15 @@ def print_liveness(live: dict[str, Any]) -> None:
           f"{s['twice']}, never {s['never']}")
     g = live["straggler"]
     for k, r in enumerate(g["rounds"]):
+        runs = [r["healthy"], r["with_straggler"], r["no_backups"]]
         print(f"straggler round {k}: epoch {r['healthy']['epoch_s']:.2f} s with 2 healthy, "
               f"{r['with_straggler']['epoch_s']:.2f} s with a quarter-speed third ({r['ratio']:.2f}x; backups "
-              f"{r['with_straggler']['backups']}, wasted {r['with_straggler']['wasted_records']}; healthy wasted "
-              f"{r['healthy']['wasted_records']}); twice {r['healthy']['twice'] + r['with_straggler']['twice']}, "
-              f"never {r['healthy']['never'] + r['with_straggler']['never']}")
-    print(f"straggler: median {g['ratio_median']:.2f}x (range {g['ratio_min']:.2f}-{g['ratio_max']:.2f})")
+              f"{r['with_straggler']['backups']}, wasted {r['with_straggler']['wasted_records']}), "
+              f"{r['no_backups']['epoch_s']:.2f} s with backups off ({r['ratio_no_backups']:.2f}x); healthy wasted "
+              f"{r['healthy']['wasted_records']}; twice {sum(x['twice'] for x in runs)}, "
+              f"never {sum(x['never'] for x in runs)}")
+    print(f"straggler: median {g['ratio_median']:.2f}x (range {g['ratio_min']:.2f}-{g['ratio_max']:.2f}); backups off "
+          f"{g['no_backups_median']:.2f}x ({g['no_backups_min']:.2f}-{g['no_backups_max']:.2f})")
 
 
 def main() -> None:

@@ -41,7 +41,7 @@ from stoker.protocol.input_state import InputState, StreamKey, rows_by_epoch
 
 from .connections import HandshakeFailures
 from .exact_links import Link
-from .split_scheduler import STALL_AFTER_S, SplitScheduler, split_records
+from .split_scheduler import STALL_AFTER_S, SplitScheduler, split_records, splits_ahead
 
 log = logging.getLogger("stoker.consumer")
 
@@ -381,7 +381,8 @@ class ExactTransport:
                 key = StreamKey.parse(status.stream)
                 split = split_records(key.records, self.batch_size, self.share[1])
                 self.splits = SplitScheduler(key, self._state.progress(status.stream), status.epochs,
-                                             split, *self.share, stall_after=self.stall_after)
+                                             split, *self.share, ahead=splits_ahead(split, self.batch_size, self.credit),
+                                             stall_after=self.stall_after)
                 log.info("elastic pool of %d records (seed %d): handing out splits of %d records (%d an epoch)%s",
                          key.records, key.seed, split, self.splits.splits, f", share {self.share[0]}/{self.share[1]}"
                          if self.share[1] > 1 else "")
@@ -492,7 +493,10 @@ class ExactTransport:
                 self._give_work_all()
         if self.stall_after is None or not self.active:
             return None
-        for i in self.live():
+        live = self.live()
+        # The two latest batches: "others moved on" for producer i is the latest that is not its own.
+        latest = sorted(((self._batch_at[j], j) for j in live), reverse=True)[:2]
+        for i in live:
             status, link = self.status[i], self.links[i]
             # Idle (its epochs wait for trainers to consume them), said lately and since its last batch: not stuck.
             idle = status is not None and status.idle and now - self._heard_at[i] <= self.stall_after
@@ -502,7 +506,7 @@ class ExactTransport:
                 self._stall_warned[i] = (0.0, self._stall_warned[i][1])
                 continue
             # A full queue excuses silence (credit, not the producer, holds it back) unless others moved on meanwhile.
-            others = max((self._batch_at[j] for j in self.live() if j != i), default=float("-inf"))
+            others = next((t for t, j in latest if j != i), float("-inf"))
             excuse = self._queue_full_at if others - self._batch_at[i] <= self.stall_after else float("-inf")
             silent = now - max(self._batch_at[i], excuse)
             if silent <= self.stall_after:
@@ -516,10 +520,12 @@ class ExactTransport:
                 log.warning("producer %s sent no batch for %.0f s while this trainer waited for data (%s); a fixed "
                             "shard (%s, %s) cannot be served by another producer, so its records wait for it. "
                             "Restart it (it resumes the open epochs), or run the job as an elastic pool (producers "
-                            "--shard auto). This trainer fails in %.0f s (stall_limit)", self.name(i), silent,
+                            "--shard auto). %s", self.name(i), silent,
                             f"its last message came {heard:.0f} s ago" if heard > 1 else
                             "it is alive, but neither its workers nor its epochs move on", status.stream,
-                            self._open_epochs(status.stream), max(0.0, (self.stall_limit or 0) - silent))
+                            self._open_epochs(status.stream),
+                            f"This trainer fails in {max(0.0, self.stall_limit - silent):.0f} s (stall_limit)"
+                            if self.stall_limit is not None else "stall_limit is off: this trainer waits")
                 interval = max(self.stall_after, 2 * interval)
                 self._stall_warned[i] = (now + interval, interval)
             if self.stall_limit is not None and silent > self.stall_limit:
