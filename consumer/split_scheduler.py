@@ -11,9 +11,9 @@ data-parallel trainers take disjoint shares, so nothing has to be agreed between
   released by a producer that left or is stuck first, then the oldest open epoch's next split. At
   most ``EPOCHS_AHEAD`` epoch beyond the oldest incomplete one is open, as with fixed shards. The
   transport tops up the producers holding the fewest splits first, so a newcomer takes work at once.
-  A producer left idle with nothing free takes a *backup* of the split whose holder is furthest
-  from finishing it, when that holder's own pace says it would take ``BACKUP_FACTOR`` times longer
-  than the idle producer (a straggler at an epoch's end, as MapReduce's backup tasks and LATE do).
+  A producer left idle with nothing free takes a *backup* of the split the slowest holder is
+  serving, when that holder's measured pace is ``BACKUP_FACTOR`` times slower than the idle
+  producer's (a straggler at an epoch's end, as MapReduce's backup tasks and LATE do).
 - ``stalls(now)``: a producer holding splits that made no progress for ``stall_bound()`` (the
   floor ``stall_after``, or ``STALL_FACTOR`` times the pool's recent progress gaps if longer), while
   the trainer's queue had room or other producers moved on, is *stuck*: its splits are handed to the others and it gets no new
@@ -78,6 +78,7 @@ BACKUP_FACTOR = 3.0  # back a split up when its holder needs this many times lon
 BACKUP_CHECK_S = 0.25  # idle producers look for a split to back up at most this often (it scans every holder)
 _GAPS = 64  # recent progress gaps kept (a producer's time between two batches with new records)
 _PACE_WEIGHT = 0.3  # weight of the newest sample in a producer's seconds-per-record average
+_PACE_SAMPLES = 4  # batches a holder's pace is measured over before a backup is judged by it
 
 
 def split_records(records: int, batch_size: int, world: int = 1) -> int:
@@ -111,6 +112,7 @@ class _Pace:
     busy_since: float = 0.0  # when it last went from holding no split to holding one
     last_fresh: float = 0.0  # when a record of it last arrived first
     seconds_per_record: Optional[float] = None  # average while it held work (None: not measured yet)
+    samples: int = 0  # batches the average is made of
 
 
 class SplitScheduler:
@@ -382,14 +384,16 @@ class SplitScheduler:
             found.append((producer, now - max(pace.last_fresh, pace.busy_since), held))
         return found
 
-    def _estimate(self, producer: int) -> Optional[float]:
+    def _estimate(self, producer: int, samples: int = 1) -> Optional[float]:
+        """Seconds per record of ``producer``, once measured over at least ``samples`` batches (else None)."""
         pace = self._pace.get(producer)
-        return pace.seconds_per_record if pace is not None else None
+        return pace.seconds_per_record if pace is not None and pace.samples >= samples else None
 
     def _backup_for(self, idle: int, now: float) -> Optional[tuple[int, int]]:
-        """The split to back up on idle producer ``idle``: the one whose holder would finish it last, if that holder
-        needs ``BACKUP_FACTOR`` times longer than ``idle`` would (by each one's measured pace); None if no split is
-        that late, paces are not known yet, or the trainer's queue was full lately (credit, not pace, limits)."""
+        """The split to back up on idle producer ``idle``: among the splits their holders are serving (each one's
+        first: later ones are queued work, which a backup would only make twice), the one of the slowest holder,
+        if that holder's measured pace is ``BACKUP_FACTOR`` times ``idle``'s; None if none is, paces are not known
+        yet (``_PACE_SAMPLES`` batches), or the trainer's queue was full lately (credit, not pace, limits)."""
         if now - self._queue_full_at < 1.0:
             return None
         paces = [p.seconds_per_record for p in self._pace.values() if p.seconds_per_record]
@@ -398,17 +402,12 @@ class SplitScheduler:
         own = self._estimate(idle) or statistics.median(paces)
         worst, worst_ratio = None, BACKUP_FACTOR
         for producer, mine in self.assigned.items():
-            pace = self._estimate(producer)
-            if producer == idle or producer in self.stuck or not pace:
+            pace = self._estimate(producer, _PACE_SAMPLES)
+            if producer == idle or producer in self.stuck or not pace or not mine:
                 continue
-            ahead_of_it = 0
-            for es in mine:
-                left = int(self.open[es[0]].split_left[es[1]]) if es[0] in self.open else 0
-                ahead_of_it += left
-                if left and len(self.holders.get(es, ())) == 1:
-                    ratio = (ahead_of_it * pace) / (left * own)
-                    if ratio > worst_ratio:
-                        worst, worst_ratio = es, ratio
+            first = next(iter(mine))
+            if len(self.holders.get(first, ())) == 1 and pace / own > worst_ratio:
+                worst, worst_ratio = first, pace / own
         return worst
 
     def _paced(self, producer: int, fresh: int, now: float) -> None:
@@ -427,6 +426,7 @@ class SplitScheduler:
             sample = (now - began) / fresh
             pace.seconds_per_record = sample if pace.seconds_per_record is None else \
                 (1 - _PACE_WEIGHT) * pace.seconds_per_record + _PACE_WEIGHT * sample
+            pace.samples += 1
         pace.last_fresh = now
 
     # ---- what arrives and what the steps take ----------------------------------------------
