@@ -141,9 +141,13 @@ def test_a_frozen_producer_that_is_thawed_serves_again_and_no_record_comes_twice
                 assert time.monotonic() < deadline, f"the thawed producer never served again: {stream.stats}"
                 _count(next(stream), seen)
             last = max(e for e, _ in seen)
-            while min((e for e, _ in seen if e == last), default=last) == last and \
-                    sum(1 for e, _ in seen if e == last) < RECORDS:
-                _count(next(stream), seen)  # finish the epoch in progress
+
+            def incomplete() -> bool:  # every epoch up to the one in progress: an older one may still wait
+                return any(sum(1 for e, _ in seen if e == epoch) < RECORDS for epoch in range(last + 1))
+
+            while incomplete():
+                assert time.monotonic() < deadline, f"epochs up to {last} never completed: {stream.stats}"
+                _count(next(stream), seen)
             stats = stream.stats
     finally:
         _stop_all(producers)
