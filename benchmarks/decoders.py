@@ -9,7 +9,7 @@ the batch row) timed for each decoder that installs from the registry:
 - simplejpeg (libjpeg-turbo, RGB out, so the resize writes straight into the row),
   exact and with ``--fast-dct`` (``fastdct``/``fastupsample``);
 - PyTurboJPEG 1.x (libjpeg-turbo via the system's ``libturbojpeg0``), if importable;
-- crop-window decoding (``stoker.producer._jpeg_crop``: libjpeg decodes only the
+- crop-window decoding (``stoker.producer.images._jpeg_crop``: libjpeg decodes only the
   window, as tf.io.decode_and_crop_jpeg does): the producer, when it is built.
 
 Then the ceiling of reduced-DCT decoding: decode-only speed at scale 1, 7/8, 3/4, 5/8,
@@ -33,7 +33,7 @@ import cv2
 import numpy as np
 import simplejpeg
 
-from stoker.producer.augment import (
+from stoker.producer.images.augment import (
     CROP_DECODING,
     decode_rgb,
     decode_train_crop,
@@ -41,7 +41,7 @@ from stoker.producer.augment import (
     resize_flip_into,
     train_transform,
 )
-from stoker.producer.synthetic import synthetic_jpeg
+from stoker.producer.dataset.synthetic import synthetic_jpeg
 
 SIZE = 224
 SCALES = [(1, 1), (7, 8), (3, 4), (5, 8), (1, 2), (1, 4)]
@@ -141,7 +141,7 @@ def main() -> None:
     for name, value in pipeline_rates.items():
         print(f"{name:<46} | {value:>8.0f} | {value / base:>9.3f}")
     if not CROP_DECODING:
-        print("not measured: crop-window decoding (stoker.producer._jpeg_crop not built: install libjpeg headers)")
+        print("not measured: crop-window decoding (stoker.producer.images._jpeg_crop not built: install libjpeg headers)")
     if tj is None:
         print("not measured: PyTurboJPEG (pip install 'pyturbojpeg<2'; apt-get install libturbojpeg0)")
     full = decode_rates.get("1/1", decode_rates["opencv 1/1"])

@@ -47,8 +47,8 @@ import numpy as np
 
 from stoker.consumer.batch_stream import BatchStream
 from stoker.producer.process import ProducerProcess, Throttle
-from stoker.producer.procfs import cpu_seconds
-from stoker.producer.synthetic import build_synthetic
+from stoker.producer.measure.procfs import cpu_seconds
+from stoker.producer.dataset.synthetic import build_synthetic
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -302,7 +302,7 @@ def _epoch_seconds(lmdb: Path, args: argparse.Namespace, slow: bool, epochs: int
 def straggler(lmdb: Path, args: argparse.Namespace) -> dict[str, Any]:
     """Epoch time, two healthy producers plus one at a quarter speed vs the two alone, interleaved rounds; and the
     same straggler with backups off (an ablation: the scheduler runs in this process, its factor is patched)."""
-    from stoker.consumer import split_scheduler
+    from stoker.consumer.exact import split_scheduler
 
     def configured(name: str) -> dict[str, Any]:
         factor = split_scheduler.BACKUP_FACTOR
@@ -334,7 +334,7 @@ def scheduler_at_scale(records: int, batch: int, producers: int, batches: int) -
     build here): ``producers`` serve in turn, a newcomer joins halfway; CPU microseconds per batch for what the
     transport does on each (arrived, consumed, a top-up of every producer fewest first, a stall check every 0.25 s)
     and how many work items the newcomer got at its first top-up."""
-    from stoker.consumer.split_scheduler import SplitScheduler, split_records
+    from stoker.consumer.exact.split_scheduler import SplitScheduler, split_records
     from stoker.protocol.input_state import InputState, StreamKey
 
     key = StreamKey.parse(f"splits:{records}:0")

@@ -43,7 +43,7 @@ def rate(lmdb_path: Path, exact: bool, batch: int, size: int, workers: int, warm
 
     from stoker.consumer import ZMQInput
     from stoker.producer.process import ProducerProcess
-    from stoker.producer.procfs import cpu_seconds
+    from stoker.producer.measure.procfs import cpu_seconds
 
     args = ["--workers", str(workers), "--batch-size", str(batch), "--image-size", str(size), "--seed", "0",
             *(["--exact"] if exact else []), *(["--shard", "auto"] if pool else [])]
@@ -87,7 +87,7 @@ def state_sizes() -> dict[str, int]:
 
 
 def main() -> None:
-    from stoker.producer.synthetic import build_synthetic
+    from stoker.producer.dataset.synthetic import build_synthetic
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=512)

@@ -34,9 +34,9 @@ from typing import Optional
 
 import numpy as np
 
-from stoker.consumer.direct_receive import read_message
+from stoker.consumer.transport.direct_receive import read_message
 from stoker.consumer.receive_core import aligned_empty
-from stoker.consumer.zmtp import Stopped, ZMTPConnection
+from stoker.consumer.transport.zmtp import Stopped, ZMTPConnection
 from stoker.protocol import DecodeLimits, ProtocolError, encode_batch
 from stoker.protocol.batch_spec import BatchSpec
 from stoker.protocol.exact_messages import Status, decode_status, encode_status

@@ -86,7 +86,7 @@ def build_checksum_lmdb(path: Path, records: int, size: int) -> dict[int, int]:
     import numpy as np
 
     from checksum_pipeline import checksum, checksum_weights
-    from stoker.producer.dataset_writer import write_lmdb
+    from stoker.producer.dataset.writer import write_lmdb
 
     rng = np.random.default_rng(0)
     weights = checksum_weights(size)
@@ -247,9 +247,9 @@ def section_latency(p: dict[str, Any], precision: str) -> dict[str, Any]:
     import tensorflow as tf
 
     from stoker.consumer import ZMQInput
-    from stoker.consumer.models import build_model
+    from stoker.consumer.train.models import build_model
     from stoker.producer.process import ProducerProcess
-    from stoker.producer.synthetic import build_synthetic
+    from stoker.producer.dataset.synthetic import build_synthetic
     from trainer_latency import timed  # mean step time after warm-up, the same measure as trainer_latency.py
 
     tf.keras.mixed_precision.set_global_policy(precision)

@@ -19,9 +19,9 @@ import tempfile
 from pathlib import Path
 
 from stoker.cli.local_cluster import LocalCluster
-from stoker.consumer.throughput import measure_link
+from stoker.consumer.train.throughput import measure_link
 from stoker.producer.process import ProducerProcess
-from stoker.producer.synthetic import build_synthetic
+from stoker.producer.dataset.synthetic import build_synthetic
 
 UNITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
 

@@ -25,7 +25,7 @@ import msgpack
 import numpy as np
 from tensorpack.dataflow import BatchData, DataFlow, MultiProcessRunnerZMQ, RemoteDataZMQ, send_dataflow_zmq
 
-from stoker.producer.augment import decode_train_crop, resize_flip_into
+from stoker.producer.images.augment import decode_train_crop, resize_flip_into
 
 
 class StokerLmdbImages(DataFlow):

@@ -29,8 +29,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import tensorflow as tf  # noqa: E402
 
-from stoker.producer.dataset_format import LmdbDataset  # noqa: E402
-from stoker.producer.synthetic import build_synthetic  # noqa: E402
+from stoker.producer.dataset.format import LmdbDataset  # noqa: E402
+from stoker.producer.dataset.synthetic import build_synthetic  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 from producer_throughput import delivered  # noqa: E402

@@ -31,18 +31,18 @@ import lmdb
 import msgpack
 import numpy as np
 
-from stoker.producer.augment import decode_rgb, decode_train_crop, eval_transform, resize_flip_into
-from stoker.producer.batch_slots import SlotLayout, sample_rows
-from stoker.producer.dataset_format import LmdbDataset, record_key
+from stoker.producer.images.augment import decode_rgb, decode_train_crop, eval_transform, resize_flip_into
+from stoker.producer.serve.batch_slots import SlotLayout, sample_rows
+from stoker.producer.dataset.format import LmdbDataset, record_key
 from stoker.producer.pipeline import load_pipeline
-from stoker.producer.sharding import RecordRng
-from stoker.producer.synthetic import build_synthetic
+from stoker.producer.serve.sharding import RecordRng
+from stoker.producer.dataset.synthetic import build_synthetic
 
 BATCH = 64
 
 
 def baseline(lmdb_path: Path, size: int, train: bool, seconds: float) -> float:
-    """Samples/s of the pre-pipeline worker loop (producer/worker.py before the pipeline interface)."""
+    """Samples/s of the pre-pipeline worker loop (producer/serve/worker.py before the pipeline interface)."""
     with LmdbDataset(lmdb_path) as ds:
         count = len(ds)
     env = lmdb.open(str(lmdb_path), readonly=True, lock=False, readahead=False, meminit=False)

@@ -30,11 +30,11 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from stoker.producer.augment import decode_train_crop, resize_flip_into
-from stoker.producer.dataset_format import LmdbDataset
+from stoker.producer.images.augment import decode_train_crop, resize_flip_into
+from stoker.producer.dataset.format import LmdbDataset
 from stoker.producer.process import ProducerProcess
-from stoker.producer.procfs import cpu_seconds
-from stoker.producer.synthetic import build_synthetic
+from stoker.producer.measure.procfs import cpu_seconds
+from stoker.producer.dataset.synthetic import build_synthetic
 
 from delivery import delivered_rate
 

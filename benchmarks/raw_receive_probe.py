@@ -101,8 +101,8 @@ def raw_tensorflow(port: int, warmup: int, batches: int) -> tuple[float, float]:
     import numpy as np
     import tensorflow as tf
 
-    from stoker.consumer.staging import StagingArea
-    from stoker.consumer.tensor_import import TensorImporter
+    from stoker.consumer.tf.staging import StagingArea
+    from stoker.consumer.tf.tensor_import import TensorImporter
 
     sizes = _nbytes()
     dtypes = [tf.as_dtype(d) for _, d, _ in LAYOUT]
@@ -190,7 +190,7 @@ def main() -> None:
         return
 
     from stoker.producer.process import ProducerProcess
-    from stoker.producer.synthetic import build_synthetic
+    from stoker.producer.dataset.synthetic import build_synthetic
 
     modes = {"raw_bare": "raw TCP, bare", "raw_tf": "raw TCP into TensorFlow", "zmq_bare": "pyzmq, bare",
              "zmq_input": "ZMQInput"}

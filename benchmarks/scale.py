@@ -133,7 +133,7 @@ def state_size(records: int, streams: int) -> dict[str, Any]:
     """The worst-case input state of a dataset of ``records`` split in ``streams`` shards (module doc)."""
     import numpy as np
 
-    from stoker.consumer.exact_state import pack_state, parse_state
+    from stoker.consumer.exact.state import pack_state, parse_state
     from stoker.protocol.input_state import InputState, StreamKey, StreamProgress
 
     rng = np.random.default_rng(0)
@@ -191,7 +191,7 @@ def main() -> None:
 
     sys.path.insert(0, str(HERE))
     from checksum_pipeline import checksum_weights  # noqa: F401  (fails early if the pipeline is missing)
-    from stoker.producer.dataset_writer import write_lmdb
+    from stoker.producer.dataset.writer import write_lmdb
 
     fan_in = [n for n in (int(x) for x in args.fan_in.split(",")) if n <= args.producers]
     counts = [int(x) for x in args.trainers.split(",")]

@@ -34,7 +34,7 @@ import tensorflow as tf  # noqa: E402
 
 from stoker.consumer import ZMQInput  # noqa: E402
 from stoker.producer.process import ProducerProcess  # noqa: E402
-from stoker.producer.synthetic import build_synthetic  # noqa: E402
+from stoker.producer.dataset.synthetic import build_synthetic  # noqa: E402
 
 
 def rss_mib(pid: int) -> float:

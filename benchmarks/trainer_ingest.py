@@ -89,7 +89,7 @@ def zmq_input(endpoints: list[str], batch: int, size: int, warmup: int, batches:
     import tensorflow as tf
 
     from stoker.consumer import ZMQInput
-    from stoker.consumer.tf_queue import EagerQueue
+    from stoker.consumer.tf.fifo_queue import EagerQueue
 
     importer_enqueue = EagerQueue.enqueue
     if convert:
@@ -144,7 +144,7 @@ def _cpu_list(text: str) -> set[int]:
 
 def main() -> None:
     from stoker.producer.process import ProducerProcess
-    from stoker.producer.synthetic import build_synthetic
+    from stoker.producer.dataset.synthetic import build_synthetic
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch-size", type=int, default=64)

@@ -31,11 +31,11 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from stoker.consumer import ZMQInput  # noqa: E402
-from stoker.consumer.models import build_model  # noqa: E402
-from stoker.producer.augment import decode_train_crop, resize_flip_into  # noqa: E402
-from stoker.producer.dataset_format import LmdbDataset  # noqa: E402
+from stoker.consumer.train.models import build_model  # noqa: E402
+from stoker.producer.images.augment import decode_train_crop, resize_flip_into  # noqa: E402
+from stoker.producer.dataset.format import LmdbDataset  # noqa: E402
 from stoker.producer.process import ProducerProcess  # noqa: E402
-from stoker.producer.synthetic import build_synthetic  # noqa: E402
+from stoker.producer.dataset.synthetic import build_synthetic  # noqa: E402
 
 
 def make_model(name: str, size: int, classes: int) -> tf.keras.Model:

@@ -50,7 +50,7 @@ def _python_blur(pixels: list[list[int]]) -> list[list[int]]:
 
 def make_pipeline(passes: int = 6) -> Pipeline:
     """A pure-Python pipeline: a grey thumbnail of the record's image, blurred ``passes`` times in Python."""
-    from stoker.producer.image_decode import decode_rgb
+    from stoker.producer.images.decode import decode_rgb
 
     def sample(record, rng):
         import cv2
@@ -66,8 +66,8 @@ def make_pipeline(passes: int = 6) -> Pipeline:
 
 
 def transform_alone(lmdb_path: Path, seconds: float) -> float:
-    from stoker.producer.dataset_format import LmdbDataset
-    from stoker.producer.sharding import RecordRng
+    from stoker.producer.dataset.format import LmdbDataset
+    from stoker.producer.serve.sharding import RecordRng
 
     pipeline = make_pipeline()
     rng = RecordRng(0)
@@ -95,7 +95,7 @@ def delivered(lmdb_path: Path, workers: int, batch: int, warmup: int, batches: i
 
 
 def main() -> None:
-    from stoker.producer.synthetic import build_synthetic
+    from stoker.producer.dataset.synthetic import build_synthetic
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=128)

@@ -12,11 +12,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from stoker.producer.dataset_cache import cached_dataset
-from stoker.producer.dataset_format import DatasetError, LmdbDataset
+from stoker.producer.dataset.cache import cached_dataset
+from stoker.producer.dataset.format import DatasetError, LmdbDataset
 from stoker.producer.process import ProducerProcess
-from stoker.producer.procfs import running
-from stoker.producer.synthetic import build_synthetic
+from stoker.producer.measure.procfs import running
+from stoker.producer.dataset.synthetic import build_synthetic
 
 DEMO_CLASSES = 10
 
@@ -54,8 +54,8 @@ def demo_dataset(cache_dir: Path, records: int) -> Path:
 
 
 def run_demo(config: DemoConfig) -> int:
-    from stoker.consumer.summaries import optional_logdir
-    from stoker.consumer.training import TrainConfig, train
+    from stoker.consumer.tf.summaries import optional_logdir
+    from stoker.consumer.train.loop import TrainConfig, train
 
     started = time.perf_counter()
     cache = Path(config.cache_dir)

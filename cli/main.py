@@ -22,7 +22,7 @@ EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 def _setup_logging(verbose: bool, fmt: str) -> None:
-    from stoker.producer.logs import configure_logging
+    from stoker.producer.serve.logs import configure_logging
 
     configure_logging(logging.DEBUG if verbose else logging.INFO, fmt)
 
@@ -43,7 +43,7 @@ def stop_event_on_signals() -> threading.Event:
 def stop_with_process(pid: int, stop: threading.Event, every_s: float = 0.5) -> threading.Thread:
     """Set ``stop`` once process ``pid`` is gone (checked every ``every_s``): a daemon started by a
     launcher that is killed outright (SIGKILL, an OOM kill) shuts down instead of serving for ever."""
-    from stoker.producer.procfs import running
+    from stoker.producer.measure.procfs import running
 
     def watch() -> None:
         while not stop.wait(every_s):
@@ -59,7 +59,7 @@ def stop_with_process(pid: int, stop: threading.Event, every_s: float = 0.5) -> 
 # ---- stoker lmdb ---------------------------------------------------------------------------
 
 def cmd_lmdb_build(args: argparse.Namespace) -> int:
-    from stoker.producer.lmdb_build import build_lmdb
+    from stoker.producer.dataset.build import build_lmdb
 
     report = build_lmdb(args.src, args.out, overwrite=args.overwrite, threads=args.threads, progress=not args.quiet,
                         jsonl=args.jsonl, image_fields=args.image_field or ["image"], task=args.task)
@@ -78,7 +78,7 @@ def cmd_lmdb_build(args: argparse.Namespace) -> int:
 
 
 def cmd_lmdb_synth(args: argparse.Namespace) -> int:
-    from stoker.producer.synthetic import build_synthetic
+    from stoker.producer.dataset.synthetic import build_synthetic
 
     def build(out: object) -> None:
         meta = build_synthetic(out, args.count, seed=args.seed, num_classes=args.classes,  # type: ignore[arg-type]
@@ -88,8 +88,8 @@ def cmd_lmdb_synth(args: argparse.Namespace) -> int:
     if not args.exist_ok:
         build(args.out)
         return EXIT_OK
-    from stoker.producer.dataset_cache import cached_dataset
-    from stoker.producer.dataset_format import DatasetError, LmdbDataset
+    from stoker.producer.dataset.cache import cached_dataset
+    from stoker.producer.dataset.format import DatasetError, LmdbDataset
 
     def usable(out: object) -> bool:
         try:
@@ -107,7 +107,7 @@ def cmd_lmdb_synth(args: argparse.Namespace) -> int:
 def _describe_value(value: object) -> str:
     import numpy as np
 
-    from stoker.producer.image_decode import DecodeError, read_image_info, sniff_format
+    from stoker.producer.images.decode import DecodeError, read_image_info, sniff_format
 
     if isinstance(value, bytes):
         if sniff_format(value) is None:
@@ -124,7 +124,7 @@ def _describe_value(value: object) -> str:
 
 
 def cmd_lmdb_info(args: argparse.Namespace) -> int:
-    from stoker.producer.dataset_format import LmdbDataset, RecordError
+    from stoker.producer.dataset.format import LmdbDataset, RecordError
 
     with LmdbDataset(args.path) as ds:
         meta = ds.meta
@@ -175,8 +175,8 @@ def _pair(args: argparse.Namespace, first: str, second: str) -> bool:
 # ---- stoker produce ------------------------------------------------------------------------
 
 def cmd_produce(args: argparse.Namespace) -> int:
-    from stoker.producer.daemon import ProducerConfig, ProducerDaemon
-    from stoker.producer.sharding import ShardSpec
+    from stoker.producer.serve.daemon import ProducerConfig, ProducerDaemon
+    from stoker.producer.serve.sharding import ShardSpec
     from stoker.protocol.curve import load_server_keys
 
     curve = (load_server_keys(args.curve_secret_key, args.curve_authorized_keys)
@@ -217,7 +217,7 @@ def _quiet_tensorflow() -> None:
 
 def cmd_train(args: argparse.Namespace) -> int:
     _quiet_tensorflow()
-    from stoker.consumer.training import TrainConfig, train
+    from stoker.consumer.train.loop import TrainConfig, train
     from stoker.protocol.curve import load_client_keys
 
     curve = (load_client_keys(args.curve_secret_key, args.curve_server_key)
@@ -236,7 +236,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         stall_limit=args.stall_limit,
     )
     from stoker.consumer import InputError
-    from stoker.consumer.summaries import TensorBoardNotInstalledError
+    from stoker.consumer.tf.summaries import TensorBoardNotInstalledError
 
     try:
         report = train(config)
@@ -276,7 +276,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_producer(args: argparse.Namespace) -> int:
-    from stoker.producer.stage_bench import measure_stages
+    from stoker.producer.measure.stage_bench import measure_stages
 
     rates = measure_stages(args.lmdb, image_size=args.image_size, batch_size=args.batch_size, seconds=args.seconds,
                            pipeline=args.pipeline, pipeline_args=dict(args.pipeline_arg or ()), mode=args.mode)
@@ -285,7 +285,7 @@ def cmd_bench_producer(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_link(args: argparse.Namespace) -> int:
-    from stoker.consumer.throughput import measure_link
+    from stoker.consumer.train.throughput import measure_link
 
     rate = measure_link(_addresses(args.connect), seconds=args.seconds)
     print(f"arriving: {rate.images_per_s:.0f} images/s, {rate.mb_per_s:.0f} MB/s over {rate.batches} batches "
@@ -295,7 +295,7 @@ def cmd_bench_link(args: argparse.Namespace) -> int:
 
 def cmd_bench_trainer(args: argparse.Namespace) -> int:
     _quiet_tensorflow()
-    from stoker.consumer.throughput import measure_constant_step
+    from stoker.consumer.train.throughput import measure_constant_step
 
     rate = measure_constant_step(args.model, args.batch_size, args.image_size, args.classes, steps=args.steps)
     print(f"{args.model} on constant input: {rate:.0f} images/s ({rate / args.batch_size:.2f} steps/s, "
@@ -305,7 +305,7 @@ def cmd_bench_trainer(args: argparse.Namespace) -> int:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     _quiet_tensorflow()
-    from stoker.consumer.throughput import Diagnosis, measure_constant_step, measure_link
+    from stoker.consumer.train.throughput import Diagnosis, measure_constant_step, measure_link
 
     link = measure_link(_addresses(args.connect), seconds=args.seconds)
     print(f"input:   {link.images_per_s:.0f} images/s arriving ({link.mb_per_s:.0f} MB/s) from "
@@ -314,7 +314,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     print(f"trainer: {train:.0f} images/s on constant input ({args.model})")
     pipeline = None
     if args.lmdb:
-        from stoker.producer.stage_bench import measure_stages
+        from stoker.producer.measure.stage_bench import measure_stages
 
         rates = measure_stages(args.lmdb, image_size=args.image_size, batch_size=args.batch_size)
         print(rates.table())
@@ -322,8 +322,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     verdict = Diagnosis(link.images_per_s, train, link.mb_per_s, len(link.per_producer), pipeline).sentence()
     print("verdict: " + verdict)
     if args.report:
-        from stoker.consumer.report import write_report
-        from stoker.consumer.training import TrainConfig, train as run_training
+        from stoker.consumer.train.report import write_report
+        from stoker.consumer.train.loop import TrainConfig, train as run_training
 
         from stoker.consumer import InputError
 
@@ -386,9 +386,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _setup_logging(args.verbose, args.log_format)
-    from stoker.producer.daemon import BindError
-    from stoker.producer.dataset_format import DatasetError
-    from stoker.producer.lmdb_build import SourceError
+    from stoker.producer.serve.daemon import BindError
+    from stoker.producer.dataset.format import DatasetError
+    from stoker.producer.dataset.build import SourceError
 
     func: Callable[[argparse.Namespace], int] = args.func
     try:

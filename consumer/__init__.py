@@ -7,8 +7,8 @@ any framework and never imports TensorFlow. Both are imported on first use, so
 
 from typing import Any
 
-from .errors import BatchMismatchError, InputClosedError, InputError, InputFinished, InputTimeoutError
-from .receive_stats import InputStats
+from stoker.consumer.errors import BatchMismatchError, InputClosedError, InputError, InputFinished, InputTimeoutError
+from stoker.consumer.receive_stats import InputStats
 
 __all__ = ["BatchMismatchError", "BatchStream", "InputClosedError", "InputError", "InputFinished", "InputStats",
            "InputTimeoutError", "ZMQInput"]
@@ -16,11 +16,11 @@ __all__ = ["BatchMismatchError", "BatchStream", "InputClosedError", "InputError"
 
 def __getattr__(name: str) -> Any:
     if name == "ZMQInput":
-        from .zmq_input import ZMQInput
+        from stoker.consumer.zmq_input import ZMQInput
 
         return ZMQInput
     if name == "BatchStream":
-        from .batch_stream import BatchStream
+        from stoker.consumer.batch_stream import BatchStream
 
         return BatchStream
     raise AttributeError(f"module 'stoker.consumer' has no attribute {name!r}")

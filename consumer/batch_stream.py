@@ -40,12 +40,12 @@ import numpy as np
 from stoker.protocol import DEFAULT_MAX_MESSAGE_BYTES
 from stoker.protocol.curve import CurveClientKeys
 
-from .errors import InputError
-from .exact_receiver import ExactReceiver
-from .exact_state import pack_state, parse_state
-from .input_setup import SpecArg, declared_spec, exact_identity, open_core, split_addresses
-from .receive_core import POLL_S, SinkClosed, aligned_empty
-from .receive_stats import InputStats
+from stoker.consumer.errors import InputError
+from stoker.consumer.exact.receiver import ExactReceiver
+from stoker.consumer.exact.state import pack_state, parse_state
+from stoker.consumer.input_setup import SpecArg, declared_spec, exact_identity, open_core, split_addresses
+from stoker.consumer.receive_core import POLL_S, SinkClosed, aligned_empty
+from stoker.consumer.receive_stats import InputStats
 
 _END = object()  # no batch follows: a finite exact run ended
 

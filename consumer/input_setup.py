@@ -22,15 +22,15 @@ from stoker.protocol.batch_spec import BatchSpec
 from stoker.protocol.curve import CurveClientKeys
 from stoker.protocol.input_state import InputState
 
-from .discovery import DEFAULT_REFRESH_S, AddressSource, ProducerPool, check_source
-from .exact_receiver import ExactReceiver
-from .exact_transport import STALL_LIMIT_S
-from .exact_state import parse_state
-from .libzmq_receiver import LibzmqReceiver
-from .receive_core import ReceiveCore, Receiver
-from .split_scheduler import STALL_AFTER_S
-from .zmtp import tcp_address
-from .zmtp_receiver import ZMTPReceiver
+from stoker.consumer.transport.discovery import DEFAULT_REFRESH_S, AddressSource, ProducerPool, check_source
+from stoker.consumer.exact.receiver import ExactReceiver
+from stoker.consumer.exact.control_plane import STALL_LIMIT_S
+from stoker.consumer.exact.state import parse_state
+from stoker.consumer.transport.libzmq_receiver import LibzmqReceiver
+from stoker.consumer.receive_core import ReceiveCore, Receiver
+from stoker.consumer.exact.split_scheduler import STALL_AFTER_S
+from stoker.consumer.transport.zmtp import tcp_address
+from stoker.consumer.transport.zmtp_receiver import ZMTPReceiver
 
 RECEIVE_PATHS = ("auto", "direct", "libzmq")
 SpecArg = Optional[BatchSpec | Mapping[str, tuple[Any, Sequence[int]]]]

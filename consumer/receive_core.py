@@ -31,10 +31,10 @@ from stoker.protocol import ProtocolError
 from stoker.protocol.batch_codec import Batch
 from stoker.protocol.batch_spec import BatchSpec
 
-from .discovery import ProducerPool
-from .errors import InputClosedError, InputError, InputTimeoutError
-from .receive_stats import ReceiveStats
-from .split_scheduler import STALL_AFTER_S
+from stoker.consumer.transport.discovery import ProducerPool
+from stoker.consumer.errors import InputClosedError, InputError, InputTimeoutError
+from stoker.consumer.receive_stats import ReceiveStats
+from stoker.consumer.exact.split_scheduler import STALL_AFTER_S
 
 log = logging.getLogger("stoker.consumer")
 

@@ -109,7 +109,7 @@ class InputStats:
     control_bytes_sent: int = 0
     control_received: int = 0
     control_bytes_received: int = 0
-    #: the producer pool (``consumer/discovery.py``): producers in it now, and how many joined and left since the start
+    #: the producer pool (``consumer/transport/discovery.py``): producers in it now, and how many joined and left since the start
     pool_size: int = 0
     producers_joined: int = 0
     producers_left: int = 0

@@ -27,13 +27,13 @@ from stoker.protocol import DEFAULT_MAX_MESSAGE_BYTES
 from stoker.protocol.batch_spec import BatchSpec
 from stoker.protocol.curve import CurveClientKeys
 
-from .batch_tensors import BatchTensors, Selection
-from .errors import InputClosedError, InputError
-from .exact_receiver import SOURCE, ExactReceiver
-from .exact_state import pack_state, parse_state
-from .input_setup import declared_spec, exact_identity, open_core, split_addresses
-from .receive_stats import InputStats
-from .tf_feeder import TFFeeder
+from stoker.consumer.tf.batch_tensors import BatchTensors, Selection
+from stoker.consumer.errors import InputClosedError, InputError
+from stoker.consumer.exact.receiver import SOURCE, ExactReceiver
+from stoker.consumer.exact.state import pack_state, parse_state
+from stoker.consumer.input_setup import declared_spec, exact_identity, open_core, split_addresses
+from stoker.consumer.receive_stats import InputStats
+from stoker.consumer.tf.feeder import TFFeeder
 
 log = logging.getLogger("stoker.consumer")
 
@@ -49,7 +49,7 @@ class ZMQInput(tf.train.experimental.PythonState):
             resolves to, resolved again every ``discover_every`` seconds: with a Kubernetes headless
             Service (``tcp://stoker-producer.NS.svc:5555``) the input follows ``kubectl scale``,
             connecting to producers that appear and dropping those that vanish. A callable returning
-            addresses plugs in any other discovery (consumer/discovery.py).
+            addresses plugs in any other discovery (consumer/transport/discovery.py).
         discover_every: seconds between re-resolving names (default 5; 0: resolve once).
         share: ``(rank, world)``, exact mode with an elastic pool (producers ``--shard auto``):
             this trainer hands out, and trains on, the splits ``s`` of each epoch with
@@ -298,7 +298,7 @@ class ZMQInput(tf.train.experimental.PythonState):
 
     def keras_callback(self, log_every: int = 50, logdir: Optional[str] = None) -> "tf.keras.callbacks.Callback":
         """A Keras callback: occupancy log line/TensorBoard scalar every ``log_every`` batches; raises input errors."""
-        from .keras_callback import ZMQInputCallback
+        from stoker.consumer.tf.keras_callback import ZMQInputCallback
 
         return ZMQInputCallback(self, log_every=log_every, logdir=logdir)
 
@@ -341,7 +341,7 @@ class ZMQInput(tf.train.experimental.PythonState):
         """Serve Prometheus metrics on ``http://addr:port/metrics`` until close(); returns the port (0: any free)."""
         from stoker.protocol.metrics_server import MetricsServer
 
-        from .metrics import ZMQInputCollector
+        from stoker.consumer.tf.metrics import ZMQInputCollector
 
         self._metrics = MetricsServer(port, ZMQInputCollector(self), addr)
         return self._metrics.port

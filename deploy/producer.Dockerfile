@@ -1,6 +1,6 @@
 # Producer image for data hosts: decoding and augmentation only, no TensorFlow.
 # Build from the repository root:  docker build -f deploy/producer.Dockerfile -t stoker-producer .
-# The build stage compiles the crop-window JPEG decoder (producer/_jpeg_crop.c) against
+# The build stage compiles the crop-window JPEG decoder (producer/images/_jpeg_crop.c) against
 # libjpeg-turbo; the runtime stage keeps only the library.
 FROM python:3.11-slim-bookworm AS build
 # hadolint ignore=DL3008
@@ -24,7 +24,7 @@ RUN apt-get update \
 COPY --from=build /wheels /wheels
 # /data is created owned by the runtime user so a fresh named volume mounted there is writable.
 RUN pip install --no-cache-dir /wheels/*.whl \
-    && python -c "import stoker.producer._jpeg_crop" \
+    && python -c "import stoker.producer.images._jpeg_crop" \
     && useradd --system --uid 10001 --create-home stoker \
     && mkdir /data && chown stoker /data
 USER 10001

@@ -18,7 +18,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from stoker.producer.image_decode import decode_rgb
+from stoker.producer.images.decode import decode_rgb
 from stoker.producer.pipeline import Field, Pipeline
 
 
@@ -47,7 +47,7 @@ def main() -> None:
 
     from stoker.consumer import ZMQInput
     from stoker.producer.process import ProducerProcess
-    from stoker.producer.synthetic import build_synthetic
+    from stoker.producer.dataset.synthetic import build_synthetic
 
     scratch = tempfile.TemporaryDirectory(prefix="stoker-example-")  # removed at exit
     data = Path(scratch.name) / "train"

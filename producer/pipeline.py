@@ -6,7 +6,7 @@ list. Stoker owns the rest: worker processes, batching into shared memory,
 transport, backpressure, shutdown, metrics. A ten-line pipeline::
 
     import numpy as np
-    from stoker.producer.image_decode import decode_rgb
+    from stoker.producer.images.decode import decode_rgb
     from stoker.producer.pipeline import Field, Pipeline
 
     def make_pipeline(size: int = 64) -> Pipeline:
@@ -283,7 +283,7 @@ def check_fields(fields: Sequence[Field]) -> None:
 # ---- loading ---------------------------------------------------------------------------------
 
 def _builtin(name: str) -> Callable[..., Pipeline]:
-    from . import builtin_pipelines
+    from stoker.producer.images import builtin_pipelines
 
     return getattr(builtin_pipelines, f"make_{name}")
 

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from .procfs import stat_fields
+from stoker.producer.measure.procfs import stat_fields
 
 _SERVING_RE = re.compile(r"serving .* on (\S+): .*\n")  # a whole line: the id comes at its end
 _ID_RE = re.compile(r"serving .* producer_id=([^\s\"]+)")

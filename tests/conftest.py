@@ -9,7 +9,7 @@ import cv2
 import numpy as np
 import pytest
 
-from stoker.producer.synthetic import build_synthetic
+from stoker.producer.dataset.synthetic import build_synthetic
 
 SYNTH_COUNT = 96
 SYNTH_CLASSES = 4
@@ -33,7 +33,7 @@ CHECKSUM_WEIGHTS = np.random.default_rng(1234).integers(1, 2**20, size=(EVAL_SIZ
 
 
 def expected_eval_image(data: bytes, size: int = EVAL_SIZE) -> np.ndarray:
-    """The eval transform written out independently of stoker.producer.augment."""
+    """The eval transform written out independently of stoker.producer.images.augment."""
     bgr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
     h, w = bgr.shape[:2]
     short = round(size / 0.875)
@@ -51,7 +51,7 @@ def image_checksums(images: np.ndarray) -> list[int]:
 @pytest.fixture(scope="session")
 def record_by_checksum(synth_lmdb: Path) -> dict[int, tuple[int, int]]:
     """Checksum of each record's expected 32 px eval image -> (record index, label)."""
-    from stoker.producer.dataset_format import LmdbDataset
+    from stoker.producer.dataset.format import LmdbDataset
 
     table = {}
     with LmdbDataset(synth_lmdb) as ds:

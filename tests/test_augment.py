@@ -10,7 +10,7 @@ import pytest
 
 from pathlib import Path
 
-from stoker.producer.augment import (
+from stoker.producer.images.augment import (
     CROP_DECODING,
     DecodeError,
     decode_rgb,
@@ -18,7 +18,7 @@ from stoker.producer.augment import (
     random_crop_window,
     train_transform,
 )
-from stoker.producer.synthetic import synthetic_jpeg
+from stoker.producer.dataset.synthetic import synthetic_jpeg
 
 SIZE = 64
 
@@ -131,7 +131,7 @@ def test_oversized_jpeg_is_refused_from_its_header_before_decoding():
         decode_rgb(bytes(data))
 
 
-needs_crop_decoder = pytest.mark.skipif(not CROP_DECODING, reason="stoker.producer._jpeg_crop not built (no libjpeg headers)")
+needs_crop_decoder = pytest.mark.skipif(not CROP_DECODING, reason="stoker.producer.images._jpeg_crop not built (no libjpeg headers)")
 
 
 def test_crop_decoder_is_built_wherever_libjpeg_headers_are():

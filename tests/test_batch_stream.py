@@ -12,9 +12,9 @@ import pytest
 
 from stoker.consumer import InputClosedError, InputTimeoutError
 from stoker.consumer.batch_stream import BatchStream
-from stoker.consumer.exact_state import parse_state
+from stoker.consumer.exact.state import parse_state
 from stoker.producer.process import ProducerProcess
-from stoker.producer.synthetic import build_synthetic
+from stoker.producer.dataset.synthetic import build_synthetic
 
 from conftest import CHECKSUM_WEIGHTS as WEIGHTS, EVAL_SIZE as SIZE
 

@@ -124,7 +124,7 @@ def test_a_failed_curve_handshake_is_named_in_the_error_the_stats_and_the_produc
     (zmq.EVENT_HANDSHAKE_FAILED_AUTH, 400, True, "copy this trainer's public key file"),
 ])
 def test_every_handshake_failure_is_explained_with_a_fix(event, value, curve, says):
-    from stoker.consumer.connections import explain_handshake_failure
+    from stoker.consumer.transport.connections import explain_handshake_failure
 
     assert says in explain_handshake_failure(event, value, curve)
 
@@ -135,7 +135,7 @@ def test_every_handshake_failure_is_explained_with_a_fix(event, value, curve, sa
     (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, 104, "hangup", "no CurveZMQ keys, or the wrong server key"),
 ])
 def test_the_producer_names_each_handshake_failure_by_its_cause(event, value, category, says):
-    from stoker.producer.peer_security import classify_handshake_failure
+    from stoker.producer.serve.peer_security import classify_handshake_failure
 
     got_category, why = classify_handshake_failure(event, value, curve=True)
     assert got_category == category and says in why

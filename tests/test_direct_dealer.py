@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import zmq
 
-from stoker.consumer.direct_dealer import DirectDealer
+from stoker.consumer.exact.direct_dealer import DirectDealer
 from stoker.consumer.receive_core import aligned_empty
-from stoker.consumer.zmtp import _GREETING
+from stoker.consumer.transport.zmtp import _GREETING
 from stoker.protocol import DecodeLimits, ProtocolError
 from stoker.protocol.batch_codec import Batch, encode_batch
 from stoker.protocol.batch_spec import BatchSpec
@@ -187,7 +187,7 @@ def test_sending_to_a_peer_that_reads_nothing_never_waits():
 
 def test_a_send_on_a_connection_the_reader_just_closed_is_refused_not_raised(router):
     """The transport's thread may hold a connection the reader closes under it (a producer restarting)."""
-    from stoker.consumer.zmtp import ZMTPConnection
+    from stoker.consumer.transport.zmtp import ZMTPConnection
 
     _, address = router
     conn = ZMTPConnection(address, lambda: False, socket_type="DEALER")

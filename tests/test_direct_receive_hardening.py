@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from stoker.consumer.batch_stream import BatchStream
-from stoker.consumer.zmtp import ZMTPConnection
+from stoker.consumer.transport.zmtp import ZMTPConnection
 
 from hostile_peer import GREETING, SPEC, HostilePeer, batch_frames, command, frame, message, ready, send_until_dropped
 

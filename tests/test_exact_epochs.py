@@ -23,7 +23,7 @@ import tensorflow as tf
 
 from stoker.consumer import InputFinished, ZMQInput
 from stoker.producer.process import ProducerProcess
-from stoker.producer.synthetic import build_synthetic
+from stoker.producer.dataset.synthetic import build_synthetic
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -289,7 +289,7 @@ def test_a_trainer_alone_in_a_synchronous_job_says_what_it_waits_for_then_trains
 def test_train_reports_whether_its_rate_includes_the_warm_up(small_lmdb):
     """An exact run over a 13-batch epoch: with 20 warm-up steps nothing comes after the warm-up, and the
     report says its rate is over the whole run; with 2 it is timed over the 11 steps after them."""
-    from stoker.consumer.training import TrainConfig, train
+    from stoker.consumer.train.loop import TrainConfig, train
 
     for warmup, includes in ((20, True), (2, False)):
         producer = ProducerProcess(small_lmdb, extra_args=_args("train"))

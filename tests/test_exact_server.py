@@ -7,7 +7,7 @@ from collections import Counter
 import msgpack
 import numpy as np
 
-from stoker.producer.exact_server import ExactServer
+from stoker.producer.serve.exact_server import ExactServer
 from stoker.protocol.exact_messages import Credit, Hello, decode_status, encode_status
 from stoker.protocol.input_state import InputState, StreamKey
 

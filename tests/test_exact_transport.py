@@ -11,9 +11,9 @@ import zmq
 pytestmark = pytest.mark.timeout(120)
 from zmq.utils.monitor import recv_monitor_message
 
-from stoker.consumer.direct_dealer import DirectDealer
-from stoker.consumer.exact_links import LibzmqDealer
-from stoker.consumer.exact_transport import ExactTransport
+from stoker.consumer.exact.direct_dealer import DirectDealer
+from stoker.consumer.exact.links import LibzmqDealer
+from stoker.consumer.exact.control_plane import ExactTransport
 from stoker.consumer.receive_core import aligned_empty
 from stoker.protocol import DecodeLimits
 from stoker.protocol.exact_messages import Describe, decode_trainer_message

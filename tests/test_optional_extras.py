@@ -52,7 +52,7 @@ def test_train_with_logdir_but_no_tensorboard_stops_before_training_naming_the_e
 def test_keras_callback_with_logdir_but_no_tensorboard_fails_when_made(tmp_path):
     probe = (
         "from stoker.consumer import ZMQInput\n"
-        "from stoker.consumer.summaries import TensorBoardNotInstalledError\n"
+        "from stoker.consumer.tf.summaries import TensorBoardNotInstalledError\n"
         "with ZMQInput(['tcp://127.0.0.1:1'], batch_size=2, image_shape=(8, 8, 3), recv_timeout=600) as inp:\n"
         "    inp.keras_callback(log_every=5)  # no logdir: fine\n"
         "    try:\n"

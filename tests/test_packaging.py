@@ -32,7 +32,7 @@ def test_wheel_installs_into_a_fresh_venv_and_imports_as_stoker(tmp_path):
     deps = sysconfig.get_paths()["purelib"]
     probe = (
         "import sys; sys.path.append(%r)\n"
-        "import stoker.protocol, stoker.producer.daemon\n"
+        "import stoker.protocol, stoker.producer.serve.daemon\n"
         "print(stoker.protocol.__file__)\n"
         "for generic in ('producer', 'consumer', 'protocol', 'cli'):\n"
         "    try:\n"
@@ -52,7 +52,7 @@ def test_producer_side_runs_without_tensorflow(synth_lmdb):
     # sys.modules[name] = None makes any `import tensorflow` fail, as on a data host without it.
     probe = (
         "import sys; sys.modules['tensorflow'] = None\n"
-        "import stoker.protocol, stoker.producer.daemon, stoker.producer.worker, stoker.producer.lmdb_build\n"
+        "import stoker.protocol, stoker.producer.serve.daemon, stoker.producer.serve.worker, stoker.producer.dataset.build\n"
         "from stoker.cli.main import main\n"
         "sys.exit(main(['lmdb', 'info', %r]))\n"
     ) % str(synth_lmdb)

@@ -21,9 +21,9 @@ import pytest
 import zmq
 
 from stoker.consumer.batch_stream import BatchStream
-from stoker.producer.dataset_format import LmdbDataset
+from stoker.producer.dataset.format import LmdbDataset
 from stoker.producer.process import ProducerProcess
-from stoker.producer.procfs import running
+from stoker.producer.measure.procfs import running
 from stoker.protocol import decode_batch
 
 from conftest import SYNTH_COUNT, expected_eval_image

@@ -14,11 +14,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stoker.consumer.split_scheduler import MIN_SPLITS, SplitScheduler, split_records
+from stoker.consumer.exact.split_scheduler import MIN_SPLITS, SplitScheduler, split_records
 from stoker.protocol import ProtocolError
 from stoker.protocol.exact_messages import (Credit, Hello, Work, WorkItem, decode_trainer_message, encode_work)
 from stoker.protocol.input_state import InputState, StreamKey, epoch_order
-from stoker.producer.split_server import SplitServer
+from stoker.producer.serve.split_server import SplitServer
 
 KEY = StreamKey.parse("splits:103:7")
 

@@ -7,7 +7,7 @@ import gc
 import numpy as np
 import tensorflow as tf
 
-from stoker.consumer.tensor_import import ALIGN, TensorImporter
+from stoker.consumer.tf.tensor_import import ALIGN, TensorImporter
 
 
 def _address(tensor: tf.Tensor) -> int:

@@ -142,7 +142,7 @@ def test_link_measurement_gives_up_on_a_peer_that_sends_only_malformed_messages(
     """`stoker bench link` and `doctor` must end like the trainer does, whatever keeps arriving."""
     import threading
 
-    from stoker.consumer.throughput import measure_link
+    from stoker.consumer.train.throughput import measure_link
 
     ctx = zmq.Context()
     push = ctx.socket(zmq.PUSH)

@@ -7,7 +7,7 @@ records whose ``id`` field is named in ``faults`` ("kind@index,..."): raise, wro
 import cv2
 import numpy as np
 
-from stoker.producer.image_decode import decode_rgb
+from stoker.producer.images.decode import decode_rgb
 from stoker.producer.pipeline import Field, Pipeline, upto
 
 

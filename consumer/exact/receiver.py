@@ -1,0 +1,210 @@
+"""Exact mode's receiver: ``ExactTransport`` (a DEALER link per producer, credit, hellos) driven for the core.
+
+Receives only while the sink has room (credit: one batch per batch queued), never blocking,
+so heartbeats and consumed-record reports keep going while a step is slow. Each delivered
+batch carries one more array, ``stoker_source`` (which producer it came from), so the
+records a step consumes are reported to that producer. Batches sent under an older session
+are dropped (their records are served again). A producer's status keeps the input alive
+while it waits (for more trainers, or for steps to report). ``direct``: each link speaks our
+own ZMTP and reads batches into memory the sink owns (``direct_dealer``, no copy); else
+libzmq DEALERs (``exact_links.LibzmqDealer``, which CurveZMQ needs).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import zmq
+
+from stoker.protocol import DecodeLimits, ProtocolError
+from stoker.protocol.batch_spec import BatchSpec
+from stoker.protocol.curve import CurveClientKeys
+from stoker.protocol.input_state import InputState
+
+from stoker.consumer.exact.direct_dealer import DirectDealer
+from stoker.consumer.transport.discovery import ProducerPool
+from stoker.consumer.exact.links import Link, LibzmqDealer
+from stoker.consumer.errors import InputError
+from stoker.consumer.exact.control_plane import STALL_LIMIT_S, ExactTransport
+from stoker.consumer.exact.split_scheduler import STALL_AFTER_S
+from stoker.consumer.transport.libzmq_receiver import socket_options
+from stoker.consumer.receive_core import POLL_S, ReceiveCore, aligned_empty
+
+log = logging.getLogger("stoker.consumer")
+
+_WAITING_LOG_EVERY_S = 10.0
+#: Messages a link holds beyond the batches credit allows (a libzmq DEALER's receive pipe, a direct link's inbox):
+#: an hour of status messages (one a second) while the trainer is not reading (a full queue). A full libzmq pipe
+#: stops libzmq reading the connection, so it would miss a producer's death, and a disconnect found while it is
+#: stopped can abort the process inside libzmq (issue #3937, docs/decisions.md). Batches stay bounded by credit
+#: (an honest producer sends no more; a direct link stops reading past credit + 1).
+STATUS_ROOM = 3600
+
+SOURCE = "stoker_source"
+
+
+class ExactReceiver:
+    """See the module doc. ValueError for an address the transport cannot parse."""
+
+    exact = True
+
+    def __init__(self, pool: ProducerPool, limits: DecodeLimits, rcvhwm: int, trainer_id: str,
+                 state: InputState, curve: Optional[CurveClientKeys] = None, share: tuple[int, int] = (0, 1),
+                 direct: bool = False, stall_after: Optional[float] = STALL_AFTER_S,
+                 stall_limit: Optional[float] = STALL_LIMIT_S) -> None:
+        if direct and curve is not None:
+            raise ValueError("direct receive speaks ZMTP without CurveZMQ: exact mode with curve keys uses libzmq")
+        self.pool = pool
+        self.limits = limits
+        self.direct = direct
+        self.held_per_producer = rcvhwm + 1
+        self._ctx = zmq.Context()
+        self._spec: Optional[BatchSpec] = None  # direct links hold batches to it by their headers
+        self._core: Optional[ReceiveCore] = None
+        options = socket_options(rcvhwm + STATUS_ROOM, limits.max_message_bytes)
+
+        def connect(address: str) -> Link:
+            if direct:
+                return DirectDealer(address, lambda: self._spec, limits, self._empty, rcvhwm + 1, STATUS_ROOM, POLL_S)
+            return LibzmqDealer(self._ctx, address, options, limits, curve)
+
+        try:
+            self.transport = ExactTransport(connect, pool.endpoints, trainer_id, state, rcvhwm, share, stall_after,
+                                            stall_limit)
+        except ValueError:
+            self._ctx.destroy(linger=0)
+            raise
+        self._waiting_logged_at = -_WAITING_LOG_EVERY_S
+
+    def _empty(self, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+        """Memory a direct link reads a batch array into: the sink's, once the core runs."""
+        core = self._core
+        return core.empty(dtype, shape) if core is not None else aligned_empty(dtype, shape)
+
+    def resolve_spec(self, declared: Optional[BatchSpec], core: ReceiveCore) -> BatchSpec:
+        """The declared spec plus ``mask``, or ask the producers to describe their batches (nothing is received)."""
+        self._core = core
+        if declared is not None:
+            return declared
+        started = time.monotonic()
+        while True:
+            self._watch(core)
+            for i in self.transport.poll(int(POLL_S * 1000)):
+                try:
+                    self.transport.receive(i)  # before a hello only status can come
+                except ProtocolError as exc:
+                    core.reject(exc)
+            described = self.transport.spec()
+            if described is not None:
+                learned = BatchSpec.from_dict({n: (d, shape) for n, d, shape in described})
+                log.info("producers describe their batches: %s", learned)
+                return learned
+            failure = core.failure(time.monotonic() - started, "; no batch spec was given, so the trainer asked the "
+                                   "producers to describe their batches")
+            if failure is not None:
+                raise failure
+
+    def run(self, core: ReceiveCore) -> None:
+        try:
+            self._run(core)
+        finally:  # however it ends (a stop, a closed sink mid-delivery): the last steps' records reach their producers
+            self.transport.flush(force=True)
+
+    def _run(self, core: ReceiveCore) -> None:
+        transport, spec = self.transport, core.spec
+        self._core, self._spec = core, spec
+        batch_size = spec.batch_size
+        mask_at = [a.name for a in spec.arrays].index("mask")
+        transport.batch_size = batch_size
+        transport.expected_spec = spec
+        while True:
+            self._watch(core)
+            transport.flush()
+            core.stats.set_control(*transport.control)
+            core.stats.set_pool_work(*transport.pool_counters(), transport.stall_warnings)
+            if transport.stall_error is not None:
+                core.fail(InputError(transport.stall_error))
+                return
+            if transport.finished:
+                transport.flush(force=True)  # the pool's "finished" and the last records go before the sockets close
+                core.finish()
+                return
+            queued, room = core.fill() if transport.active else (0, 0)
+            if not transport.active or queued > 0:
+                core.alive()  # the step is not waiting for data: not silence
+            if not core.watch():
+                return
+            if room <= 0:
+                transport.queue_full()
+                time.sleep(0.02)
+                continue
+            for i in transport.poll(int(POLL_S * 1000)):
+                try:
+                    batch = transport.receive(i)
+                    if batch is None:  # a status: the producer is alive, perhaps waiting for steps to report
+                        core.alive()
+                        if transport.session[i] and transport.status[i].session == transport.session[i]:
+                            # An answer to our hello or later: a describe's answer (session 0) predates our joining.
+                            self._log_waiting(transport.status[i])
+                        continue
+                    if not transport.accept(i, batch.header.stream, batch.header.session):
+                        continue  # sent before our latest hello: its records are served again
+                    arrays = spec.check(batch)
+                except ProtocolError as exc:
+                    core.reject(exc)
+                    transport.rejected(i)
+                    continue
+                owned = transport.owned(i)  # in memory the sink may own (direct links), or views of libzmq's frames
+                keep = transport.arrived(i, batch.header.stream, batch["epoch"], batch["index"], batch["mask"])
+                if keep is not None:  # an elastic pool: rows whose record arrived before are cut off like padding
+                    if not keep.any():
+                        transport.dropped(i)
+                        continue
+                    if owned:
+                        arrays[mask_at][...] = keep
+                    else:  # libzmq's frames are read-only
+                        batch.arrays["mask"] = arrays[mask_at] = keep
+                source = core.empty(np.dtype(np.int32), (batch_size,)) if owned else np.empty(batch_size, np.int32)
+                source[...] = i
+                core.deliver(batch, [*arrays, source], owned=owned)
+                transport.queued(i, batch["epoch"], batch["index"], batch["mask"])
+                room -= 1  # steps only make more room: asked again on the next turn
+                if room <= 0:
+                    break
+
+    def _watch(self, core: ReceiveCore) -> None:
+        changed = core.follow_pool(self.transport.add, self.transport.remove)
+        if self.transport.watch() or changed:
+            t = self.transport
+            count, _, reason = t.failures()
+            core.stats.set_connections(t.connected(), count, reason, sum(link.reconnects for link in t.live_links()))
+
+    def _log_waiting(self, status: Any) -> None:
+        """Say (every 10 s) that a producer waits for more trainers: a synchronous job waits for all of them."""
+        now = time.monotonic()
+        if status is None or status.waiting <= 0 or now - self._waiting_logged_at < _WAITING_LOG_EVERY_S:
+            return
+        self._waiting_logged_at = now
+        log.warning("producer %s serves nothing until %d more trainer(s) join (it runs --min-trainers); "
+                    "start the other trainers, or the producers with a smaller --min-trainers", status.producer,
+                    status.waiting)
+
+    def failures(self) -> tuple[int, str, str]:
+        return self.transport.failures()
+
+    def waiting_report(self) -> list[str]:
+        """Per producer, what this trainer waits for (``ExactTransport.waiting_report``)."""
+        return self.transport.waiting_report()
+
+    def mode_mismatches(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for link in self.transport.live_links():
+            out.update(link.mode_mismatches)
+        return out
+
+    def close(self) -> None:
+        self.transport.close()
+        self._ctx.term()

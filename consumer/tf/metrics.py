@@ -1,0 +1,75 @@
+"""Prometheus metrics of a ZMQInput (trainer side), computed at scrape time from its stats."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from stoker.consumer.zmq_input import ZMQInput
+
+
+class ZMQInputCollector(Collector):
+    """Batches and bytes received (per producer), rejected messages, occupancy, connected producers."""
+
+    def __init__(self, inp: "ZMQInput") -> None:
+        self.inp = inp
+
+    def collect(self) -> Iterator:
+        s = self.inp.stats
+        per = CounterMetricFamily("stoker_trainer_batches_received", "Batches received", labels=["producer"])
+        for producer, n in sorted(s.per_producer.items()):
+            per.add_metric([producer], n)
+        yield per
+        yield CounterMetricFamily("stoker_trainer_images_received", "Images received",
+                                  value=s.batches * self.inp.batch_size)
+        yield CounterMetricFamily("stoker_trainer_bytes_received", "Array bytes received", value=s.bytes)
+        yield CounterMetricFamily("stoker_trainer_protocol_errors", "Malformed messages rejected",
+                                  value=s.protocol_errors)
+        yield CounterMetricFamily("stoker_trainer_mismatched_batches", "Batches of the wrong shape rejected",
+                                  value=s.mismatched_batches)
+        yield CounterMetricFamily("stoker_trainer_shard_conflicts", "Pairs of producers whose shards overlap",
+                                  value=s.shard_conflicts)
+        yield CounterMetricFamily("stoker_trainer_handshake_failures",
+                                  "Connection handshakes that failed (CurveZMQ keys missing, wrong or not authorised)",
+                                  value=s.handshake_failures)
+        yield CounterMetricFamily("stoker_trainer_reconnects", "Endpoints re-connected after protocol errors",
+                                  value=s.reconnects)
+        try:
+            occupancy = self.inp.queue_occupancy()
+        except Exception:  # closed
+            occupancy = 0.0
+        yield GaugeMetricFamily("stoker_trainer_queue_occupancy", "FIFOQueue fill fraction now (near 0: input-bound)",
+                                value=occupancy)
+        yield GaugeMetricFamily("stoker_trainer_mean_queue_occupancy", "Time-sampled mean FIFOQueue fill fraction",
+                                value=s.mean_queue_occupancy)
+        yield GaugeMetricFamily("stoker_trainer_connected_producers", "Producer endpoints connected now",
+                                value=s.connected_producers)
+        yield GaugeMetricFamily("stoker_trainer_pool_producers", "Producers the addresses resolve to now",
+                                value=s.pool_size)
+        yield CounterMetricFamily("stoker_trainer_producers_joined", "Producers that joined the pool since the start",
+                                  value=s.producers_joined)
+        yield CounterMetricFamily("stoker_trainer_producers_left", "Producers that left the pool since the start",
+                                  value=s.producers_left)
+        yield CounterMetricFamily("stoker_trainer_splits_reserved",
+                                  "Elastic pool: splits handed out again because their producer was stuck",
+                                  value=s.splits_reserved)
+        yield CounterMetricFamily("stoker_trainer_splits_backed_up",
+                                  "Elastic pool: splits also handed to an idle producer because their holder straggled",
+                                  value=s.splits_backed_up)
+        yield CounterMetricFamily("stoker_trainer_wasted_records",
+                                  "Exact mode: records dropped because another producer's copy arrived first",
+                                  value=s.wasted_records)
+        yield CounterMetricFamily("stoker_trainer_producers_stuck",
+                                  "Elastic pool: times a producer holding work was taken for stuck (its work re-served)",
+                                  value=s.producers_stuck)
+        yield CounterMetricFamily("stoker_trainer_stall_warnings",
+                                  "Fixed shards: warnings that a producer holding this trainer's records sends nothing",
+                                  value=s.stall_warnings)
+        coverage = GaugeMetricFamily("stoker_trainer_epoch_coverage", "Distinct records received / records, per epoch",
+                                     labels=["epoch"])
+        for epoch, (seen, records) in s.coverage.items():
+            coverage.add_metric([str(epoch)], seen / records if records else 0.0)
+        yield coverage

@@ -1,0 +1,278 @@
+"""The trainer behind ``stoker train`` and ``stoker demo``: a Keras model, a tf.function step, ZMQInput.
+
+The step takes its batch from ``ZMQInput.get()`` (StagingArea), so receive,
+decode, copy-to-TF and copy-to-device all overlap the computation. A progress
+bar shows images/s and queue occupancy; TensorBoard scalars go to ``logdir``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import tensorflow as tf
+from tqdm import tqdm
+
+from stoker.protocol.curve import CurveClientKeys
+
+from stoker.consumer.train.interrupts import close_on_signal
+from stoker.consumer.train.models import build_model
+from stoker.consumer.receive_stats import ProducerTally, producer_tallies, silent_producers
+from stoker.consumer.train.report import write_report
+from stoker.consumer.tf.summaries import require_tensorboard
+from stoker.consumer.train.timeline import Timeline
+from stoker.consumer.zmq_input import InputStats, ZMQInput
+
+log = logging.getLogger("stoker.consumer")
+
+# A queue that stays well filled means the step never waited for data; a queue near empty
+# means every step waited. Between the two, both sides run at about the same speed.
+INPUT_BOUND_BELOW = 0.2
+TRAINING_BOUND_ABOVE = 0.6
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Settings of one training run (the flags of ``stoker train``)."""
+
+    addresses: Sequence[str]
+    model: str = "small-cnn"
+    steps: int = 1000
+    batch_size: int = 64
+    image_size: int = 224
+    num_classes: int = 1000
+    queue_capacity: int = 50
+    recv_timeout: float = 60.0
+    logdir: Optional[str] = None
+    log_every: int = 50
+    learning_rate: float = 1e-3
+    warmup_steps: int = 10
+    progress: bool = True
+    curve: Optional[CurveClientKeys] = None
+    metrics_port: Optional[int] = None
+    exact: bool = False  # producers run --exact / --epochs N; a finite run ends training early
+    trainer_id: Optional[str] = None
+    consumed_log: Optional[str] = None  # JSON lines: each step's record indices and epochs
+    report: Optional[str] = None  # write the bottleneck report (HTML) here at the end
+    timeline: bool = False  # record a Timeline even without a report (stoker doctor writes its own)
+    receive: str = "auto"  # or "direct" / "libzmq": ZMQInput(receive=...)
+    discover_every: float = 5.0  # seconds between re-resolving producer names (an elastic pool)
+    share: tuple[int, int] = (0, 1)  # (rank, world) of an elastic pool's splits
+    stall_after: Optional[float] = 10.0  # seconds: a producer holding work that sends nothing new is stuck
+    stall_limit: Optional[float] = 300.0  # seconds: a stuck fixed-shard producer fails the input (exact mode)
+
+
+def has_liveness_events(s: InputStats) -> bool:
+    return bool(s.producers_stuck or s.splits_backed_up or s.wasted_records or s.stall_warnings)
+
+
+def liveness_text(s: InputStats) -> str:
+    """What stuck and slow producers cost: work re-served or backed up, records made twice, warnings."""
+    return (f"{s.producers_stuck} taken for stuck ({s.splits_reserved} split(s) re-served), {s.splits_backed_up} "
+            f"backup split(s) for stragglers, {s.wasted_records:,} record(s) made twice and dropped (wasted work, "
+            f"never a duplicate), {s.stall_warnings} warning(s) of a fixed-shard producer sending nothing")
+
+
+def coverage_text(coverage: dict[int, tuple[int, int]]) -> str:
+    """``epoch 3: 1,200/1,200 (100%), ...``: distinct records received per epoch, the last few epochs."""
+    return ", ".join(f"epoch {e}: {seen:,}/{records:,} ({100 * seen / records:.0f}%)"
+                     for e, (seen, records) in sorted(coverage.items()) if records)
+
+
+@dataclass
+class TrainReport:
+    """What a run measured, after the warm-up steps (tracing, pre-fill) are excluded.
+
+    A run that ends within its warm-up (an exact run over a short epoch) has nothing after
+    it: then ``seconds`` and ``images_per_s`` cover the whole run, tracing included, and
+    ``includes_warmup`` says so (the summary and the report too). ``stats_at_start`` is the input's
+    stats when that clock started: each producer's images/s is over the same ``seconds``.
+    """
+
+    steps: int
+    seconds: float
+    images_per_s: float
+    mean_queue_occupancy: float
+    final_loss: float
+    final_accuracy: float
+    input_stats: InputStats = field(default_factory=InputStats)
+    timeline: Optional[Timeline] = None
+    includes_warmup: bool = False
+    stats_at_start: InputStats = field(default_factory=InputStats)
+
+    @property
+    def rate_label(self) -> str:
+        return "images/s (whole run, warm-up included)" if self.includes_warmup else "images/s (after warm-up)"
+
+    def producers(self) -> list[ProducerTally]:
+        """Per producer that sent a batch: batches and images received over the whole run, and images/s over
+        the timed ``seconds`` (images received in them / ``seconds``, the window of ``images_per_s``)."""
+        return producer_tallies(self.input_stats, self.stats_at_start, self.seconds)
+
+    def producer_lines(self) -> list[str]:
+        """One line per producer (``producers()``), then one for connected producers that sent nothing."""
+        silent = silent_producers(self.input_stats)
+        return [t.line() for t in self.producers()] + (
+            [f"{silent} more connected producer(s): 0 batches (a producer is named by its first batch)"]
+            if silent else [])
+
+    def bottleneck(self) -> str:
+        """One sentence: which side limited training, judged by queue occupancy."""
+        occ = self.mean_queue_occupancy
+        if occ < INPUT_BOUND_BELOW:
+            return (f"input-bound: the queue was nearly empty (mean occupancy {occ:.2f}), so the step waited for "
+                    "data; add producers or --workers, or use a cheaper augmentation")
+        if occ > TRAINING_BOUND_ABOVE:
+            return (f"training-bound: producers kept the queue filled (mean occupancy {occ:.2f}); the input is "
+                    "not the limit, the model step is")
+        return (f"balanced: mean queue occupancy {occ:.2f}; input and training run at about the same speed, "
+                "so more producers would help only a little")
+
+    def facts(self) -> dict[str, str]:
+        """The run's key figures, for the report's table."""
+        s = self.input_stats
+        return {"steps": str(self.steps), self.rate_label: f"{self.images_per_s:.0f}",
+                "mean queue occupancy": f"{self.mean_queue_occupancy:.2f}",
+                f"batches received per producer (images/s over the timed {self.seconds:.1f} s)":
+                    "; ".join(self.producer_lines()) or "none",
+                "batches rejected": str(s.protocol_errors + s.mismatched_batches),
+                "producers whose shards overlap": (f"{s.shard_conflicts} pair(s): {s.last_shard_conflict}"
+                                                   if s.shard_conflicts else "none"),
+                "stuck or slow producers": liveness_text(s) if has_liveness_events(s) else "none",
+                "records received per epoch": coverage_text(s.coverage) or "not known (no stream in the headers)",
+                "final loss / accuracy": f"{self.final_loss:.3f} / {self.final_accuracy:.2f}",
+                "how step times were taken": "waiting for each step's result (a sync per step; staging still "
+                                             "runs ahead, a step's dispatch no longer overlaps the previous one)"}
+
+    def summary(self) -> str:
+        s = self.input_stats
+        return "\n".join([
+            f"trained {self.steps} steps in {self.seconds:.1f} s: {self.images_per_s:.0f} images/s"
+            + (" (timed from the first step, tracing and pre-fill included: the run did not outlast its warm-up)"
+               if self.includes_warmup else ""),
+            f"mean queue occupancy: {self.mean_queue_occupancy:.2f}",
+            f"final loss {self.final_loss:.3f}, accuracy {self.final_accuracy:.2f}",
+            f"batches received: {s.batches:,}, rejected: {s.protocol_errors + s.mismatched_batches}; per producer "
+            f"(batches and images over the whole run, images/s over the {self.seconds:.1f} s timed above):",
+            *(f"  {line}" for line in self.producer_lines() or ["none"]),
+            *([f"warning: {s.shard_conflicts} pair(s) of producers whose shards overlap: {s.last_shard_conflict}"]
+              if s.shard_conflicts else []),
+            *([f"producer pool: {s.pool_size} now, {s.producers_joined} joined and {s.producers_left} left during "
+               "the run"] if s.producers_joined or s.producers_left else []),
+            *([f"stuck or slow producers: {liveness_text(s)}"] if has_liveness_events(s) else []),
+            *([f"records received per epoch (the latest still in progress): {coverage_text(s.coverage)}"]
+              if s.coverage else []),
+            f"bottleneck: {self.bottleneck()}",
+        ])
+
+
+def train(config: TrainConfig) -> TrainReport:
+    """Train ``config.model`` for ``config.steps`` steps on batches from ``config.addresses``.
+
+    Raises TensorBoardNotInstalledError before anything starts if ``logdir`` is set and
+    TensorBoard is missing; InputTimeoutError if producers are silent for ``recv_timeout``;
+    KeyboardInterrupt on Ctrl-C/SIGTERM, after closing the input promptly.
+    """
+    require_tensorboard(config.logdir, "training with a log directory (stoker train --logdir)")
+    keras = tf.keras
+    model = build_model(config.model, config.image_size, config.num_classes)
+    optimizer = keras.optimizers.Adam(config.learning_rate)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    writer = tf.summary.create_file_writer(config.logdir) if config.logdir else tf.summary.create_noop_writer()
+    warmup = min(config.warmup_steps, max(0, config.steps - 1))
+    with contextlib.ExitStack() as stack:
+        consumed_log = stack.enter_context(open(config.consumed_log, "w")) if config.consumed_log else None
+        inp = stack.enter_context(ZMQInput(
+            config.addresses, batch_size=config.batch_size, image_shape=(config.image_size, config.image_size, 3),
+            queue_capacity=config.queue_capacity, recv_timeout=config.recv_timeout, curve=config.curve,
+            exact=config.exact, trainer_id=config.trainer_id, receive=config.receive,
+            discover_every=config.discover_every, share=config.share, stall_after=config.stall_after,
+            stall_limit=config.stall_limit))
+        stack.enter_context(close_on_signal(inp.close))
+        if config.metrics_port is not None:
+            log.info("metrics on http://0.0.0.0:%d/metrics", inp.serve_metrics(config.metrics_port))
+
+        @tf.function
+        def step() -> tuple[tf.Tensor, ...]:
+            batch = inp.get()
+            images, labels = batch["images"], batch["labels"]
+            with tf.GradientTape() as tape:
+                logits = model(images, training=True)
+                loss = loss_fn(labels, logits)
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            accuracy = tf.reduce_mean(tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels), tf.float32))
+            return loss, accuracy, batch["index"], batch["epoch"]
+
+        log.info("waiting for the first batches from %s (pre-filling the queue)", ", ".join(config.addresses))
+        timeline = Timeline(inp).start() if config.report or config.timeline else None
+        if timeline is not None:
+            stack.callback(timeline.stop)  # also on errors; a second stop() does nothing
+        bar = tqdm(total=config.steps, unit="step", disable=not config.progress, dynamic_ncols=True)
+        t_start, stats_start = time.perf_counter(), inp.stats
+        t_window, loss, accuracy = time.perf_counter(), None, None
+        steps_run = 0
+        with writer.as_default():
+            for i in range(1, config.steps + 1):
+                try:
+                    t_step = time.perf_counter()
+                    loss, accuracy, index, epoch = step()
+                    if timeline is not None:  # the step's own time: wait for its result (costs a sync)
+                        float(loss)
+                        timeline.step(time.perf_counter() - t_step)
+                except tf.errors.OutOfRangeError:
+                    if not inp.finished:
+                        raise
+                    log.info("the producers finished their epochs after %d steps", i - 1)
+                    break
+                steps_run = i
+                if consumed_log is not None:
+                    consumed_log.write(json.dumps({"step": i, "index": index.numpy().tolist(),
+                                                   "epoch": epoch.numpy().tolist()}) + "\n")
+                    if i % 10 == 0:
+                        consumed_log.flush()  # read as it grows (stoker cluster prints images/s from it)
+                if i == warmup:
+                    float(loss)  # wait for the step to finish before the clock starts
+                    t_start, stats_start = time.perf_counter(), inp.stats
+                if i % config.log_every == 0 or i == config.steps:
+                    now = time.perf_counter()
+                    rate = min(config.log_every, i) * config.batch_size / (now - t_window)
+                    t_window = now
+                    occupancy = inp.queue_occupancy()
+                    bar.set_postfix(img_s=f"{rate:.0f}", queue=f"{occupancy:.2f}", loss=f"{float(loss):.3f}")
+                    if not config.progress:
+                        log.info("step=%d images_per_s=%.1f queue_occupancy=%.2f loss=%.3f", i, rate, occupancy, float(loss))
+                    if config.logdir:  # tf.summary needs TensorBoard even with a no-op writer
+                        inp.write_summaries(i)
+                        tf.summary.scalar("train/loss", loss, step=i)
+                        tf.summary.scalar("train/accuracy", accuracy, step=i)
+                        tf.summary.scalar("stoker/images_per_s", rate, step=i)
+                bar.update(1)
+            final_loss = float(loss) if loss is not None else float("nan")
+            final_accuracy = float(accuracy) if accuracy is not None else float("nan")
+        bar.close()
+        writer.flush()
+        if consumed_log is not None:
+            consumed_log.flush()
+        if timeline is not None:
+            timeline.stop()
+        seconds = time.perf_counter() - t_start
+        stats_end = inp.stats
+        # The clock restarted after the warm-up step; a run that never got past it is timed whole.
+        includes_warmup = warmup == 0 or steps_run <= warmup
+        measured = steps_run if includes_warmup else steps_run - warmup
+        samples = stats_end.occupancy_samples - stats_start.occupancy_samples
+        mean_occ = ((stats_end.occupancy_sum - stats_start.occupancy_sum) / samples) if samples else stats_end.mean_queue_occupancy
+        result = TrainReport(steps=steps_run, seconds=seconds, images_per_s=measured * config.batch_size / seconds,
+                             mean_queue_occupancy=mean_occ, final_loss=final_loss, final_accuracy=final_accuracy,
+                             input_stats=stats_end, timeline=timeline, includes_warmup=includes_warmup,
+                             stats_at_start=stats_start)
+        if config.report and timeline is not None:
+            write_report(config.report, f"stoker train: {config.model}", result.bottleneck(), timeline,
+                         result.facts())
+            log.info("wrote the bottleneck report to %s", config.report)
+        return result

@@ -1,0 +1,123 @@
+"""Measure each trainer-side stage on its own: what arrives over the network, and the step alone.
+
+``measure_link``: images/s and MB/s that reach this host from producers (receive and
+validate only; no TensorFlow work). ``measure_constant_step``: steps/s of a training
+step on constant input already in the graph (the trainer's ceiling, like
+tensorpack's DummyConstantInput). ``diagnose`` compares the two.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import numpy as np
+import zmq
+
+from stoker.protocol import ProtocolError, decode_batch
+
+
+@dataclass(frozen=True)
+class LinkRate:
+    images_per_s: float
+    mb_per_s: float
+    batches: int
+    per_producer: dict[str, int]
+
+
+def measure_link(addresses: Sequence[str], seconds: float = 5.0, warmup_batches: int = 3,
+                 timeout: float = 30.0) -> LinkRate:
+    """Receive from every producer for ``seconds`` after a warm-up.
+
+    TimeoutError if no valid batch arrives within ``timeout`` (checked on every message, so a
+    stream of malformed ones cannot keep it waiting), naming the last rejection if there was one.
+    """
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PULL)
+    sock.setsockopt(zmq.RCVHWM, 4)
+    try:
+        for a in addresses:
+            sock.connect(a)
+        seen, images, nbytes, batches, t0 = 0, 0, 0, 0, None
+        rejected, last_rejection = 0, ""
+        per: dict[str, int] = {}
+        deadline = time.monotonic() + timeout
+        while t0 is None or time.perf_counter() - t0 < seconds:
+            if t0 is None and time.monotonic() > deadline:
+                why = f"; {rejected} malformed message(s) rejected, the last: {last_rejection}" if rejected else ""
+                raise TimeoutError(f"no valid batch from {', '.join(addresses)} within {timeout:g} s{why}")
+            if not sock.poll(200):
+                continue
+            frames = sock.recv_multipart(copy=False)
+            try:
+                batch = decode_batch(frames)
+            except ProtocolError as exc:
+                rejected, last_rejection = rejected + 1, str(exc)
+                continue
+            seen += 1
+            if seen == warmup_batches:
+                t0 = time.perf_counter()
+            elif t0 is not None:
+                batches += 1
+                images += len(batch["labels"]) if "labels" in batch.arrays else 0
+                nbytes += sum(f.nbytes for f in batch.arrays.values())
+                per[batch.header.producer] = per.get(batch.header.producer, 0) + 1
+        elapsed = time.perf_counter() - t0
+        return LinkRate(images / elapsed, nbytes / elapsed / 1e6, batches, per)
+    finally:
+        sock.close(0)
+        ctx.term()
+
+
+def measure_constant_step(model_name: str, batch_size: int, image_size: int, num_classes: int = 1000,
+                          steps: int = 20, warmup: int = 3) -> float:
+    """Images/s of the training step on constant input (no input pipeline at all)."""
+    import tensorflow as tf
+
+    from stoker.consumer.train.models import build_model
+
+    model = build_model(model_name, image_size, num_classes)
+    optimizer = tf.keras.optimizers.SGD(0.01)
+    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    images = tf.constant(np.random.default_rng(0).integers(0, 255, (batch_size, image_size, image_size, 3),
+                                                           dtype=np.uint8))
+    labels = tf.constant(np.arange(batch_size, dtype=np.int32) % num_classes)
+
+    @tf.function
+    def step() -> tf.Tensor:
+        with tf.GradientTape() as tape:
+            loss = loss_fn(labels, model(images, training=True))
+        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        return loss
+
+    for _ in range(warmup):
+        float(step())
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        loss = step()
+    float(loss)
+    return steps * batch_size / (time.perf_counter() - t0)
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    link_images_per_s: float
+    trainer_images_per_s: float
+    link_mb_per_s: float
+    producers_seen: int
+    producer_stage_pipeline: Optional[float] = None  # images/s of one worker, if the LMDB was given
+
+    def sentence(self) -> str:
+        link, train = self.link_images_per_s, self.trainer_images_per_s
+        if link < 0.95 * train:
+            need = train / max(link, 1e-9)
+            advice = (f"add producers or workers (about {need:.1f}x the current input rate is needed)")
+            if self.producer_stage_pipeline:
+                workers = train / self.producer_stage_pipeline
+                advice += f"; one worker makes {self.producer_stage_pipeline:.0f} images/s, so ~{workers:.0f} workers in all"
+            advice += ", or shrink the batch's bytes (smaller --image-size) if the network is the limit"
+            return (f"input-bound: producers deliver {link:.0f} images/s ({self.link_mb_per_s:.0f} MB/s) but the "
+                    f"step could take {train:.0f} images/s; {advice}.")
+        return (f"training-bound: producers deliver {link:.0f} images/s and the step takes {train:.0f} images/s; "
+                "the input keeps up, so speed up the model step (mixed precision, XLA, a bigger GPU).")

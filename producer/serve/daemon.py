@@ -1,0 +1,293 @@
+"""The producer daemon: N worker processes behind one bound ZMQ PUSH socket.
+
+    workers (spawn) --decode into--> shared slots --SlotForwarder thread, copy=False--> PUSH bind --> trainers
+                    <--ipc control (ready / grant)-->
+
+Workers write each batch into shared memory and announce it; the daemon sends
+that memory itself, so a batch is copied once (into the kernel's TCP buffer)
+rather than passing through an ipc hop (see batch_slots.py and forwarder.py).
+Each worker has ``sndhwm + 1`` slots, allocated at start, which bounds memory;
+when the trainer is slow the PUSH socket fills, slots stay queued, and workers
+wait for a free one: backpressure. ``run()`` returns after ``stop`` is set
+(SIGTERM/SIGINT in the CLI) with every worker joined, killed if need be, and
+the ipc socket file removed, in well under 2 s.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import secrets
+import shutil
+import socket
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, replace
+from typing import Optional
+
+import zmq
+
+from stoker.protocol.batch_codec import with_instance
+from stoker.protocol.curve import CurveServerKeys
+from stoker.protocol.input_state import StreamKey
+from stoker.protocol.metrics_server import MetricsServer
+
+from stoker.producer.serve.batch_slots import SlotLayout, allocate
+from stoker.producer.dataset.format import LmdbDataset
+from stoker.producer.serve.exact_forwarder import ExactForwarder
+from stoker.producer.serve.exact_server import ExactServer
+from stoker.producer.serve.forwarder import SlotForwarder
+from stoker.producer.measure.metrics import ProducerCollector
+from stoker.producer.pipeline import load_pipeline
+from stoker.producer.serve.peer_security import HandshakeFailureLog, RefusalLoggingAuthenticator
+from stoker.producer.serve.sharding import ShardSpec
+from stoker.producer.serve.split_server import SplitServer
+from stoker.producer.measure.stage_stats import StageStats, rate_report
+from stoker.producer.serve.worker import WorkerConfig, run_worker
+
+log = logging.getLogger("stoker.producer")
+
+
+def _control_endpoint() -> tuple[Optional[str], str]:
+    """``(folder to remove or None, endpoint)`` of the workers' control socket.
+
+    On Linux an abstract-namespace socket: no file at all, so even a SIGKILLed daemon leaves
+    nothing behind. Elsewhere a socket file in a fresh temporary folder, removed on exit.
+    """
+    if sys.platform.startswith("linux"):
+        return None, f"ipc://@stoker-producer-{os.getpid()}-{secrets.token_hex(8)}"
+    folder = tempfile.mkdtemp(prefix="stoker-producer-")
+    return folder, f"ipc://{folder}/workers.sock"
+
+
+def default_producer_id(endpoint: str, shard: ShardSpec) -> str:
+    """``HOST:PORT#SHARD~INSTANCE``: unique per daemon instance, within the header's 128-character id limit.
+
+    ``INSTANCE`` is 6 random hex digits (``with_instance``): producers on one port number in different network
+    namespaces, containers with host networking or cloned VMs share ``HOST:PORT#SHARD``, and a trainer's stats
+    must not merge them; a restarted producer is a new instance. ``--id`` replaces the whole id.
+    """
+    host = "".join(c for c in socket.gethostname() if "!" <= c <= "~")  # printable ASCII, no spaces
+    return with_instance(f"{host}:{endpoint.rsplit(':', 1)[-1]}#{shard}")
+
+
+class BindError(RuntimeError):
+    """The --bind address cannot be bound; the message says why and what to try."""
+
+
+@dataclass(frozen=True)
+class ProducerConfig:
+    """Settings of one producer daemon (the flags of ``stoker produce``)."""
+
+    lmdb_path: str
+    bind: str = "tcp://*:5555"
+    workers: int = 1
+    batch_size: int = 64
+    image_size: int = 224
+    mode: str = "train"
+    pipeline: str = "imagenet"
+    pipeline_args: tuple[tuple[str, str], ...] = ()
+    shard: ShardSpec = ShardSpec()
+    seed: Optional[int] = None
+    sndhwm: int = 2
+    log_interval: float = 10.0
+    producer_id: Optional[str] = None
+    curve: Optional[CurveServerKeys] = None
+    metrics_port: Optional[int] = None
+    log_format: str = "text"
+    repeat_batches: int = 0
+    fast_dct: bool = False
+    exact: bool = False
+    epochs: Optional[int] = None
+    trainer_timeout: float = 10.0
+    min_trainers: int = 1
+
+
+class ProducerDaemon:
+    """Validates the dataset and the pipeline, and binds, at construction (errors surface before any worker starts).
+
+    Raises PipelineError (a ValueError) for a pipeline that cannot be loaded or declares something
+    invalid, DatasetError for an unusable dataset, BindError for an address that cannot be bound.
+    """
+
+    def __init__(self, config: ProducerConfig) -> None:
+        if config.mode not in ("train", "eval"):
+            raise ValueError(f"--mode must be train or eval, got {config.mode!r}")
+        if config.workers < 1 or config.batch_size < 1 or config.image_size < 8:
+            raise ValueError("--workers and --batch-size must be >= 1 and --image-size >= 8")
+        if config.epochs is not None and config.epochs < 1:
+            raise ValueError(f"--epochs must be >= 1, got {config.epochs}")
+        if config.epochs is not None and not config.exact:
+            config = replace(config, exact=True)  # a finite run is exact: it ends when every record is consumed
+        if config.shard.auto:
+            if config.min_trainers > 1:
+                raise ValueError("--min-trainers does not apply to --shard auto: each trainer hands out its own splits")
+            if config.repeat_batches:
+                raise ValueError("--repeat-batches is a benchmark of the plain mode; it does not combine with --shard auto")
+            # The trainers hand out the splits over exact mode's control channel, and every producer of the pool
+            # must order an epoch alike: the same seed (0 unless given).
+            config = replace(config, exact=True, seed=config.seed if config.seed is not None else 0)
+        if config.min_trainers > 1 and not config.exact:
+            raise ValueError("--min-trainers needs exact mode (--exact or --epochs N): plain producers do not know "
+                             "their trainers")
+        if config.repeat_batches and config.exact:
+            raise ValueError("--repeat-batches is a benchmark of the plain mode; it does not combine with --exact")
+        self.config = config
+        self.pipeline_standard = (("mode", config.mode), ("image_size", config.image_size),
+                                  ("fast_dct", config.fast_dct))
+        # Built here to fail fast (and for the layout); each worker builds its own from the same reference.
+        self.pipeline = load_pipeline(config.pipeline, dict(config.pipeline_args), dict(self.pipeline_standard))
+        with LmdbDataset(config.lmdb_path) as dataset:
+            self.meta = dataset.meta
+        shard_size = len(config.shard.records(self.meta.count))
+        if shard_size < config.workers:
+            raise ValueError(
+                f"shard {config.shard} of {config.lmdb_path} holds {shard_size} records, fewer than --workers {config.workers}"
+            )
+        self.seed = config.seed if config.seed is not None else secrets.randbits(31)
+        self._ctx = zmq.Context()
+        # Exact mode: a ROUTER, so each batch goes to one trainer with credit and we know which.
+        self._out = self._ctx.socket(zmq.ROUTER if config.exact else zmq.PUSH)
+        self._out.setsockopt(zmq.SNDHWM, config.sndhwm)
+        self._out.setsockopt(zmq.LINGER, 0)
+        if config.exact:
+            self._out.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self._auth: Optional[RefusalLoggingAuthenticator] = None
+        if config.curve is not None:
+            # Only trainers whose public key is in the authorised folder get through the handshake;
+            # refusals are logged with the peer's address.
+            self._auth = RefusalLoggingAuthenticator(self._ctx)
+            self._auth.start()
+            self._auth.configure_curve(domain="*", location=str(config.curve.authorized_clients_dir))
+            self._out.curve_server = True
+            self._out.curve_publickey = config.curve.public
+            self._out.curve_secretkey = config.curve.secret
+        try:
+            self._out.bind(config.bind)
+        except zmq.ZMQError as exc:
+            self._out.close(linger=0)
+            if self._auth is not None:
+                self._auth.stop()
+            self._ctx.term()
+            raise BindError(
+                f"cannot bind {config.bind}: {exc.strerror}; pick a free port or another interface "
+                "(tcp://*:PORT binds all interfaces)"
+            ) from None
+        self.endpoint = self._out.getsockopt(zmq.LAST_ENDPOINT).decode()
+        # Made here, before the forwarding thread owns the socket; drained by run()'s loop.
+        self.handshakes = HandshakeFailureLog(self._out, self.endpoint, curve=config.curve is not None)
+        self.producer_id = config.producer_id or default_producer_id(self.endpoint, config.shard)
+        self.stats = StageStats(config.workers, mp.get_context("spawn"))
+        self.layout = SlotLayout(self.pipeline.batch_arrays(exact=config.exact), config.batch_size,
+                                 slots=config.sndhwm + 1)
+        self.stream = StreamKey(config.shard.index, config.shard.count, self.meta.count, self.seed,
+                                splits=config.shard.auto)
+
+    def run(self, stop: threading.Event) -> None:
+        """Serve until ``stop`` is set; then stop everything and return. Never returns early on bad data."""
+        cfg = self.config
+        spawn = mp.get_context("spawn")
+        ipc_dir, internal = _control_endpoint()
+        control = self._ctx.socket(zmq.ROUTER)
+        control.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        control.setsockopt(zmq.LINGER, 0)
+        control.bind(internal)
+        buffers = allocate(self.layout, cfg.workers, spawn)
+        forwarder: SlotForwarder
+        if cfg.exact:
+            spec = [(name, dtype, [cfg.batch_size, *shape]) for name, dtype, shape in self.layout.arrays]
+            server: ExactServer | SplitServer
+            if cfg.shard.auto:
+                server = SplitServer(self.stream, self.producer_id, cfg.epochs, cfg.trainer_timeout, spec,
+                                     make_ahead=cfg.workers)
+            else:
+                server = ExactServer(self.stream, self.producer_id, cfg.epochs, cfg.trainer_timeout, spec,
+                                     cfg.min_trainers)
+            forwarder = ExactForwarder(control, self._out, self.layout, buffers, server)
+        else:
+            forwarder = SlotForwarder(control, self._out, self.layout, buffers)
+        forwarding_stop = threading.Event()
+        sender = threading.Thread(target=forwarder.run, args=(forwarding_stop,), name="stoker-forwarder", daemon=True)
+        sender.start()
+        worker_stop = spawn.Event()
+        worker_cfg = WorkerConfig(
+            lmdb_path=str(cfg.lmdb_path), endpoint=internal, producer_id=self.producer_id, shard=cfg.shard,
+            batch_size=cfg.batch_size, seed=self.seed, workers=cfg.workers, pipeline=cfg.pipeline,
+            pipeline_args=cfg.pipeline_args, pipeline_standard=self.pipeline_standard, slots=self.layout.slots,
+            log_level=logging.getLogger().getEffectiveLevel(), log_format=cfg.log_format,
+            repeat_batches=cfg.repeat_batches, layout_arrays=self.layout.arrays, exact=cfg.exact,
+        )
+
+        def start(w: int) -> mp.process.BaseProcess:
+            # Fresh per process, so a dead worker's late messages are recognised (ids must not start with 0).
+            routing_id = b"w" + secrets.token_bytes(8)
+            forwarder.register_worker(w, routing_id)
+            p = spawn.Process(target=run_worker, name=f"stoker-worker-{w}", daemon=True,
+                              args=(w, worker_cfg, self.stats, worker_stop, os.getpid(), buffers[w], routing_id))
+            p.start()
+            return p
+
+        procs = [start(w) for w in range(cfg.workers)]
+        metrics = None
+        if cfg.metrics_port is not None:
+            batch_bytes = self.layout.slot_bytes
+            collector = ProducerCollector(self.stats, batch_bytes, self.producer_id,
+                                          lambda: sum(p.is_alive() for p in procs),
+                                          handshake_failures=lambda: self.handshakes.failed)
+            metrics = MetricsServer(cfg.metrics_port, collector)
+            log.info("metrics on http://0.0.0.0:%d/metrics", metrics.port)
+        exact = (f"exact, {cfg.epochs} epochs" if cfg.epochs else "exact, endless") if cfg.exact else "plain"
+        log.info(
+            "serving %s on %s: %d records in shard %s of %d, pipeline %s (%s mode): batches of %d x {%s}, "
+            "%d workers, seed %d, %s (stream %s), producer_id=%s",
+            cfg.lmdb_path, self.endpoint, len(cfg.shard.records(self.meta.count)), cfg.shard, self.meta.count,
+            self.pipeline.name, cfg.mode, cfg.batch_size, self.pipeline.describe(), cfg.workers, self.seed, exact,
+            self.stream, self.producer_id,
+        )
+        try:
+            last, last_t = self.stats.totals(), time.monotonic()
+            while not stop.wait(min(0.5, cfg.log_interval)):
+                self.handshakes.drain()
+                if cfg.exact and forwarder.finished:  # type: ignore[attr-defined]
+                    log.info("finished: %d exact epochs of shard %s consumed; %d records skipped, %d served again "
+                             "after a loss", cfg.epochs, cfg.shard, server.skipped_total, server.reserved_total)
+                    time.sleep(0.5)  # the forwarder's last status reaches the trainers
+                    self._out.setsockopt(zmq.LINGER, 1000)
+                    break
+                if not sender.is_alive():
+                    raise RuntimeError("the forwarding thread stopped (see the error above); stopping the producer")
+                for w, p in enumerate(procs):
+                    if not p.is_alive():
+                        log.error("worker %d exited with code %s; restarting it", w, p.exitcode)
+                        procs[w] = start(w)
+                now = time.monotonic()
+                if now - last_t >= cfg.log_interval:
+                    totals = self.stats.totals()
+                    log.info("%s", rate_report(last, totals, now - last_t).line())
+                    last, last_t = totals, now
+        finally:
+            if metrics is not None:
+                metrics.close()
+            worker_stop.set()
+            forwarding_stop.set()
+            deadline = time.monotonic() + 1.2
+            for p in procs:
+                p.join(max(0.0, deadline - time.monotonic()))
+            for p in procs:
+                if p.is_alive():
+                    p.kill()
+                    p.join(0.5)
+            sender.join(1.0)
+            self.handshakes.close()
+            for s in (control, self._out):
+                s.close(linger=0)
+            if self._auth is not None:
+                self._auth.stop()
+            self._ctx.term()
+            if ipc_dir is not None:
+                shutil.rmtree(ipc_dir, ignore_errors=True)
+            log.info("stopped: %d batches, %d images sent, %d records skipped",
+                     *(int(self.stats.totals()[k]) for k in ("batches", "images", "skipped")))

@@ -1,0 +1,253 @@
+"""The daemon's forwarding thread in exact mode: chosen records to workers, batches to trainers with credit.
+
+    ExactServer --which records--> grant [slot, work] --> worker --ready--> ExactForwarder
+    trainers (DEALER) <--batch [header + stream, session]-- ROUTER <--hello / credit-- trainers
+
+Like ``SlotForwarder`` (shared-memory slots sent with ``copy=False``, a slot reused
+only once libzmq is done with it), but the trainer-facing socket is a ROUTER:
+each batch goes to one trainer that has credit, so the ``ExactServer`` knows who
+holds which records. A slot is granted to a worker only with work (records the
+server chose); with nothing to serve it waits. Trainers' ``hello`` and ``credit``
+messages arrive on the same socket; a malformed one is counted and logged
+(rate-limited), never fatal. Status goes to every trainer when an epoch completes
+and when the run has finished. All sockets are used by this thread only.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from typing import Any
+
+import msgpack
+import numpy as np
+import zmq
+
+from stoker.protocol import ProtocolError
+from stoker.protocol.exact_messages import Credit, Describe, Hello, Work, decode_trainer_message, encode_status
+
+from stoker.producer.serve.batch_slots import GRANT, SlotLayout, SlotState, encode_work, slot_frame
+from stoker.producer.serve.exact_server import Chunk, ExactServer
+from stoker.producer.serve.forwarder import IN_FLIGHT_POLL_MS, SlotForwarder
+
+log = logging.getLogger("stoker.producer")
+
+_WARN_EVERY_S = 60.0
+STATUS_EVERY_S = 1.0  # also a heartbeat: a trainer waiting on others' steps knows this producer is alive
+_IDLE_POLL_MS = 50  # nothing in flight: statuses and expiry need no finer clock than this
+_EXPIRE_EVERY_S = 0.1
+
+
+class ExactForwarder(SlotForwarder):
+    """See the module doc. ``out`` is a bound ROUTER; ``server`` decides what is served."""
+
+    def __init__(self, control: zmq.Socket, out: zmq.Socket, layout: SlotLayout, buffers: list[Any],
+                 server: ExactServer) -> None:
+        super().__init__(control, out, layout, buffers)
+        self.server = server
+        self.work: dict[tuple[int, int], Chunk] = {}
+        self.idle: deque[tuple[int, int]] = deque()
+        self.bad_messages = 0
+        self.stale_rows = 0  # rows masked at sending: consumed or held since chosen (ExactServer.take_stale)
+        self._last_bad_log = -_WARN_EVERY_S
+        self._last_status = 0.0
+        self._unknown_told: dict[bytes, float] = {}
+
+    # ---- the loop ---------------------------------------------------------------------------
+
+    def _forward(self, stop: Any) -> None:
+        poller = zmq.Poller()
+        poller.register(self.control, zmq.POLLIN)
+        poller.register(self.out, zmq.POLLIN)
+        expired_at = 0.0
+        while not stop.is_set():
+            self._release_sent()
+            # Sent slots are checked every 2 ms until libzmq lets go of them; batches waiting for credit need no
+            # such wake-ups: the credit that frees them arrives on ``out`` and ends the wait.
+            events = dict(poller.poll(IN_FLIGHT_POLL_MS if self._in_flight else _IDLE_POLL_MS))
+            if events.get(self.control, 0) & zmq.POLLIN:
+                while self.control.poll(0):
+                    self._handle(self.control.recv_multipart())
+            if events.get(self.out, 0) & zmq.POLLIN:
+                while self.out.poll(0):
+                    self._from_trainer(self.out.recv_multipart())
+            now = time.monotonic()
+            if now - expired_at >= _EXPIRE_EVERY_S:
+                expired_at = now
+                for trainer in self.server.expire(now):
+                    log.warning("trainer %s sent nothing for %.0f s: taken for dead; the records it held are served "
+                                "again", trainer, self.server.trainer_timeout)
+            self._grant_idle()
+            self._send_ready()
+            self._broadcast_status()
+
+    # ---- workers ----------------------------------------------------------------------------
+
+    def _grant(self, worker: int, slot: int) -> None:
+        """Grant ``slot`` with the next records to make; with nothing to serve it waits in ``idle``."""
+        old = self.work.pop((worker, slot), None)
+        if old is not None and self.state[worker][slot] is SlotState.AT_WORKER:
+            self.server.on_unsent(old)  # granted to a worker that died before making it
+        chunk = self.server.next_chunk(self.layout.batch_size)
+        if chunk is None:
+            if (worker, slot) not in self.idle:
+                self.idle.append((worker, slot))
+            return
+        routing_id = self._routing_ids[worker]
+        try:
+            self.control.send_multipart([routing_id, GRANT, slot_frame(slot), encode_work(chunk.epochs, chunk.indices)],
+                                        flags=zmq.NOBLOCK)
+        except zmq.ZMQError:  # that worker is gone or not connected yet: its hello grants again
+            self.server.on_unsent(chunk)
+            return
+        self.work[(worker, slot)] = chunk
+        self.granted_to[worker][slot] = routing_id
+
+    def _grant_idle(self) -> None:
+        for _ in range(len(self.idle)):
+            worker, slot = self.idle.popleft()
+            if self.state[worker][slot] is SlotState.AT_WORKER:
+                self._grant(worker, slot)
+            if self.idle and self.idle[-1] == (worker, slot):
+                break  # nothing to serve now
+
+    # ---- trainers ---------------------------------------------------------------------------
+
+    def _from_trainer(self, message: list[bytes]) -> None:
+        routing_id = message[0]
+        try:
+            if len(message) != 2:
+                raise ProtocolError(f"control message of {len(message) - 1} frames, expected 1")
+            body = decode_trainer_message(message[1])
+        except ProtocolError as exc:
+            self._count_bad(f"rejected a trainer's control message: {exc}")
+            return
+        if isinstance(body, Work):
+            try:
+                known = self.server.on_work(routing_id, body)
+            except ProtocolError as exc:
+                self._count_bad(f"refused a trainer's work: {exc}")
+                return
+            if not known:
+                self._unknown(routing_id)
+        elif isinstance(body, Hello):
+            self.server.on_hello(routing_id, body)
+            log.info("trainer %s (session %d) joined with credit %d; serving epoch %d", body.trainer, body.session,
+                     body.credit, self.server.completed)
+            self._status_to(routing_id)
+        elif isinstance(body, Credit):
+            if not self.server.on_credit(routing_id, body):
+                self._unknown(routing_id)
+        elif isinstance(body, Describe):
+            self._status_to(routing_id)
+
+    def _count_bad(self, what: str) -> None:
+        self.bad_messages += 1
+        now = time.monotonic()
+        if now - self._last_bad_log >= _WARN_EVERY_S:
+            self._last_bad_log = now
+            log.warning("%s (%d bad messages in all)", what, self.bad_messages)
+
+    def _unknown(self, routing_id: bytes) -> None:
+        """Credit or work from a trainer this producer dropped (silent past --trainer-timeout) or of an old
+        session: a status of session 0 tells it to say hello again, or it would wait for batches for ever."""
+        now = time.monotonic()
+        if now - self._unknown_told.get(routing_id, -STATUS_EVERY_S) >= STATUS_EVERY_S:
+            self._unknown_told[routing_id] = now
+            if len(self._unknown_told) > 4096:
+                self._unknown_told.clear()
+            self._status_to(routing_id, stranger=True)
+
+    def _status_to(self, routing_id: bytes, stranger: bool = False) -> None:
+        status = self.server.status()
+        trainer = self.server.trainers.get(routing_id)
+        status.session = trainer.session if trainer is not None else 0  # 0: it has not joined (a describe)
+        status.stranger = stranger
+        try:
+            self.out.send_multipart([routing_id, encode_status(status)], flags=zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass  # gone: it will say hello again if it comes back
+
+    def _broadcast_status(self) -> None:
+        now = time.monotonic()
+        if not self.server.status_changed and now - self._last_status < STATUS_EVERY_S:
+            return
+        self.server.status_changed, self._last_status = False, now
+        for routing_id in list(self.server.trainers):
+            self._status_to(routing_id)
+
+    def _send_ready(self) -> None:
+        """Send made batches in order, each to its trainer (any with credit, or the one it was made for)."""
+        position = 0
+        while position < len(self._ready):
+            worker, slot, header = self._ready[position]
+            chunk = self.work.get((worker, slot))
+            routing_id = self.server.route(chunk)
+            if routing_id is None:
+                position += 1  # its trainer has no credit now; later batches may be another trainer's
+                continue
+            if not self._send_to(routing_id, worker, slot, header):
+                if chunk is not None and chunk.trainer is not None:
+                    position += 1  # that trainer's pipe is full; the others' batches go on
+                    continue
+                return
+            del self._ready[position]
+
+    def _send_to(self, routing_id: bytes, worker: int, slot: int, header: bytes) -> bool:
+        arrays = self.views[worker][slot]
+        chunk = self.work.get((worker, slot))
+        if chunk is not None and chunk.trainer is not None and self.server.gone(chunk):
+            # An elastic pool's batch whose trainer left or restarted: it hands out its splits afresh.
+            self.server.forget(chunk)
+            self.work.pop((worker, slot), None)
+            self.state[worker][slot] = SlotState.AT_WORKER
+            self._grant(worker, slot)
+            return True
+        mask, indices, epochs = arrays["mask"], arrays["index"], arrays["epoch"]
+        valid = mask.astype(bool)
+        failed = ~valid & (indices >= 0)
+        stale = np.zeros_like(valid)
+        stale[valid] = self.server.take_stale(epochs[valid], indices[valid], chunk)
+        if stale.any():  # consumed or held elsewhere since they were chosen: never served twice
+            # Padding to the trainer (masked rows are cut off) and to a retried send (index -1: not a failure).
+            mask[stale], indices[stale] = 0, -1
+            valid &= ~stale
+            self.stale_rows += int(stale.sum())
+            log.info("left %d row(s) out of a batch: their records were consumed or are held by a trainer that "
+                     "came back since they were chosen (%d so far)", int(stale.sum()), self.stale_rows)
+        # An elastic pool's trainer learns of failed records from the batch: it is sent even if all failed.
+        tell_failures = chunk is not None and chunk.trainer is not None and failed.any()
+        if not valid.any() and not tell_failures:  # nothing of it left to serve: the slot goes back unsent
+            if failed.any():
+                self.server.on_skipped(epochs[failed].tolist(), indices[failed].tolist())
+            self.work.pop((worker, slot), None)
+            self.state[worker][slot] = SlotState.AT_WORKER
+            self._grant(worker, slot)
+            return True
+        body = msgpack.unpackb(header, raw=False)
+        body["stream"], body["session"] = str(self.server.key), self.server.session_of(routing_id)
+        frames = [zmq.Frame(arrays[name], copy=False, track=True) for name in self.names]
+        tracker = zmq.MessageTracker(*frames)
+        try:
+            self.out.send_multipart([routing_id, msgpack.packb(body, use_bin_type=True), *frames], copy=False,
+                                    flags=zmq.NOBLOCK)
+        except zmq.Again:
+            return False  # that trainer's pipe is full: try again later
+        except zmq.ZMQError:  # EHOSTUNREACH: it disconnected
+            log.warning("trainer %s is unreachable: the records it held are served again",
+                        self.server.drop(routing_id))
+            return False
+        finally:
+            del frames
+        self.server.on_sent(routing_id, epochs[valid].tolist(), indices[valid].tolist(), chunk)
+        if failed.any():
+            self.server.on_skipped(epochs[failed].tolist(), indices[failed].tolist())
+        self.work.pop((worker, slot), None)
+        self.state[worker][slot] = SlotState.IN_FLIGHT
+        self._in_flight.append((worker, slot, tracker))
+        return True
+
+    @property
+    def finished(self) -> bool:
+        return self.server.finished and not self._ready and not self._in_flight

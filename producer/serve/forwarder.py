@@ -1,0 +1,133 @@
+"""The daemon's sending thread: ready slots out to trainers, sent slots back to their workers.
+
+    worker --[ready, slot, header]--> ROUTER (ipc) --> SlotForwarder --[header, slot memory]--> PUSH (tcp)
+    worker <--------[grant, slot]---- ROUTER <------- (when libzmq is done with the slot's memory)
+
+The slot's arrays go out with ``copy=False`` and a tracker per frame: the slot is
+granted back to its worker only once libzmq has released every frame, so memory
+a trainer may still be receiving is never overwritten. A slot is sent only while
+the PUSH socket has room (its SNDHWM), so a slow or absent trainer leaves slots
+ready, workers run out of granted slots and wait: backpressure, bounded memory.
+
+All sockets here are used by the forwarding thread only. ``register_worker`` (any
+thread) announces the routing id of a freshly started worker process; messages
+from any other id (a worker that died) are ignored. A slot is granted at most once
+to a given process: each slot remembers whom it was granted to, and the control
+socket is ROUTER_MANDATORY, so a grant that cannot be delivered (the process is not
+connected yet) is not counted as given; the process's hello then grants it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from typing import Any
+
+import zmq
+
+from stoker.producer.serve.batch_slots import GRANT, HELLO, READY, SlotLayout, SlotState, parse_slot, slot_frame
+
+log = logging.getLogger("stoker.producer")
+
+_IDLE_POLL_MS = 100
+IN_FLIGHT_POLL_MS = 2  # how soon a sent slot is noticed free; a wake-up costs ~20 us
+
+
+class SlotForwarder:
+    """Moves batches from workers' shared slots to the trainer-facing socket; see the module doc."""
+
+    def __init__(self, control: zmq.Socket, out: zmq.Socket, layout: SlotLayout, buffers: list[Any]) -> None:
+        self.control, self.out, self.layout = control, out, layout
+        self.views = [layout.views(b) for b in buffers]
+        self.names = list(layout.names)
+        self.state = [[SlotState.AT_WORKER] * layout.slots for _ in buffers]
+        self.granted_to: list[list[bytes]] = [[b""] * layout.slots for _ in buffers]
+        self._routing_ids: list[bytes] = [b""] * len(buffers)  # written by register_worker, read here
+        self._ready: deque[tuple[int, int, bytes]] = deque()
+        self._in_flight: list[tuple[int, int, zmq.MessageTracker]] = []
+        self.ignored_messages = 0
+
+    def register_worker(self, worker: int, routing_id: bytes) -> None:
+        """The worker process started with ``routing_id`` now owns worker slot set ``worker``."""
+        self._routing_ids[worker] = routing_id
+
+    def run(self, stop: threading.Event) -> None:
+        """Forward until ``stop`` is set. A bad control message is logged and counted; anything else is logged."""
+        try:
+            self._forward(stop)
+        except Exception:  # a bug: the daemon sees this thread gone and stops loudly rather than hang
+            log.exception("forwarding thread failed")
+
+    def _forward(self, stop: threading.Event) -> None:
+        poller = zmq.Poller()
+        poller.register(self.control, zmq.POLLIN)
+        while not stop.is_set():
+            self._release_sent()
+            poller.register(self.out, zmq.POLLOUT if self._ready else 0)
+            events = dict(poller.poll(IN_FLIGHT_POLL_MS if self._in_flight else _IDLE_POLL_MS))
+            if events.get(self.control, 0) & zmq.POLLIN:
+                while self.control.poll(0):
+                    self._handle(self.control.recv_multipart())
+            while self._ready and self.out.poll(0, zmq.POLLOUT):
+                if not self._send(*self._ready[0]):
+                    break  # the trainer left between the poll and the send: the slot waits, ready
+                self._ready.popleft()
+
+    def _handle(self, message: list[bytes]) -> None:
+        routing_id, body = message[0], message[1:]
+        try:
+            worker = self._routing_ids.index(routing_id)
+        except ValueError:
+            self.ignored_messages += 1  # a worker that died and was replaced: its slots were re-granted
+            return
+        try:
+            if body == [HELLO]:
+                for slot, state in enumerate(self.state[worker]):
+                    if state is SlotState.AT_WORKER and self.granted_to[worker][slot] != routing_id:
+                        self._grant(worker, slot)
+            elif len(body) == 3 and body[0] == READY:
+                slot = parse_slot(body[1], self.layout.slots)
+                if self.state[worker][slot] is not SlotState.AT_WORKER or self.granted_to[worker][slot] != routing_id:
+                    raise ValueError(f"slot {slot} is {self.state[worker][slot].value}, not granted to this worker")
+                self.state[worker][slot] = SlotState.READY
+                self._ready.append((worker, slot, body[2]))
+            else:
+                raise ValueError(f"unknown control message of {len(body)} frames")
+        except ValueError as exc:
+            self.ignored_messages += 1
+            log.error("worker %d sent a bad control message, ignored: %s", worker, exc)
+
+    def _send(self, worker: int, slot: int, header: bytes) -> bool:
+        """Send a ready slot; False if it cannot go now. Never blocks: a PUSH whose last trainer left between
+        the poll and the send would block for ever, and the daemon's shutdown then closed the socket under
+        this thread (a libzmq assertion, ``pfd.revents & POLLIN``, seen once in CI)."""
+        frames = [zmq.Frame(self.views[worker][slot][name], copy=False, track=True) for name in self.names]
+        tracker = zmq.MessageTracker(*frames)
+        try:
+            self.out.send_multipart([header, *frames], copy=False, flags=zmq.NOBLOCK)
+        except zmq.Again:
+            return False  # nothing of it went (a multipart message is taken whole or not at all)
+        finally:
+            del frames  # our references would keep the trackers pending
+        self.state[worker][slot] = SlotState.IN_FLIGHT
+        self._in_flight.append((worker, slot, tracker))
+        return True
+
+    def _release_sent(self) -> None:
+        still = []
+        for worker, slot, tracker in self._in_flight:
+            if not tracker.done:
+                still.append((worker, slot, tracker))
+                continue
+            self.state[worker][slot] = SlotState.AT_WORKER
+            self._grant(worker, slot)
+        self._in_flight = still
+
+    def _grant(self, worker: int, slot: int) -> None:
+        routing_id = self._routing_ids[worker]
+        try:
+            self.control.send_multipart([routing_id, GRANT, slot_frame(slot)], flags=zmq.NOBLOCK)
+        except zmq.ZMQError:  # EHOSTUNREACH: that process is dead or not connected yet; its hello grants it
+            return
+        self.granted_to[worker][slot] = routing_id

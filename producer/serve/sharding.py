@@ -1,0 +1,83 @@
+"""Which records a producer serves, and in which order each epoch.
+
+A shard ``I/N`` is the records with ``index % N == I``: disjoint across the N
+producers and together the whole dataset. Each epoch permutes the shard with a
+generator seeded by ``(seed, epoch)``, so order is reproducible and differs per
+epoch. Within a producer, worker ``w`` of ``W`` takes every W-th element of
+that permutation, so workers split each epoch exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from stoker.protocol.input_state import epoch_order
+
+__all__ = ["RecordRng", "ShardSpec", "epoch_order", "worker_stream"]
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    """Shard ``index`` of ``count`` (``--shard I/N``), or ``auto``: an elastic pool's producer, serving the
+    splits of the whole dataset its trainers hand it (producer/serve/split_server.py)."""
+
+    index: int = 0
+    count: int = 1
+    auto: bool = False
+
+    def __post_init__(self) -> None:
+        if self.count < 1 or not 0 <= self.index < self.count:
+            raise ValueError(f"shard {self.index}/{self.count} is invalid: need 0 <= I < N")
+
+    @classmethod
+    def parse(cls, text: str) -> "ShardSpec":
+        """Parse ``"I/N"`` or ``"auto"``; ValueError with a usage hint otherwise."""
+        if text == "auto":
+            return cls(auto=True)
+        try:
+            index, count = (int(part) for part in text.split("/"))
+        except ValueError:
+            raise ValueError(f"--shard expects I/N such as 0/2, or auto, got {text!r}") from None
+        return cls(index, count)
+
+    def records(self, dataset_size: int) -> np.ndarray:
+        return np.arange(self.index, dataset_size, self.count, dtype=np.int64)
+
+    def __str__(self) -> str:
+        return "auto" if self.auto else f"{self.index}/{self.count}"
+
+
+def worker_stream(shard_records: np.ndarray, seed: int, worker: int, workers: int, shuffle: bool = True):
+    """Yield ``(epoch, record_index)`` forever: worker ``worker``'s share of each epoch."""
+    epoch = 0
+    while True:
+        order = epoch_order(shard_records, seed, epoch, shuffle)
+        for index in order[worker::workers]:
+            yield epoch, int(index)
+        epoch += 1
+
+
+class RecordRng:
+    """The random generator for one record: a function of (seed, epoch, record index) alone.
+
+    A counter-based Philox generator whose key is the seed and whose counter starts at
+    ``(0, 0, index, epoch)``: every record of every epoch gets its own stream, so a record's
+    augmentation does not depend on which worker made it, in which batch, or how often it was
+    sent. ``for_record`` resets one reused generator (about 3 us, against 15 us to build one):
+    use the returned generator for that record only.
+    """
+
+    _SALT = 0x53544F4B4552  # "STOKER": the key's second word
+
+    def __init__(self, seed: int) -> None:
+        self._key = np.array([int(seed) % 2**64, self._SALT], np.uint64)
+        self._bits = np.random.Philox(key=self._key)
+        self._generator = np.random.Generator(self._bits)
+
+    def for_record(self, epoch: int, index: int) -> np.random.Generator:
+        self._bits.state = {"bit_generator": "Philox",
+                            "state": {"counter": np.array([0, 0, index, epoch], np.uint64), "key": self._key},
+                            "buffer": np.zeros(4, np.uint64), "buffer_pos": 4, "has_uint32": 0, "uinteger": 0}
+        return self._generator
