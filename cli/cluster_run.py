@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -31,6 +30,7 @@ from stoker.producer.dataset.format import LmdbDataset
 from stoker.producer.process import ProducerProcess
 
 from .cluster_elastic import POOL_NAME, ConsumedWatcher, PoolNames
+from .command_lines import produce_flags, train_command
 from .local_cluster import ClusterError, LocalCluster, check_available
 
 PORT = 5555
@@ -50,7 +50,7 @@ class ClusterRun:
     steps: int = 200
     queue_capacity: int = 50
     seed: int = 0
-    train_args: Sequence[str] = ()
+    no_progress: bool = False  # the trainers log lines instead of a progress bar (always, with several trainers)
     trainers: int = 1
     epochs: Optional[int] = None  # exact, finite: the producers stop after these epochs, the trainers with them
     mode: str = "train"
@@ -66,13 +66,9 @@ class ClusterRun:
 def _start_producer(run: ClusterRun, cluster: LocalCluster, i: int) -> ProducerProcess:
     host = cluster.hosts[i]
     shard = "auto" if run.elastic else f"{i}/{run.hosts}"
-    flags = ["--workers", str(run.workers), "--batch-size", str(run.batch_size), "--mode", run.mode,
-             "--image-size", str(run.image_size), "--shard", shard, "--seed", str(run.seed),
-             "--id", f"{host.name}#{shard}"]
-    if run.epochs is not None:
-        flags += ["--epochs", str(run.epochs)]
-        if not run.elastic:
-            flags += ["--min-trainers", str(run.trainers)]
+    flags = produce_flags(workers=run.workers, batch_size=run.batch_size, mode=run.mode, image_size=run.image_size,
+                          shard=shard, seed=run.seed, producer_id=f"{host.name}#{shard}", epochs=run.epochs,
+                          min_trainers=run.trainers if run.epochs is not None and not run.elastic else None)
     producer = ProducerProcess(run.lmdb_path, bind=f"tcp://{host.address}:{PORT}", extra_args=flags,
                                command_prefix=host.command([]))
     print(f"{host.name}: producer on {producer.endpoint} (namespace {host.namespace}, "
@@ -108,20 +104,14 @@ def run_cluster(run: ClusterRun) -> int:
                 log_dir.mkdir(parents=True, exist_ok=True)
             commands = []
             for j, trainer in enumerate(cluster.trainers):
-                extra = [*run.train_args]
-                if run.elastic:
-                    extra += ["--discover-every", "1", "--share", f"{j}/{run.trainers}"]
-                if exact:
-                    extra += ["--exact", "--trainer-id", trainer.name]
-                if run.log_consumed or run.elastic:
-                    extra += ["--log-consumed", str(log_dir / f"{trainer.name}.jsonl")]
-                if run.trainers > 1 and "--no-progress" not in extra:
-                    extra.append("--no-progress")  # progress bars of several trainers would garble each other
-                commands.append(trainer.command([
-                    sys.executable, "-m", "stoker.cli.main", "train", "--connect", connect, "--model", run.model,
-                    "--steps", str(run.steps), "--batch-size", str(run.batch_size), "--image-size",
-                    str(run.image_size), "--classes", str(classes), "--queue-capacity", str(run.queue_capacity),
-                    *extra]))
+                commands.append(trainer.command(train_command(
+                    connect, model=run.model, steps=run.steps, batch_size=run.batch_size, image_size=run.image_size,
+                    classes=classes, queue_capacity=run.queue_capacity, exact=exact,
+                    trainer_id=trainer.name if exact else None,
+                    discover_every=1.0 if run.elastic else None, share=(j, run.trainers) if run.elastic else None,
+                    log_consumed=log_dir / f"{trainer.name}.jsonl" if run.log_consumed or run.elastic else None,
+                    # progress bars of several trainers would garble each other
+                    no_progress=run.no_progress or run.trainers > 1)))
                 print(f"{trainer.name}: namespace {trainer.namespace}, address {trainer.address}", flush=True)
             trainers_started = time.monotonic()
             if run.elastic:
@@ -155,13 +145,13 @@ def run_cluster(run: ClusterRun) -> int:
 
 def producer_lines(producers: Sequence[ProducerProcess], start: float, end: float) -> list[str]:
     """One line per stopped producer of a run from ``start`` to ``end`` (``time.monotonic()``): its id, and the
-    batches and images its workers made to send (the daemon's final log line), with images/s over its time in the
-    run: from ``start`` or its own start, whichever is later, to its stop or ``end``, whichever is earlier."""
+    batches and images its workers made to send (the daemon's "stopped" status line), with images/s over its time
+    in the run: from ``start`` or its own start, whichever is later, to its stop or ``end``, whichever is earlier."""
     lines = []
     for producer in producers:
         counted = producer.counters()
         if counted is None:
-            lines.append(f"{producer.producer_id}: no count (it exited without its final log line)")
+            lines.append(f"{producer.producer_id}: no count (it exited without its final status line)")
             continue
         batches, images, _ = counted
         seconds = min(producer.stopped_at or end, end) - max(producer.started_at, start)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from stoker.producer.dataset.cache import cached_dataset
 from stoker.producer.dataset.format import DatasetError, LmdbDataset
-from stoker.producer.process import ProducerProcess
+from stoker.producer.process import ProducerProcess, produce_flags
 from stoker.producer.measure.procfs import running
 from stoker.producer.dataset.synthetic import build_synthetic
 
@@ -65,8 +65,8 @@ def run_demo(config: DemoConfig) -> int:
     producers: list[ProducerProcess] = []
     try:
         for i in range(config.producers):
-            args = ["--workers", str(config.workers), "--batch-size", str(config.batch_size), "--image-size",
-                    str(config.image_size), "--shard", f"{i}/{config.producers}", "--seed", str(i), "--mode", "train"]
+            args = produce_flags(workers=config.workers, batch_size=config.batch_size, image_size=config.image_size,
+                                 shard=f"{i}/{config.producers}", seed=i, mode="train")
             producers.append(ProducerProcess(lmdb_path, extra_args=args, log_path=cache / f"demo-producer-{i}.log"))
             print(f"producer {i} serving shard {i}/{config.producers} on {producers[-1].endpoint} "
                   f"(log: {producers[-1].log_path})")

@@ -1,15 +1,15 @@
 """The ``stoker`` command line's arguments: every command, flag, default and help text.
 
 Kept apart from ``cli/main.py`` (which runs the commands) so that what a user can type is
-one readable file. Types here validate flags and raise ``argparse.ArgumentTypeError``
-with the fix.
+one readable file: one ``_add_COMMAND`` function per subcommand, composed by ``build_parser``.
+Types here validate flags and raise ``argparse.ArgumentTypeError`` with the fix.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-from typing import Callable, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -60,26 +60,13 @@ def _share(text: str) -> tuple[int, int]:
     raise argparse.ArgumentTypeError(f"expected RANK/WORLD with 0 <= RANK < WORLD, e.g. 0/2, got {text!r}")
 
 
-def build_parser(handlers: Mapping[str, Callable[[argparse.Namespace], int]]) -> argparse.ArgumentParser:
-    """The whole ``stoker`` argument parser; ``handlers`` maps each command (``"produce"``, ``"lmdb_build"``, ...)
-    to the function that runs it (``args.func``)."""
-    parser = argparse.ArgumentParser(
-        prog="stoker",
-        description="Stoker keeps accelerators fed: producer daemons on CPU hosts decode and augment images from an "
-        "LMDB and push uint8 batches over ZeroMQ to a TensorFlow trainer (ZMQInput -> FIFOQueue -> StagingArea).",
-        formatter_class=_Formatter,
-    )
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    parser.add_argument("--log-format", choices=("text", "json"), default="text",
-                        help="log lines as text or as one JSON object per line")
-    # The same flags after the subcommand (`stoker produce ... --log-format json`); SUPPRESS keeps
-    # the global value unless the flag is given there.
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="debug logging")
-    common.add_argument("--log-format", choices=("text", "json"), default=argparse.SUPPRESS,
-                        help="log lines as text or as one JSON object per line (default: text)")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+Handlers = Mapping[str, Callable[[argparse.Namespace], int]]
+if TYPE_CHECKING:
+    Subcommands = argparse._SubParsersAction[argparse.ArgumentParser]
 
+
+def _add_lmdb(sub: Subcommands, common: argparse.ArgumentParser, handlers: Handlers) -> None:
+    """``stoker lmdb build|synth|info``."""
     lmdb = sub.add_parser("lmdb", parents=[common], help="build and inspect Stoker LMDB datasets", formatter_class=_Formatter,
                           description="Build and inspect datasets in the Stoker LMDB format (docs/format.md).")
     lsub = lmdb.add_subparsers(dest="lmdb_command", required=True, metavar="ACTION")
@@ -123,6 +110,9 @@ def build_parser(handlers: Mapping[str, Callable[[argparse.Namespace], int]]) ->
     i.add_argument("--samples", type=int, default=5, help="sample records to show")
     i.set_defaults(func=handlers["lmdb_info"])
 
+
+def _add_produce(sub: Subcommands, common: argparse.ArgumentParser, handlers: Handlers) -> None:
+    """``stoker produce``: the daemon's flags (``ProducerConfig``)."""
     p = sub.add_parser("produce", parents=[common], formatter_class=_Formatter, help="run a producer daemon",
                        description="Serve batches made by a pipeline from an LMDB on a ZMQ PUSH socket until "
                        "SIGTERM/SIGINT. The default imagenet pipeline sends images uint8 [B,H,W,3] RGB and labels "
@@ -184,8 +174,15 @@ def build_parser(handlers: Mapping[str, Callable[[argparse.Namespace], int]]) ->
                    help="this producer's NAME.key_secret: enables CurveZMQ encryption (with --curve-authorized-keys)")
     p.add_argument("--curve-authorized-keys", default=None, metavar="DIR",
                    help="folder of trainer public keys (*.key) allowed to connect")
+    p.add_argument("--status-file", default=None, metavar="FILE", type=_output_file,
+                   help="for launchers: write JSON lines made for programs to FILE (truncated at start), one when "
+                   "serving (endpoint, producer id, pid, mode) and one at the stop (batches, images, records skipped); "
+                   "read it, not the log, whose wording may change; none: no file")
     p.set_defaults(func=handlers["produce"])
 
+
+def _add_train(sub: Subcommands, common: argparse.ArgumentParser, handlers: Handlers) -> None:
+    """``stoker train``: the trainer's flags (``TrainConfig``)."""
     t = sub.add_parser("train", parents=[common], formatter_class=_Formatter, help="train a Keras model fed by producers",
                        description="Train a Keras model on batches from producer daemons through ZMQInput, with a "
                        "progress bar showing images/s and queue occupancy and TensorBoard summaries in --logdir.")
@@ -236,6 +233,9 @@ def build_parser(handlers: Mapping[str, Callable[[argparse.Namespace], int]]) ->
     t.add_argument("--curve-server-key", default=None, metavar="FILE", help="the producers' public NAME.key")
     t.set_defaults(func=handlers["train"])
 
+
+def _add_keys(sub: Subcommands, common: argparse.ArgumentParser, handlers: Handlers) -> None:
+    """``stoker keys generate``."""
     k = sub.add_parser("keys", parents=[common], formatter_class=_Formatter, help="make CurveZMQ key pairs",
                        description="CurveZMQ keys encrypt batches and let producers accept only known trainers. "
                        "Producers: --curve-secret-key server.key_secret --curve-authorized-keys DIR_OF_CLIENT_KEYS. "
@@ -248,6 +248,9 @@ def build_parser(handlers: Mapping[str, Callable[[argparse.Namespace], int]]) ->
     kg.add_argument("--name", default="stoker", help="file name stem")
     kg.set_defaults(func=handlers["keys_generate"])
 
+
+def _add_cluster(sub: Subcommands, common: argparse.ArgumentParser, handlers: Handlers) -> None:
+    """``stoker cluster``: simulated hosts on this machine (``ClusterRun``)."""
     cl = sub.add_parser("cluster", parents=[common], formatter_class=_Formatter,
                         help="producers on simulated hosts feeding trainers, on this machine (root)",
                         description="Build HOSTS data hosts and TRAINERS trainer hosts on this machine with network "
@@ -281,6 +284,9 @@ def build_parser(handlers: Mapping[str, Callable[[argparse.Namespace], int]]) ->
     cl.add_argument("--no-progress", action="store_true", help="log lines instead of the trainer's progress bar")
     cl.set_defaults(func=handlers["cluster"])
 
+
+def _add_status(sub: Subcommands, common: argparse.ArgumentParser, handlers: Handlers) -> None:
+    """``stoker status``."""
     st = sub.add_parser("status", parents=[common], formatter_class=_Formatter, help="live rates and queue occupancy",
                         description="Scrape the Prometheus endpoints of producers and trainers (their "
                         "--metrics-port) twice and show each one's live rate, the trainer's queue occupancy, and "
@@ -290,6 +296,9 @@ def build_parser(handlers: Mapping[str, Callable[[argparse.Namespace], int]]) ->
     st.add_argument("--interval", type=float, default=2.0, help="seconds between the two scrapes")
     st.set_defaults(func=handlers["status"])
 
+
+def _add_bench(sub: Subcommands, common: argparse.ArgumentParser, handlers: Handlers) -> None:
+    """``stoker bench producer|link|trainer``."""
     be = sub.add_parser("bench", parents=[common], formatter_class=_Formatter, help="measure one stage on its own",
                         description="Measure each stage alone, to find the bottleneck: `producer` (read, decode, "
                         "augment, serialize on one core), `link` (what arrives here from producers), `trainer` "
@@ -319,6 +328,9 @@ def build_parser(handlers: Mapping[str, Callable[[argparse.Namespace], int]]) ->
     bt.add_argument("--steps", type=_positive_int, default=20, help="timed steps after 3 warm-up steps")
     bt.set_defaults(func=handlers["bench_trainer"])
 
+
+def _add_doctor(sub: Subcommands, common: argparse.ArgumentParser, handlers: Handlers) -> None:
+    """``stoker doctor``."""
     dr = sub.add_parser("doctor", parents=[common], formatter_class=_Formatter, help="which side limits training",
                         description="Measure what arrives from the producers and what the training step can take "
                         "on constant input, then say in one sentence which side limits training and what to do.")
@@ -336,6 +348,9 @@ def build_parser(handlers: Mapping[str, Callable[[argparse.Namespace], int]]) ->
     dr.add_argument("--report-steps", type=_positive_int, default=60, help="steps of the real run for --report")
     dr.set_defaults(func=handlers["doctor"])
 
+
+def _add_demo(sub: Subcommands, common: argparse.ArgumentParser, handlers: Handlers) -> None:
+    """``stoker demo``."""
     d = sub.add_parser("demo", parents=[common], formatter_class=_Formatter, help="run the whole pipeline on this machine",
                        description="Build a small synthetic LMDB (cached), start two producer daemons on loopback "
                        "with disjoint shards, train a small CNN through ZMQInput and report images/s, queue "
@@ -348,4 +363,29 @@ def build_parser(handlers: Mapping[str, Callable[[argparse.Namespace], int]]) ->
     d.add_argument("--batch-size", type=_positive_int, default=32, help="batch size")
     d.add_argument("--workers", type=_positive_int, default=1, help="worker processes per producer")
     d.set_defaults(func=handlers["demo"])
+
+
+def build_parser(handlers: Handlers) -> argparse.ArgumentParser:
+    """The whole ``stoker`` argument parser; ``handlers`` maps each command (``"produce"``, ``"lmdb_build"``, ...)
+    to the function that runs it (``args.func``)."""
+    parser = argparse.ArgumentParser(
+        prog="stoker",
+        description="Stoker keeps accelerators fed: producer daemons on CPU hosts decode and augment images from an "
+        "LMDB and push uint8 batches over ZeroMQ to a TensorFlow trainer (ZMQInput -> FIFOQueue -> StagingArea).",
+        formatter_class=_Formatter,
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--log-format", choices=("text", "json"), default="text",
+                        help="log lines as text or as one JSON object per line")
+    # The same flags after the subcommand (`stoker produce ... --log-format json`); SUPPRESS keeps
+    # the global value unless the flag is given there.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="debug logging")
+    common.add_argument("--log-format", choices=("text", "json"), default=argparse.SUPPRESS,
+                        help="log lines as text or as one JSON object per line (default: text)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # In this order in `stoker --help`.
+    for add in (_add_lmdb, _add_produce, _add_train, _add_keys, _add_cluster, _add_status, _add_bench, _add_doctor,
+                _add_demo):
+        add(sub, common, handlers)
     return parser

@@ -62,7 +62,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from stoker.protocol import ALLOWED_DTYPES
-from stoker.protocol.batch_spec import BOOKKEEPING, LENGTH_SUFFIX
+from stoker.protocol.batch_spec import BOOKKEEPING, LENGTH_SUFFIX, bookkeeping_arrays
 
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,59}$")  # leaves room for the _len suffix within 64
 BUILTIN = ("imagenet", "detection", "segmentation")
@@ -173,8 +173,7 @@ class Pipeline:
             out.append((f.name, f.dtype, f.max_shape))
             if f.variable:
                 out.append((f.name + LENGTH_SUFFIX, "int32", ()))
-        tail = (("index", "int64", ()), ("epoch", "int32", ()))
-        return (*out, *tail, ("mask", "bool", ())) if exact else (*out, *tail)
+        return (*out, *((name, dtype, ()) for name, dtype in bookkeeping_arrays(exact)))
 
     def describe(self) -> str:
         return ", ".join(str(f) for f in self.fields)

@@ -1,29 +1,103 @@
 """Run a producer daemon as a child process: for the demo, tests and benchmarks.
 
-``ProducerProcess`` starts ``python -m stoker.cli.main produce ...``, waits until
-the daemon logs the endpoint it serves (so ``tcp://127.0.0.1:*`` works and the
-real port is known), and stops it with SIGTERM, escalating to SIGKILL, always
+``ProducerProcess`` starts ``python -m stoker.cli.main produce ... --status-file PATH``
+(PATH in a temporary folder of its own, removed once both have the file open, so even a
+launcher killed outright leaves nothing) and waits until the daemon's status file says it
+is serving, with the endpoint it bound (so ``tcp://127.0.0.1:*`` works and the real port
+is known) and its producer id; at the stop it reads the daemon's summary from the same
+file. The status file is the daemon's channel for programs (its format:
+``stoker.producer.serve.daemon``'s docstring); the log is for people, and nothing here
+reads its wording. The daemon is stopped with SIGTERM, escalating to SIGKILL, always
 within a bounded time. Its log goes to a file, never a pipe that could fill.
+
+``produce_flags`` and ``produce_command`` build ``stoker produce`` command lines from
+typed arguments: the one place that spells its flags for launchers (``stoker cluster``
+and the demo use them too; ``stoker.cli.command_lines`` adds ``stoker train``).
 """
 
 from __future__ import annotations
 
+import json
 import os
-import re
+import shutil
 import signal
 import subprocess
 import threading
 import sys
 import tempfile
 import time
+import weakref
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Any, BinaryIO, Mapping, Optional, Sequence
 
 from stoker.producer.measure.procfs import stat_fields
 
-_SERVING_RE = re.compile(r"serving .* on (\S+): .*\n")  # a whole line: the id comes at its end
-_ID_RE = re.compile(r"serving .* producer_id=([^\s\"]+)")
-_STOPPED_RE = re.compile(r"stopped: (\d+) batches, (\d+) images sent, (\d+) records skipped")
+
+def produce_flags(*, workers: Optional[int] = None, batch_size: Optional[int] = None,
+                  image_size: Optional[int] = None, mode: Optional[str] = None, shard: Optional[str] = None,
+                  seed: Optional[int] = None, producer_id: Optional[str] = None, epochs: Optional[int] = None,
+                  min_trainers: Optional[int] = None, repeat_batches: Optional[int] = None,
+                  parent_pid: Optional[int] = None, status_file: Optional[str | os.PathLike] = None,
+                  exact: bool = False, trainer_timeout: Optional[float] = None) -> list[str]:
+    """``stoker produce`` flags for the given settings, in this order; ``None`` leaves a flag out (its default)."""
+    values: list[tuple[str, object]] = [
+        ("--workers", workers), ("--batch-size", batch_size), ("--mode", mode), ("--image-size", image_size),
+        ("--shard", shard), ("--seed", seed), ("--id", producer_id), ("--epochs", epochs),
+        ("--min-trainers", min_trainers), ("--repeat-batches", repeat_batches), ("--parent-pid", parent_pid),
+        ("--status-file", status_file), ("--trainer-timeout", trainer_timeout),
+    ]
+    flags = [text for flag, value in values if value is not None for text in (flag, str(value))]
+    return flags + (["--exact"] if exact else [])
+
+
+def produce_command(lmdb_path: str | os.PathLike, bind: str, flags: Sequence[str] = ()) -> list[str]:
+    """The argv of ``stoker produce --lmdb LMDB_PATH --bind BIND FLAGS...`` run by this Python interpreter."""
+    return [sys.executable, "-m", "stoker.cli.main", "produce", "--lmdb", str(lmdb_path), "--bind", bind, *flags]
+
+
+class DaemonStatus:
+    """The events a daemon wrote to its status file, read as the file grows (complete lines only).
+
+    The file stays open from the first read on, so it may be unlinked then; ``close()`` ends the reading.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.events: list[dict[str, Any]] = []
+        self._file: Optional[BinaryIO] = None
+        self._closed = False
+        self._partial = b""
+
+    def poll(self) -> None:
+        """Read what was appended since; a file not yet made by the daemon, or a closed reader, adds nothing."""
+        if self._closed:
+            return
+        if self._file is None:
+            try:
+                self._file = open(self.path, "rb")  # the daemon makes it (O_CREAT|O_TRUNC at once): never stale
+            except FileNotFoundError:
+                return
+        data = self._partial + self._file.read()
+        end = data.rfind(b"\n") + 1  # a line is one write, but a read can still catch a write in progress
+        self._partial = data[end:]
+        for line in data[:end].splitlines():
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(event, dict):
+                self.events.append(event)
+
+    def close(self) -> None:
+        self._closed = True
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def event(self, name: str) -> Optional[dict[str, Any]]:
+        """The first event called ``name`` ("serving", "stopped") read so far, after reading what is new."""
+        self.poll()
+        return next((e for e in self.events if e.get("event") == name), None)
 
 
 class ProducerStartError(RuntimeError):
@@ -37,36 +111,47 @@ class ProducerProcess:
                  extra_args: Sequence[str] = (), start_timeout: float = 60.0,
                  log_path: str | os.PathLike | None = None, command_prefix: Sequence[str] = (),
                  env: Mapping[str, str] | None = None, tie_to_parent: bool = True) -> None:
-        """``command_prefix`` runs the daemon through another command, e.g. ``ip netns exec NS``;
-        ``env`` replaces its environment (default: this process's); ``tie_to_parent``: the daemon stops when
-        this process is gone (``--parent-pid``; needs the same PID namespace: turn it off for a prefix that
-        runs the daemon elsewhere, such as ssh)."""
+        """``command_prefix`` runs the daemon through another command on this host's file system, e.g. ``ip netns
+        exec NS`` (the daemon writes its status file into a folder made here); ``env`` replaces its environment
+        (default: this process's); ``tie_to_parent``: the daemon stops when this process is gone (``--parent-pid``;
+        needs the same PID namespace)."""
+        status_dir = tempfile.mkdtemp(prefix="stoker-producer-status-")
+        # Removed once the daemon and we have the file open (see _wait_for_serving), or by stop()/kill(), or when
+        # this object is collected or the interpreter exits, whichever is first.
+        self._remove_status_dir = weakref.finalize(self, shutil.rmtree, status_dir, True)
+        self.status = DaemonStatus(Path(status_dir) / "status.jsonl")
         # --parent-pid: if this process is killed outright (no stop()), the daemon and its workers still go.
-        tie = ["--parent-pid", str(os.getpid())] if tie_to_parent else []
-        self.args = [*command_prefix, sys.executable, "-m", "stoker.cli.main", "produce", "--lmdb", str(lmdb_path),
-                     "--bind", bind, *tie, *extra_args]
+        # --status-file last: the launcher's own channel, whatever extra_args say.
+        self.args = [*command_prefix, *produce_command(lmdb_path, bind, [
+            *produce_flags(parent_pid=os.getpid() if tie_to_parent else None), *extra_args,
+            *produce_flags(status_file=self.status.path)])]
         self.log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="stoker-producer-", suffix=".log")[1])
-        self._log = open(self.log_path, "wb")  # truncate: an old "serving" line must not be mistaken for ours
+        self._log = open(self.log_path, "wb")  # truncate: people read it; the status file is what we read
         self.proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      env=dict(env) if env is not None else None)
         #: ``time.monotonic()`` when ``stop()`` was first asked of it while it ran (None: not yet, or it exited)
         self.stopped_at: float | None = None
-        self.endpoint = self._wait_for_endpoint(start_timeout)
+        #: the daemon's "serving" status line: endpoint, producer_id, pid, mode, shard, ... (see the daemon's docs)
+        self.serving = self._wait_for_serving(start_timeout)
         self.started_at = time.monotonic()  # when it was serving
-        match = _ID_RE.search(self.log_text())
-        #: the id in its batch headers (``--id``, or the daemon's unique default), from its "serving" log line
-        self.producer_id = match.group(1) if match else ""
+        #: the address it bound: the real port where ``bind`` asked for ``*``
+        self.endpoint: str = self.serving["endpoint"]
+        #: the id in its batch headers (``--id``, or the daemon's unique default)
+        self.producer_id: str = self.serving.get("producer_id", "")
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def _wait_for_endpoint(self, timeout: float) -> str:
+    def _wait_for_serving(self, timeout: float) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            match = _SERVING_RE.search(self.log_text())
-            if match:
-                return match.group(1)
-            if self.proc.poll() is not None:
+            exited = self.proc.poll() is not None
+            serving = self.status.event("serving")  # after poll(): a line written just before an exit counts
+            if serving is not None and "endpoint" in serving:
+                # Both ends hold the file open: unlinked now, nothing is left behind even if we are SIGKILLed.
+                self._remove_status_dir()
+                return serving
+            if exited:
                 break
             time.sleep(0.05)
         self.stop()
@@ -102,8 +187,15 @@ class ProducerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)
-        self._log.close()
+        self._exited()
         return self.proc.returncode
+
+    def _exited(self) -> None:
+        """Once the daemon is gone: keep what its status file says, remove the folder, close the log."""
+        self.status.poll()
+        self.status.close()
+        self._remove_status_dir()
+        self._log.close()
 
     def pause(self) -> None:
         """SIGSTOP the daemon and its workers, as a paused VM or a host in a swap storm: its connections stay up
@@ -128,11 +220,15 @@ class ProducerProcess:
             self.stopped_at = self.stopped_at or time.monotonic()
             self.proc.kill()
             self.proc.wait(5)
+            self._exited()
 
     def counters(self) -> tuple[int, int, int] | None:
-        """``(batches, images, skipped)`` from the daemon's final log line, once it has stopped."""
-        match = _STOPPED_RE.search(self.log_text())
-        return tuple(int(g) for g in match.groups()) if match else None  # type: ignore[return-value]
+        """``(batches, images, skipped)`` from the daemon's "stopped" status line, once it has stopped (None: not
+        yet, or it was killed before it could write one)."""
+        stopped = self.status.event("stopped")
+        if stopped is None:
+            return None
+        return int(stopped["batches"]), int(stopped["images"]), int(stopped["skipped"])
 
     def __enter__(self) -> "ProducerProcess":
         return self

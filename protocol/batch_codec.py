@@ -145,6 +145,15 @@ def _stages_ok(stages: Any) -> bool:
 
 
 _STAGES_RULE = f"header field 'stages' must map stage names among {list(STAGES)} to seconds in [0, 1e6)"
+MAX_STREAM_CHARS = 64
+
+
+def _stream_ok(stream: Any) -> bool:
+    return isinstance(stream, str) and len(stream) <= MAX_STREAM_CHARS
+
+
+def _session_ok(session: Any) -> bool:
+    return _is_int(session) and -1 <= session < 2**31
 
 
 def encode_batch(
@@ -193,8 +202,8 @@ def encode_batch(
         "arrays": specs,
     }
     if stream:
-        if len(stream) > 64:
-            raise ProtocolError(f"stream {stream!r} must be at most 64 characters")
+        if not _stream_ok(stream):
+            raise ProtocolError(f"stream {stream!r} must be at most {MAX_STREAM_CHARS} characters")
         header["stream"] = stream
     if stages:
         if not _stages_ok(dict(stages)):
@@ -202,6 +211,23 @@ def encode_batch(
         header["stages"] = {k: float(v) for k, v in stages.items()}
     frames[0] = msgpack.packb(header, use_bin_type=True)
     return frames
+
+
+def with_session(frame: Any, *, stream: str, session: int, limits: DecodeLimits = DecodeLimits()) -> bytes:
+    """Frame 0 of a batch with exact mode's ``stream`` and ``session`` set (docs/protocol.md, "Exact mode").
+
+    A producer in exact mode names, on each batch a worker encoded, its stream and the session of the trainer
+    it goes to. The other fields stay as they are, in their order (a field already there keeps its place).
+    Raises ProtocolError for a frame that is not a header map within the codec's limits, a stream over
+    ``MAX_STREAM_CHARS`` characters, a session a receiver would refuse, or a result over ``MAX_HEADER_BYTES``.
+    """
+    header = _unpack_header(frame, limits)
+    _require(_stream_ok(stream), f"stream {stream!r} must be at most {MAX_STREAM_CHARS} characters")
+    _require(_session_ok(session), f"session must be an integer in [-1, 2**31), got {session!r}")
+    header["stream"], header["session"] = stream, session
+    out = msgpack.packb(header, use_bin_type=True)
+    _require(len(out) <= MAX_HEADER_BYTES, f"header would be {len(out)} bytes, more than the {MAX_HEADER_BYTES} allowed")
+    return out
 
 
 def _require(condition: bool, message: str) -> None:
@@ -213,8 +239,8 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def decode_header(frame: Any, limits: DecodeLimits = DecodeLimits()) -> BatchHeader:
-    """Parse and validate frame 0. Raises ProtocolError naming the bad field."""
+def _unpack_header(frame: Any, limits: DecodeLimits) -> Any:
+    """Frame 0 as a map, within the header's size and msgpack limits; ProtocolError otherwise."""
     raw = memoryview(frame)
     _require(raw.nbytes <= MAX_HEADER_BYTES, f"header frame is {raw.nbytes} bytes, more than the {MAX_HEADER_BYTES} allowed")
     try:
@@ -232,6 +258,12 @@ def decode_header(frame: Any, limits: DecodeLimits = DecodeLimits()) -> BatchHea
     except Exception as exc:  # msgpack raises several types for bad input
         raise ProtocolError(f"header is not valid msgpack: {exc}") from None
     _require(isinstance(header, dict), f"header must be a msgpack map, got {type(header).__name__}")
+    return header
+
+
+def decode_header(frame: Any, limits: DecodeLimits = DecodeLimits()) -> BatchHeader:
+    """Parse and validate frame 0. Raises ProtocolError naming the bad field."""
+    header = _unpack_header(frame, limits)
     version = header.get("v")
     _require(_is_int(version), "header field 'v' (protocol version) is missing or not an integer")
     _require(
@@ -248,9 +280,9 @@ def decode_header(frame: Any, limits: DecodeLimits = DecodeLimits()) -> BatchHea
     sent_at = header.get("sent_at", 0.0)
     _require(isinstance(sent_at, (int, float)) and not isinstance(sent_at, bool), f"header field 'sent_at' must be a number, got {sent_at!r}")
     stream = header.get("stream", "")
-    _require(isinstance(stream, str) and len(stream) <= 64, f"header field 'stream' must be a short string, got {stream!r}")
+    _require(_stream_ok(stream), f"header field 'stream' must be a short string, got {stream!r}")
     session = header.get("session", -1)
-    _require(_is_int(session) and -1 <= session < 2**31, f"header field 'session' must be an integer, got {session!r}")
+    _require(_session_ok(session), f"header field 'session' must be an integer, got {session!r}")
     stages = header.get("stages", {})
     _require(_stages_ok(stages), _STAGES_RULE)
     specs_raw = header.get("arrays")

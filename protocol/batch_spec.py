@@ -17,10 +17,21 @@ import numpy as np
 from .batch_codec import ALLOWED_DTYPES, Batch
 from .errors import ProtocolError
 
-#: Arrays Stoker producers add to a batch: which record each row is, from which epoch, and (exact
-#: mode) whether the row is a real sample.
-BOOKKEEPING = ("index", "epoch", "mask")
+#: The arrays Stoker producers add to every batch, last and in this order (docs/protocol.md, "What a Stoker batch
+#: carries"): ``(name, dtype)``, one value per row (``[B]`` on the wire): the record's index in the dataset (-1 for
+#: padding) and the epoch of its sample.
+BOOKKEEPING_ARRAYS: tuple[tuple[str, str], ...] = (("index", "int64"), ("epoch", "int32"))
+#: Exact mode's batches carry one more, after those: whether the row is a real sample (False: padding or failed).
+EXACT_MASK: tuple[str, str] = ("mask", "bool")
+#: Names no pipeline may use for a field of its own.
+BOOKKEEPING = tuple(name for name, _ in (*BOOKKEEPING_ARRAYS, EXACT_MASK))
 LENGTH_SUFFIX = "_len"
+
+
+def bookkeeping_arrays(exact: bool) -> tuple[tuple[str, str], ...]:
+    """``(name, dtype)`` of the arrays Stoker adds after a pipeline's own, in wire order: ``index``, ``epoch`` and,
+    in exact mode (``exact``), ``mask``. Producers append them; trainers declaring a spec expect them."""
+    return (*BOOKKEEPING_ARRAYS, EXACT_MASK) if exact else BOOKKEEPING_ARRAYS
 
 
 class BatchMismatchError(ProtocolError):
@@ -70,7 +81,7 @@ class BatchSpec:
     def classification(cls, batch_size: int, image_shape: Sequence[int]) -> "BatchSpec":
         """What the ``imagenet`` pipeline sends: images, labels and Stoker's index and epoch."""
         return cls.from_dict({"images": ("uint8", [batch_size, *image_shape]), "labels": ("int32", [batch_size]),
-                              "index": ("int64", [batch_size]), "epoch": ("int32", [batch_size])})
+                              **{name: (dtype, [batch_size]) for name, dtype in bookkeeping_arrays(exact=False)}})
 
     @property
     def batch_size(self) -> int:

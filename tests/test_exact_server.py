@@ -69,7 +69,7 @@ def test_a_dead_trainers_records_go_to_the_survivor_and_nothing_is_served_twice_
         server.on_sent(b"b", c.epochs, c.indices)
     _consume(server, b"a", [(to_a[0].epochs, to_a[0].indices)], now=1)  # A consumed one batch, then died
     server.on_credit(b"b", Credit(1, 0, []), now=7)  # B stays alive; A has been silent for more than 5 s
-    assert server.expire(now=7) == ["A"]
+    assert server.trainers.expire(now=7) == ["A"]
     again = _serve(server, b"b")
     assert sorted(i for _, idx in again for i in idx) == sorted(to_a[1].indices)
     _consume(server, b"b", [(c.epochs, c.indices) for c in to_b] + again)
@@ -125,12 +125,12 @@ def test_skipped_records_count_as_done_and_a_worker_that_died_returns_its_chunk(
 def test_credit_is_needed_to_send_and_old_sessions_are_ignored():
     server = ExactServer(KEY, "p")
     server.on_hello(b"a", _hello(credit=1))
-    assert server.pick_trainer() == b"a"
+    assert server.route(None) == b"a"
     chunk = server.next_chunk(4)
     server.on_sent(b"a", chunk.epochs, chunk.indices)
-    assert server.pick_trainer() is None  # no credit left
+    assert server.route(None) is None  # no credit left
     assert not server.on_credit(b"a", Credit(0, 3, []))  # an old session's credit
-    assert server.on_credit(b"a", Credit(1, 1, [])) and server.pick_trainer() == b"a"
+    assert server.on_credit(b"a", Credit(1, 1, [])) and server.route(None) == b"a"
 
 
 def test_nothing_is_served_before_the_minimum_number_of_trainers_joined():
@@ -145,7 +145,7 @@ def test_nothing_is_served_before_the_minimum_number_of_trainers_joined():
     assert decode_status(msgpack.unpackb(encode_status(addressed))).session == 7
     server.on_hello(b"b", _hello("B"))
     assert server.next_chunk(4) is not None and server.status().waiting == 0
-    server.drop(b"b")  # once started, a trainer leaving does not stop the others
+    server.trainers.drop(b"b")  # once started, a trainer leaving does not stop the others
     assert server.next_chunk(4) is not None and server.status().waiting == 0
 
 
@@ -188,7 +188,7 @@ def test_records_consumed_while_being_made_again_are_found_before_the_batch_is_s
     server.on_hello(b"a", _hello(credit=1))
     chunk = server.next_chunk(6)
     server.on_sent(b"a", chunk.epochs, chunk.indices)
-    server.drop(b"a")  # unreachable: what it held is servable again
+    server.trainers.drop(b"a")  # unreachable: what it held is servable again
     again = server.next_chunk(6)
     assert again.indices == chunk.indices  # lost records come first
     state = InputState()
@@ -209,7 +209,7 @@ def test_records_held_again_while_being_made_are_found_before_the_batch_is_sent(
     server.on_hello(b"a", _hello(credit=1))
     chunk = server.next_chunk(6)
     server.on_sent(b"a", chunk.epochs, chunk.indices)
-    server.drop(b"a")
+    server.trainers.drop(b"a")
     again = server.next_chunk(6)
     server.on_hello(b"b", _hello(session=2, held={str(KEY): [(0, chunk.indices[:3])]}))
     stale = server.take_stale(np.array(again.epochs), np.array(again.indices))
@@ -218,3 +218,59 @@ def test_records_held_again_while_being_made_are_found_before_the_batch_is_sent(
     rest = _serve(server, b"b")
     delivered = chunk.indices[:3] + again.indices[3:] + [i for _, indices in rest for i in indices]
     assert sorted(delivered) == RECORDS  # the held three once (already there), the rest once
+
+
+def test_both_policies_answer_the_forwarders_interface_and_only_a_pools_takes_work():
+    from stoker.producer.serve.serving_policy import PoolPolicy
+    from stoker.producer.serve.split_server import SplitServer
+
+    fixed, pool = ExactServer(KEY, "p"), SplitServer(StreamKey.parse("splits:41:5"), "p")
+    assert not isinstance(fixed, PoolPolicy) and isinstance(pool, PoolPolicy)
+    for policy in (fixed, pool):
+        assert not hasattr(policy, "pick_trainer") and not hasattr(policy, "session_of")
+        assert "skipped" in policy.summary()
+
+
+def test_the_trainer_registry_keeps_one_incarnation_per_trainer_and_forgets_the_silent():
+    from stoker.producer.serve.trainer_registry import Trainer, TrainerRegistry
+
+    forgotten = []
+    registry = TrainerRegistry(5.0, lambda t: forgotten.append((t.id, t.session)))
+    registry.join(Trainer("A", b"a", 1, 2, 0.0))
+    registry.join(Trainer("B", b"b", 1, 0, 0.0))
+    registry.join(Trainer("A", b"a2", 2, 1, 1.0))  # A reconnected under a new session: the old one is forgotten
+    assert forgotten == [("A", 1)] and list(registry) == [b"b", b"a2"]
+    assert registry.session_of(b"a2") == 2 and registry.session_of(b"a") == 0  # 0: not joined
+    assert registry.on_credit(b"a2", Credit(1, 3, []), now=2.0) is None  # an old session's credit
+    assert registry.on_credit(b"b", Credit(1, 1, []), now=4.0).credit == 1
+    assert registry.pick() in (b"b", b"a2") and registry.pick(lambda t: t.id == "B") == b"b"
+    assert registry.expire(now=6.5) == ["A"] and forgotten[-1] == ("A", 2) and list(registry) == [b"b"]
+    assert registry.drop(b"b") == "B" and len(registry) == 0
+
+
+def test_a_fixed_shard_batch_keeps_its_rows_but_the_stale_and_a_pools_is_void_once_its_trainer_left():
+    from stoker.producer.serve.split_server import SplitServer
+    from stoker.protocol.exact_messages import Work, WorkItem
+
+    server = ExactServer(KEY, "p", epochs=1)
+    server.on_hello(b"a", _hello(credit=1))
+    chunk = server.next_chunk(6)
+    server.on_sent(b"a", chunk.epochs, chunk.indices)
+    server.trainers.drop(b"a")
+    again = server.next_chunk(6)
+    state = InputState()
+    state.mark(str(KEY), chunk.epochs[:2], chunk.indices[:2])
+    server.on_hello(b"b", _hello(session=2, state=state))
+    valid = np.array([True] * 6 + [False, False])  # two rows of padding
+    epochs, indices = np.array(again.epochs + [-1, -1]), np.array(again.indices + [-1, -1])
+    assert server.wanted(again, epochs, indices, valid).tolist() == [False] * 2 + [True] * 4 + [False] * 2
+
+    pool = SplitServer(StreamKey.parse("splits:41:5"), "p")
+    pool.on_hello(b"t", _hello(credit=4))
+    pool.on_work(b"t", Work(1, [WorkItem(0, 0, 4, [])]))
+    made = pool.next_chunk(4)
+    rows = np.array(made.indices)
+    mask = np.array([True, False, True, True])  # one record failed: its trainer learns it from the batch
+    assert pool.wanted(made, np.array(made.epochs), rows, mask).tolist() == [True] * 4
+    pool.on_hello(b"t", _hello(session=2))  # restarted: it hands out its splits afresh
+    assert pool.route(made) == b"t" and pool.wanted(made, np.array(made.epochs), rows, mask) is None

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from stoker.protocol import ALLOWED_DTYPES, PROTOCOL_VERSION, DecodeLimits, ProtocolError, decode_batch, encode_batch
-from stoker.protocol.batch_codec import is_valid_id, place_of, with_instance
+from stoker.protocol.batch_codec import MAX_HEADER_BYTES, is_valid_id, place_of, with_instance, with_session
+from stoker.protocol.batch_spec import BOOKKEEPING, BatchSpec, bookkeeping_arrays
 
 dtypes = st.sampled_from(sorted(ALLOWED_DTYPES)).map(np.dtype)
 arrays = dtypes.flatmap(lambda dt: hnp.arrays(dt, hnp.array_shapes(min_dims=0, max_dims=4, min_side=0, max_side=5)))
@@ -139,3 +140,68 @@ def test_default_producer_ids_differ_per_instance_fit_the_header_and_keep_their_
     assert len(long) == 128 and is_valid_id(long)
     assert decode_batch(encode_batch({"a": np.zeros(1)}, producer=long, seq=0)).header.producer == long
     assert place_of("data0#0/2") == "data0#0/2"  # an --id without the suffix is its own place
+
+
+def _worker_header(**extra):
+    arrays = {"images": np.zeros((2, 4, 4, 3), np.uint8), "index": np.arange(2), "epoch": np.zeros(2, np.int32),
+              "mask": np.ones(2, bool)}
+    return encode_batch(arrays, producer="host:5555#0/2~abcdef", seq=7, worker=1,
+                        stages={"read": 0.25, "decode": 0.5, "augment": 0.125, "send": 0.0}, **extra)[0]
+
+
+@pytest.mark.parametrize("stream", ["0/2:41:5", ""])
+def test_setting_stream_and_session_writes_the_bytes_a_raw_msgpack_rewrite_did(stream):
+    # The exact forwarder rewrote worker headers with raw msgpack; the codec's function must send the same bytes.
+    header = _worker_header(stream=stream)
+    body = msgpack.unpackb(header, raw=False)
+    body["stream"], body["session"] = "splits:103:7", 12
+    assert with_session(header, stream="splits:103:7", session=12) == msgpack.packb(body, use_bin_type=True)
+    decoded = decode_batch([with_session(header, stream="splits:103:7", session=12), b"\x00" * 96,
+                            b"\x00" * 16, b"\x00" * 8, b"\x00" * 2]).header
+    assert (decoded.stream, decoded.session, decoded.seq, decoded.producer) == ("splits:103:7", 12, 7,
+                                                                                "host:5555#0/2~abcdef")
+
+
+def _just_under_the_limit():
+    """A valid header frame 8 bytes under MAX_HEADER_BYTES: naming a stream and session takes it over."""
+    fill = {f"k{i}": "z" * 4000 for i in range(16)}
+    size = len(_header(**fill, pad=""))
+    frame = _header(**fill, pad="y" * (MAX_HEADER_BYTES - 8 - size - 2))  # str 8 -> str 16 costs 2 bytes
+    assert len(frame) == MAX_HEADER_BYTES - 8
+    return frame
+
+
+@pytest.mark.parametrize("frame, stream, session, message", [
+    (_header(), "x" * 65, 1, "at most 64 characters"),
+    (_header(), 1, 1, "at most 64 characters"),
+    (_header(), "0/1:10:0", -2, "session must be an integer"),
+    (_header(), "0/1:10:0", 2**31, "session must be an integer"),
+    (_header(), "0/1:10:0", True, "session must be an integer"),
+    (msgpack.packb([1, 2]), "0/1:10:0", 1, "must be a msgpack map"),
+    (b"\xc1", "0/1:10:0", 1, "not valid msgpack"),
+    (b"\x00" * (MAX_HEADER_BYTES + 1), "0/1:10:0", 1, "header frame is"),
+    (_just_under_the_limit(), "0/1:10:0", 1, "more than the 65536 allowed"),
+])
+def test_setting_stream_and_session_refuses_what_a_receiver_would(frame, stream, session, message):
+    with pytest.raises(ProtocolError, match=message):
+        with_session(frame, stream=stream, session=session)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=300), st.text(max_size=70), st.integers(-3, 2**32))
+def test_setting_stream_and_session_on_random_frames_refuses_or_yields_a_header_a_receiver_reads(frame, stream,
+                                                                                                   session):
+    try:
+        out = with_session(frame, stream=stream, session=session)
+    except ProtocolError:
+        return
+    body = msgpack.unpackb(out, raw=False)
+    assert body["stream"] == stream and body["session"] == session and len(out) <= MAX_HEADER_BYTES
+
+
+def test_the_bookkeeping_arrays_are_one_definition_for_producers_and_trainers():
+    assert bookkeeping_arrays(exact=False) == (("index", "int64"), ("epoch", "int32"))
+    assert bookkeeping_arrays(exact=True) == (("index", "int64"), ("epoch", "int32"), ("mask", "bool"))
+    assert BOOKKEEPING == ("index", "epoch", "mask")
+    spec = BatchSpec.classification(8, (4, 4, 3))
+    assert [(a.name, a.dtype, a.shape) for a in spec.arrays[2:]] == [("index", "int64", (8,)), ("epoch", "int32", (8,))]

@@ -1,7 +1,7 @@
 """Build a Stoker LMDB from an image folder (one sub-folder per class), a list file or JSON lines.
 
 Every image is checked before it is stored, by content, not by file name: it must
-be an image the producers decode (``image_decode``: JPEG, PNG, WebP, BMP, GIF,
+be an image the producers decode (``decode``: JPEG, PNG, WebP, BMP, GIF,
 TIFF), within the pixel limit (read from the header, so a decompression bomb is
 refused without decoding it), decode with the producers' own decoder, and (for
 JPEG) carry its end-of-image marker. Nothing is lost silently: every file or line

@@ -1,6 +1,6 @@
 """Random-resized-crop, flip and eval transforms into fixed-size RGB uint8 rows.
 
-Decoding lives in ``image_decode`` (formats, the pixel limit, EXIF rule); this
+Decoding lives in ``decode`` (formats, the pixel limit, EXIF rule); this
 module cuts and resizes.
 train: random-resized-crop (area scale 0.08-1, aspect ratio 3/4-4/3, the
     Inception/torchvision recipe, 10 tries then a centre crop) and a random

@@ -1,7 +1,12 @@
-"""The producer daemon: N worker processes behind one bound ZMQ PUSH socket.
+"""The producer daemon: N worker processes behind one bound ZMQ socket (PUSH; exact mode ROUTER).
 
     workers (spawn) --decode into--> shared slots --SlotForwarder thread, copy=False--> PUSH bind --> trainers
                     <--ipc control (ready / grant)-->
+
+Exact mode (``--exact``, ``--epochs N``, or ``--shard auto`` for an elastic pool) binds a ROUTER
+instead, and a serving policy (``serving_policy``: ``ExactServer`` for fixed shards, ``SplitServer``
+for a pool, both over one ``TrainerRegistry``) decides which trainer gets each batch, against the
+credit that trainer gave, and re-serves the records of a trainer that went away.
 
 Workers write each batch into shared memory and announce it; the daemon sends
 that memory itself, so a batch is copied once (into the kernel's TCP buffer)
@@ -11,10 +16,29 @@ when the trainer is slow the PUSH socket fills, slots stay queued, and workers
 wait for a free one: backpressure. ``run()`` returns after ``stop`` is set
 (SIGTERM/SIGINT in the CLI) with every worker joined, killed if need be, and
 the ipc socket file removed, in well under 2 s.
+
+The status file (``stoker produce --status-file PATH``, ``ProducerConfig.status_file``) is the
+channel for programs; the log's wording is for people and may change. The daemon truncates the
+file when it starts, then appends one JSON object per line, each line a single ``write()``
+(flushed, never interleaved), so a reader that keeps only complete lines never sees a torn one:
+
+    {"event": "serving", "pid": 4242, "endpoint": "tcp://127.0.0.1:40123",
+     "producer_id": "host:40123#0/2~a1b2c3", "mode": "plain", "epochs": null, "shard": "0/2",
+     "records": 512, "seed": 7, "workers": 2, "metrics_port": null}
+    {"event": "stopped", "pid": 4242, "batches": 120, "images": 960, "skipped": 0}
+
+``serving`` comes once, when the socket is bound and the workers are started (the moment the log
+says "serving"): ``endpoint`` is the bound address (the real port for ``tcp://HOST:*``), ``mode``
+is ``plain``, ``exact`` or ``pool`` (``--shard auto``), ``epochs`` null when endless,
+``metrics_port`` the Prometheus port or null. ``stopped`` comes once, last, when ``run()`` ends for
+any reason (the figures of the log's "stopped:" line: batches and images the workers made to send,
+records skipped). A daemon killed outright writes no ``stopped``; one that fails before serving
+writes nothing. Readers ignore fields and events they do not know.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import multiprocessing as mp
 import os
@@ -26,7 +50,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, replace
-from typing import Optional
+from typing import Callable, Optional
 
 import zmq
 
@@ -43,6 +67,7 @@ from stoker.producer.serve.forwarder import SlotForwarder
 from stoker.producer.measure.metrics import ProducerCollector
 from stoker.producer.pipeline import load_pipeline
 from stoker.producer.serve.peer_security import HandshakeFailureLog, RefusalLoggingAuthenticator
+from stoker.producer.serve.serving_policy import ServingPolicy
 from stoker.producer.serve.sharding import ShardSpec
 from stoker.producer.serve.split_server import SplitServer
 from stoker.producer.measure.stage_stats import StageStats, rate_report
@@ -78,6 +103,32 @@ class BindError(RuntimeError):
     """The --bind address cannot be bound; the message says why and what to try."""
 
 
+class StatusFile:
+    """The daemon's JSON-lines channel for programs (format: the module docstring); no-op without a path.
+
+    Opened (truncated) at once, so a path that cannot be written fails before anything starts. Each line is
+    one ``os.write`` on an ``O_APPEND`` descriptor: no buffer to flush, no torn or interleaved lines.
+    """
+
+    def __init__(self, path: Optional[str]) -> None:
+        self._fd: Optional[int] = None
+        if path is not None:
+            try:
+                self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC, 0o644)
+            except OSError as exc:
+                raise ValueError(f"cannot write the status file {path}: {exc.strerror}") from None
+
+    def write(self, event: str, **fields: object) -> None:
+        if self._fd is not None:
+            line = json.dumps({"event": event, "pid": os.getpid(), **fields}) + "\n"
+            os.write(self._fd, line.encode())
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
 @dataclass(frozen=True)
 class ProducerConfig:
     """Settings of one producer daemon (the flags of ``stoker produce``)."""
@@ -104,6 +155,7 @@ class ProducerConfig:
     epochs: Optional[int] = None
     trainer_timeout: float = 10.0
     min_trainers: int = 1
+    status_file: Optional[str] = None  # JSON lines for programs (module docstring); None: none
 
 
 class ProducerDaemon:
@@ -148,6 +200,7 @@ class ProducerDaemon:
                 f"shard {config.shard} of {config.lmdb_path} holds {shard_size} records, fewer than --workers {config.workers}"
             )
         self.seed = config.seed if config.seed is not None else secrets.randbits(31)
+        self.status = StatusFile(config.status_file)
         self._ctx = zmq.Context()
         # Exact mode: a ROUTER, so each batch goes to one trainer with credit and we know which.
         self._out = self._ctx.socket(zmq.ROUTER if config.exact else zmq.PUSH)
@@ -172,6 +225,7 @@ class ProducerDaemon:
             if self._auth is not None:
                 self._auth.stop()
             self._ctx.term()
+            self.status.close()
             raise BindError(
                 f"cannot bind {config.bind}: {exc.strerror}; pick a free port or another interface "
                 "(tcp://*:PORT binds all interfaces)"
@@ -196,30 +250,12 @@ class ProducerDaemon:
         control.setsockopt(zmq.LINGER, 0)
         control.bind(internal)
         buffers = allocate(self.layout, cfg.workers, spawn)
-        forwarder: SlotForwarder
-        if cfg.exact:
-            spec = [(name, dtype, [cfg.batch_size, *shape]) for name, dtype, shape in self.layout.arrays]
-            server: ExactServer | SplitServer
-            if cfg.shard.auto:
-                server = SplitServer(self.stream, self.producer_id, cfg.epochs, cfg.trainer_timeout, spec,
-                                     make_ahead=cfg.workers)
-            else:
-                server = ExactServer(self.stream, self.producer_id, cfg.epochs, cfg.trainer_timeout, spec,
-                                     cfg.min_trainers)
-            forwarder = ExactForwarder(control, self._out, self.layout, buffers, server)
-        else:
-            forwarder = SlotForwarder(control, self._out, self.layout, buffers)
+        forwarder, exact = self._forwarder(control, buffers)
         forwarding_stop = threading.Event()
         sender = threading.Thread(target=forwarder.run, args=(forwarding_stop,), name="stoker-forwarder", daemon=True)
         sender.start()
         worker_stop = spawn.Event()
-        worker_cfg = WorkerConfig(
-            lmdb_path=str(cfg.lmdb_path), endpoint=internal, producer_id=self.producer_id, shard=cfg.shard,
-            batch_size=cfg.batch_size, seed=self.seed, workers=cfg.workers, pipeline=cfg.pipeline,
-            pipeline_args=cfg.pipeline_args, pipeline_standard=self.pipeline_standard, slots=self.layout.slots,
-            log_level=logging.getLogger().getEffectiveLevel(), log_format=cfg.log_format,
-            repeat_batches=cfg.repeat_batches, layout_arrays=self.layout.arrays, exact=cfg.exact,
-        )
+        worker_cfg = self._worker_config(internal)
 
         def start(w: int) -> mp.process.BaseProcess:
             # Fresh per process, so a dead worker's late messages are recognised (ids must not start with 0).
@@ -231,63 +267,125 @@ class ProducerDaemon:
             return p
 
         procs = [start(w) for w in range(cfg.workers)]
-        metrics = None
-        if cfg.metrics_port is not None:
-            batch_bytes = self.layout.slot_bytes
-            collector = ProducerCollector(self.stats, batch_bytes, self.producer_id,
-                                          lambda: sum(p.is_alive() for p in procs),
-                                          handshake_failures=lambda: self.handshakes.failed)
-            metrics = MetricsServer(cfg.metrics_port, collector)
-            log.info("metrics on http://0.0.0.0:%d/metrics", metrics.port)
-        exact = (f"exact, {cfg.epochs} epochs" if cfg.epochs else "exact, endless") if cfg.exact else "plain"
-        log.info(
-            "serving %s on %s: %d records in shard %s of %d, pipeline %s (%s mode): batches of %d x {%s}, "
-            "%d workers, seed %d, %s (stream %s), producer_id=%s",
-            cfg.lmdb_path, self.endpoint, len(cfg.shard.records(self.meta.count)), cfg.shard, self.meta.count,
-            self.pipeline.name, cfg.mode, cfg.batch_size, self.pipeline.describe(), cfg.workers, self.seed, exact,
-            self.stream, self.producer_id,
-        )
+        metrics = self._start_metrics(procs)
+        self._announce(metrics)
         try:
-            last, last_t = self.stats.totals(), time.monotonic()
-            while not stop.wait(min(0.5, cfg.log_interval)):
-                self.handshakes.drain()
-                if cfg.exact and forwarder.finished:  # type: ignore[attr-defined]
-                    log.info("finished: %d exact epochs of shard %s consumed; %d records skipped, %d served again "
-                             "after a loss", cfg.epochs, cfg.shard, server.skipped_total, server.reserved_total)
-                    time.sleep(0.5)  # the forwarder's last status reaches the trainers
-                    self._out.setsockopt(zmq.LINGER, 1000)
-                    break
-                if not sender.is_alive():
-                    raise RuntimeError("the forwarding thread stopped (see the error above); stopping the producer")
-                for w, p in enumerate(procs):
-                    if not p.is_alive():
-                        log.error("worker %d exited with code %s; restarting it", w, p.exitcode)
-                        procs[w] = start(w)
-                now = time.monotonic()
-                if now - last_t >= cfg.log_interval:
-                    totals = self.stats.totals()
-                    log.info("%s", rate_report(last, totals, now - last_t).line())
-                    last, last_t = totals, now
+            self._serve(stop, exact, sender, procs, start)
         finally:
             if metrics is not None:
                 metrics.close()
             worker_stop.set()
             forwarding_stop.set()
-            deadline = time.monotonic() + 1.2
-            for p in procs:
-                p.join(max(0.0, deadline - time.monotonic()))
-            for p in procs:
-                if p.is_alive():
-                    p.kill()
-                    p.join(0.5)
+            _join_or_kill(procs)
             sender.join(1.0)
-            self.handshakes.close()
-            for s in (control, self._out):
-                s.close(linger=0)
-            if self._auth is not None:
-                self._auth.stop()
-            self._ctx.term()
-            if ipc_dir is not None:
-                shutil.rmtree(ipc_dir, ignore_errors=True)
-            log.info("stopped: %d batches, %d images sent, %d records skipped",
-                     *(int(self.stats.totals()[k]) for k in ("batches", "images", "skipped")))
+            self._close(control, ipc_dir)
+            self._report_stopped()
+
+    def _forwarder(self, control: zmq.Socket,
+                   buffers: list) -> tuple[SlotForwarder, Optional[ExactForwarder]]:
+        """The thread's job that sends the workers' slots, and the same job if it is exact (with its serving policy)."""
+        cfg = self.config
+        if not cfg.exact:
+            return SlotForwarder(control, self._out, self.layout, buffers), None
+        spec = [(name, dtype, [cfg.batch_size, *shape]) for name, dtype, shape in self.layout.arrays]
+        policy: ServingPolicy
+        if cfg.shard.auto:
+            policy = SplitServer(self.stream, self.producer_id, cfg.epochs, cfg.trainer_timeout, spec,
+                                 make_ahead=cfg.workers)
+        else:
+            policy = ExactServer(self.stream, self.producer_id, cfg.epochs, cfg.trainer_timeout, spec,
+                                 cfg.min_trainers)
+        exact = ExactForwarder(control, self._out, self.layout, buffers, policy)
+        return exact, exact
+
+    def _worker_config(self, internal: str) -> WorkerConfig:
+        cfg = self.config
+        return WorkerConfig(
+            lmdb_path=str(cfg.lmdb_path), endpoint=internal, producer_id=self.producer_id, shard=cfg.shard,
+            batch_size=cfg.batch_size, seed=self.seed, workers=cfg.workers, pipeline=cfg.pipeline,
+            pipeline_args=cfg.pipeline_args, pipeline_standard=self.pipeline_standard, slots=self.layout.slots,
+            log_level=logging.getLogger().getEffectiveLevel(), log_format=cfg.log_format,
+            repeat_batches=cfg.repeat_batches, layout_arrays=self.layout.arrays, exact=cfg.exact,
+        )
+
+    def _start_metrics(self, procs: list[mp.process.BaseProcess]) -> Optional[MetricsServer]:
+        if self.config.metrics_port is None:
+            return None
+        collector = ProducerCollector(self.stats, self.layout.slot_bytes, self.producer_id,
+                                      lambda: sum(p.is_alive() for p in procs),
+                                      handshake_failures=lambda: self.handshakes.failed)
+        metrics = MetricsServer(self.config.metrics_port, collector)
+        log.info("metrics on http://0.0.0.0:%d/metrics", metrics.port)
+        return metrics
+
+    def _announce(self, metrics: Optional[MetricsServer]) -> None:
+        """Bound, workers started: the "serving" log line for people, then the status line for programs."""
+        cfg = self.config
+        records = len(cfg.shard.records(self.meta.count))
+        exact = (f"exact, {cfg.epochs} epochs" if cfg.epochs else "exact, endless") if cfg.exact else "plain"
+        log.info(
+            "serving %s on %s: %d records in shard %s of %d, pipeline %s (%s mode): batches of %d x {%s}, "
+            "%d workers, seed %d, %s (stream %s), producer_id=%s",
+            cfg.lmdb_path, self.endpoint, records, cfg.shard, self.meta.count,
+            self.pipeline.name, cfg.mode, cfg.batch_size, self.pipeline.describe(), cfg.workers, self.seed, exact,
+            self.stream, self.producer_id,
+        )
+        self.status.write("serving", endpoint=self.endpoint, producer_id=self.producer_id,
+                          mode="pool" if cfg.shard.auto else "exact" if cfg.exact else "plain", epochs=cfg.epochs,
+                          shard=str(cfg.shard), records=records, seed=self.seed, workers=cfg.workers,
+                          metrics_port=metrics.port if metrics is not None else None)
+
+    def _serve(self, stop: threading.Event, exact: Optional[ExactForwarder],
+               sender: threading.Thread, procs: list[mp.process.BaseProcess],
+               start: Callable[[int], mp.process.BaseProcess]) -> None:
+        """Until ``stop`` (or a finite exact run's end): restart dead workers, log rates every log_interval."""
+        cfg = self.config
+        last, last_t = self.stats.totals(), time.monotonic()
+        while not stop.wait(min(0.5, cfg.log_interval)):
+            self.handshakes.drain()
+            if exact is not None and exact.finished:
+                log.info("finished: %d exact epochs of shard %s consumed; %s", cfg.epochs, cfg.shard,
+                         exact.policy.summary())
+                time.sleep(0.5)  # the forwarder's last status reaches the trainers
+                self._out.setsockopt(zmq.LINGER, 1000)
+                break
+            if not sender.is_alive():
+                raise RuntimeError("the forwarding thread stopped (see the error above); stopping the producer")
+            for w, p in enumerate(procs):
+                if not p.is_alive():
+                    log.error("worker %d exited with code %s; restarting it", w, p.exitcode)
+                    procs[w] = start(w)
+            now = time.monotonic()
+            if now - last_t >= cfg.log_interval:
+                totals = self.stats.totals()
+                log.info("%s", rate_report(last, totals, now - last_t).line())
+                last, last_t = totals, now
+
+    def _close(self, control: zmq.Socket, ipc_dir: Optional[str]) -> None:
+        self.handshakes.close()
+        for s in (control, self._out):
+            s.close(linger=0)
+        if self._auth is not None:
+            self._auth.stop()
+        self._ctx.term()
+        if ipc_dir is not None:
+            shutil.rmtree(ipc_dir, ignore_errors=True)
+
+    def _report_stopped(self) -> None:
+        """The "stopped:" log line and the status file's last line, with the same figures."""
+        totals = self.stats.totals()
+        batches, images, skipped = (int(totals[k]) for k in ("batches", "images", "skipped"))
+        log.info("stopped: %d batches, %d images sent, %d records skipped", batches, images, skipped)
+        self.status.write("stopped", batches=batches, images=images, skipped=skipped)
+        self.status.close()
+
+
+def _join_or_kill(procs: list[mp.process.BaseProcess]) -> None:
+    """Join the workers (told to stop) within 1.2 s together; kill any still alive."""
+    deadline = time.monotonic() + 1.2
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join(0.5)

@@ -1,16 +1,17 @@
 """The daemon's forwarding thread in exact mode: chosen records to workers, batches to trainers with credit.
 
-    ExactServer --which records--> grant [slot, work] --> worker --ready--> ExactForwarder
-    trainers (DEALER) <--batch [header + stream, session]-- ROUTER <--hello / credit-- trainers
+    ServingPolicy --which records--> grant [slot, work] --> worker --ready--> ExactForwarder
+    trainers (DEALER) <--batch [header + stream, session]-- ROUTER <--hello / credit / work-- trainers
 
 Like ``SlotForwarder`` (shared-memory slots sent with ``copy=False``, a slot reused
 only once libzmq is done with it), but the trainer-facing socket is a ROUTER:
-each batch goes to one trainer that has credit, so the ``ExactServer`` knows who
+each batch goes to one trainer that has credit, so the serving policy (serving_policy.py:
+``ExactServer`` for a fixed shard, ``SplitServer`` for an elastic pool) knows who
 holds which records. A slot is granted to a worker only with work (records the
-server chose); with nothing to serve it waits. Trainers' ``hello`` and ``credit``
-messages arrive on the same socket; a malformed one is counted and logged
-(rate-limited), never fatal. Status goes to every trainer when an epoch completes
-and when the run has finished. All sockets are used by this thread only.
+policy chose); with nothing to serve it waits. Trainers' ``hello``, ``credit`` and ``work``
+messages arrive on the same socket; a malformed one, or work for a policy that takes none,
+is counted and logged (rate-limited), never fatal. Status goes to every trainer when an epoch
+completes and when the run has finished. All sockets are used by this thread only.
 """
 
 from __future__ import annotations
@@ -20,16 +21,17 @@ import time
 from collections import deque
 from typing import Any
 
-import msgpack
 import numpy as np
 import zmq
 
 from stoker.protocol import ProtocolError
-from stoker.protocol.exact_messages import Credit, Describe, Hello, Work, decode_trainer_message, encode_status
+from stoker.protocol.batch_codec import with_session
+from stoker.protocol.exact_messages import (Credit, Describe, Hello, Status, Work, decode_trainer_message,
+                                            encode_status)
 
 from stoker.producer.serve.batch_slots import GRANT, SlotLayout, SlotState, encode_work, slot_frame
-from stoker.producer.serve.exact_server import Chunk, ExactServer
 from stoker.producer.serve.forwarder import IN_FLIGHT_POLL_MS, SlotForwarder
+from stoker.producer.serve.serving_policy import Chunk, PoolPolicy, ServingPolicy
 
 log = logging.getLogger("stoker.producer")
 
@@ -37,15 +39,19 @@ _WARN_EVERY_S = 60.0
 STATUS_EVERY_S = 1.0  # also a heartbeat: a trainer waiting on others' steps knows this producer is alive
 _IDLE_POLL_MS = 50  # nothing in flight: statuses and expiry need no finer clock than this
 _EXPIRE_EVERY_S = 0.1
+_FIXED_SHARD_TAKES_NO_WORK = ("a trainer handed out splits (work) to a producer with a fixed --shard: start the "
+                              "producers of an elastic pool with --shard auto")
 
 
 class ExactForwarder(SlotForwarder):
-    """See the module doc. ``out`` is a bound ROUTER; ``server`` decides what is served."""
+    """See the module doc. ``out`` is a bound ROUTER; ``policy`` decides what is served."""
 
     def __init__(self, control: zmq.Socket, out: zmq.Socket, layout: SlotLayout, buffers: list[Any],
-                 server: ExactServer) -> None:
+                 policy: ServingPolicy) -> None:
         super().__init__(control, out, layout, buffers)
-        self.server = server
+        self.policy = policy
+        self._pool = policy if isinstance(policy, PoolPolicy) else None  # only a pool's trainers hand out work
+        self._stream = str(policy.key)
         self.work: dict[tuple[int, int], Chunk] = {}
         self.idle: deque[tuple[int, int]] = deque()
         self.bad_messages = 0
@@ -66,18 +72,16 @@ class ExactForwarder(SlotForwarder):
             # Sent slots are checked every 2 ms until libzmq lets go of them; batches waiting for credit need no
             # such wake-ups: the credit that frees them arrives on ``out`` and ends the wait.
             events = dict(poller.poll(IN_FLIGHT_POLL_MS if self._in_flight else _IDLE_POLL_MS))
-            if events.get(self.control, 0) & zmq.POLLIN:
-                while self.control.poll(0):
-                    self._handle(self.control.recv_multipart())
+            self._from_workers(events)
             if events.get(self.out, 0) & zmq.POLLIN:
                 while self.out.poll(0):
                     self._from_trainer(self.out.recv_multipart())
             now = time.monotonic()
             if now - expired_at >= _EXPIRE_EVERY_S:
                 expired_at = now
-                for trainer in self.server.expire(now):
+                for trainer in self.policy.trainers.expire(now):
                     log.warning("trainer %s sent nothing for %.0f s: taken for dead; the records it held are served "
-                                "again", trainer, self.server.trainer_timeout)
+                                "again", trainer, self.policy.trainers.timeout)
             self._grant_idle()
             self._send_ready()
             self._broadcast_status()
@@ -88,8 +92,8 @@ class ExactForwarder(SlotForwarder):
         """Grant ``slot`` with the next records to make; with nothing to serve it waits in ``idle``."""
         old = self.work.pop((worker, slot), None)
         if old is not None and self.state[worker][slot] is SlotState.AT_WORKER:
-            self.server.on_unsent(old)  # granted to a worker that died before making it
-        chunk = self.server.next_chunk(self.layout.batch_size)
+            self.policy.on_unsent(old)  # granted to a worker that died before making it
+        chunk = self.policy.next_chunk(self.layout.batch_size)
         if chunk is None:
             if (worker, slot) not in self.idle:
                 self.idle.append((worker, slot))
@@ -99,7 +103,7 @@ class ExactForwarder(SlotForwarder):
             self.control.send_multipart([routing_id, GRANT, slot_frame(slot), encode_work(chunk.epochs, chunk.indices)],
                                         flags=zmq.NOBLOCK)
         except zmq.ZMQError:  # that worker is gone or not connected yet: its hello grants again
-            self.server.on_unsent(chunk)
+            self.policy.on_unsent(chunk)
             return
         self.work[(worker, slot)] = chunk
         self.granted_to[worker][slot] = routing_id
@@ -124,23 +128,29 @@ class ExactForwarder(SlotForwarder):
             self._count_bad(f"rejected a trainer's control message: {exc}")
             return
         if isinstance(body, Work):
-            try:
-                known = self.server.on_work(routing_id, body)
-            except ProtocolError as exc:
-                self._count_bad(f"refused a trainer's work: {exc}")
-                return
-            if not known:
-                self._unknown(routing_id)
+            self._on_work(routing_id, body)
         elif isinstance(body, Hello):
-            self.server.on_hello(routing_id, body)
+            self.policy.on_hello(routing_id, body)
+            status = self._status_to(routing_id)
             log.info("trainer %s (session %d) joined with credit %d; serving epoch %d", body.trainer, body.session,
-                     body.credit, self.server.completed)
-            self._status_to(routing_id)
+                     body.credit, status.completed)
         elif isinstance(body, Credit):
-            if not self.server.on_credit(routing_id, body):
+            if not self.policy.on_credit(routing_id, body):
                 self._unknown(routing_id)
         elif isinstance(body, Describe):
             self._status_to(routing_id)
+
+    def _on_work(self, routing_id: bytes, work: Work) -> None:
+        if self._pool is None:
+            self._count_bad(f"refused a trainer's work: {_FIXED_SHARD_TAKES_NO_WORK}")
+            return
+        try:
+            known = self._pool.on_work(routing_id, work)
+        except ProtocolError as exc:
+            self._count_bad(f"refused a trainer's work: {exc}")
+            return
+        if not known:
+            self._unknown(routing_id)
 
     def _count_bad(self, what: str) -> None:
         self.bad_messages += 1
@@ -159,22 +169,22 @@ class ExactForwarder(SlotForwarder):
                 self._unknown_told.clear()
             self._status_to(routing_id, stranger=True)
 
-    def _status_to(self, routing_id: bytes, stranger: bool = False) -> None:
-        status = self.server.status()
-        trainer = self.server.trainers.get(routing_id)
-        status.session = trainer.session if trainer is not None else 0  # 0: it has not joined (a describe)
+    def _status_to(self, routing_id: bytes, stranger: bool = False) -> Status:
+        status = self.policy.status()
+        status.session = self.policy.trainers.session_of(routing_id)  # 0: it has not joined (a describe)
         status.stranger = stranger
         try:
             self.out.send_multipart([routing_id, encode_status(status)], flags=zmq.NOBLOCK)
         except zmq.ZMQError:
             pass  # gone: it will say hello again if it comes back
+        return status
 
     def _broadcast_status(self) -> None:
         now = time.monotonic()
-        if not self.server.status_changed and now - self._last_status < STATUS_EVERY_S:
+        if not self.policy.status_changed and now - self._last_status < STATUS_EVERY_S:
             return
-        self.server.status_changed, self._last_status = False, now
-        for routing_id in list(self.server.trainers):
+        self.policy.status_changed, self._last_status = False, now
+        for routing_id in self.policy.trainers:
             self._status_to(routing_id)
 
     def _send_ready(self) -> None:
@@ -183,7 +193,7 @@ class ExactForwarder(SlotForwarder):
         while position < len(self._ready):
             worker, slot, header = self._ready[position]
             chunk = self.work.get((worker, slot))
-            routing_id = self.server.route(chunk)
+            routing_id = self.policy.route(chunk)
             if routing_id is None:
                 position += 1  # its trainer has no credit now; later batches may be another trainer's
                 continue
@@ -195,20 +205,18 @@ class ExactForwarder(SlotForwarder):
             del self._ready[position]
 
     def _send_to(self, routing_id: bytes, worker: int, slot: int, header: bytes) -> bool:
+        """Send a made batch to ``routing_id`` (False: its pipe is full or it left; the batch stays ready), or
+        give the slot back unsent when nothing of it is wanted any more."""
         arrays = self.views[worker][slot]
         chunk = self.work.get((worker, slot))
-        if chunk is not None and chunk.trainer is not None and self.server.gone(chunk):
-            # An elastic pool's batch whose trainer left or restarted: it hands out its splits afresh.
-            self.server.forget(chunk)
-            self.work.pop((worker, slot), None)
-            self.state[worker][slot] = SlotState.AT_WORKER
-            self._grant(worker, slot)
-            return True
         mask, indices, epochs = arrays["mask"], arrays["index"], arrays["epoch"]
         valid = mask.astype(bool)
         failed = ~valid & (indices >= 0)
-        stale = np.zeros_like(valid)
-        stale[valid] = self.server.take_stale(epochs[valid], indices[valid], chunk)
+        wanted = self.policy.wanted(chunk, epochs, indices, valid)
+        if wanted is None:  # an elastic pool's batch whose trainer left or restarted: it hands out its splits afresh
+            self._take_back(worker, slot)
+            return True
+        stale = valid & ~wanted
         if stale.any():  # consumed or held elsewhere since they were chosen: never served twice
             # Padding to the trainer (masked rows are cut off) and to a retried send (index -1: not a failure).
             mask[stale], indices[stale] = 0, -1
@@ -216,38 +224,40 @@ class ExactForwarder(SlotForwarder):
             self.stale_rows += int(stale.sum())
             log.info("left %d row(s) out of a batch: their records were consumed or are held by a trainer that "
                      "came back since they were chosen (%d so far)", int(stale.sum()), self.stale_rows)
-        # An elastic pool's trainer learns of failed records from the batch: it is sent even if all failed.
-        tell_failures = chunk is not None and chunk.trainer is not None and failed.any()
-        if not valid.any() and not tell_failures:  # nothing of it left to serve: the slot goes back unsent
-            if failed.any():
-                self.server.on_skipped(epochs[failed].tolist(), indices[failed].tolist())
-            self.work.pop((worker, slot), None)
-            self.state[worker][slot] = SlotState.AT_WORKER
-            self._grant(worker, slot)
+        if not wanted.any():  # nothing of it left to serve: the slot goes back unsent
+            self._settle_failed(epochs, indices, failed)
+            self._take_back(worker, slot)
             return True
-        body = msgpack.unpackb(header, raw=False)
-        body["stream"], body["session"] = str(self.server.key), self.server.session_of(routing_id)
+        header = with_session(header, stream=self._stream, session=self.policy.trainers.session_of(routing_id))
         frames = [zmq.Frame(arrays[name], copy=False, track=True) for name in self.names]
         tracker = zmq.MessageTracker(*frames)
         try:
-            self.out.send_multipart([routing_id, msgpack.packb(body, use_bin_type=True), *frames], copy=False,
-                                    flags=zmq.NOBLOCK)
+            self.out.send_multipart([routing_id, header, *frames], copy=False, flags=zmq.NOBLOCK)
         except zmq.Again:
             return False  # that trainer's pipe is full: try again later
         except zmq.ZMQError:  # EHOSTUNREACH: it disconnected
             log.warning("trainer %s is unreachable: the records it held are served again",
-                        self.server.drop(routing_id))
+                        self.policy.trainers.drop(routing_id))
             return False
         finally:
             del frames
-        self.server.on_sent(routing_id, epochs[valid].tolist(), indices[valid].tolist(), chunk)
-        if failed.any():
-            self.server.on_skipped(epochs[failed].tolist(), indices[failed].tolist())
+        self.policy.on_sent(routing_id, epochs[valid].tolist(), indices[valid].tolist(), chunk)
+        self._settle_failed(epochs, indices, failed)
         self.work.pop((worker, slot), None)
         self.state[worker][slot] = SlotState.IN_FLIGHT
         self._in_flight.append((worker, slot, tracker))
         return True
 
+    def _settle_failed(self, epochs: np.ndarray, indices: np.ndarray, failed: np.ndarray) -> None:
+        if failed.any():
+            self.policy.on_skipped(epochs[failed].tolist(), indices[failed].tolist())
+
+    def _take_back(self, worker: int, slot: int) -> None:
+        """A made batch is not sent: its slot goes back to its worker, with new work if there is any."""
+        self.work.pop((worker, slot), None)
+        self.state[worker][slot] = SlotState.AT_WORKER
+        self._grant(worker, slot)
+
     @property
     def finished(self) -> bool:
-        return self.server.finished and not self._ready and not self._in_flight
+        return self.policy.finished and not self._ready and not self._in_flight

@@ -21,8 +21,11 @@ The daemon's forwarding thread drives an ``ExactServer``:
 - ``take_stale`` is asked just before a made batch goes out: rows whose records a hello reported
   consumed or held while a worker was making them (a trainer dropped before reporting, then back
   with its state) are masked by the forwarder, never sent twice.
-- ``on_credit`` adds consumed records and credit; ``expire`` declares trainers dead
-  after ``trainer_timeout`` without a message and re-serves what they held.
+- ``on_credit`` adds consumed records and credit. Trainers live in a ``TrainerRegistry``
+  (``trainers``): one it expires (silent for ``trainer_timeout``) or drops (unreachable) has
+  what it held served again.
+- ``route`` sends a made batch to any trainer with credit (round-robin); ``wanted`` is
+  ``take_stale`` turned round, as the forwarder asks it (serving_policy.py).
 - An epoch completes when every record is consumed or skipped; ``finished`` once
   ``epochs`` epochs completed.
 
@@ -40,30 +43,17 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from stoker.protocol import ProtocolError
 from stoker.protocol.exact_messages import Credit, Hello, Records, Status
 from stoker.protocol.input_state import StreamKey, rows_by_epoch
 
+from stoker.producer.serve.serving_policy import Chunk
 from stoker.producer.serve.sharding import epoch_order
+from stoker.producer.serve.trainer_registry import Trainer, TrainerRegistry
 
 _FREE, _MAKING = -1, -2  # owner codes besides a trainer's slot number
 #: Epochs that may be open beyond the oldest incomplete one: its successor starts while its last records are
 #: still in flight (no drain at the boundary), but nothing runs further ahead however much credit trainers give.
 EPOCHS_AHEAD = 1
-
-
-@dataclass
-class Chunk:
-    """Records handed to a worker for one batch: ``epochs[i]``, ``indices[i]`` row by row."""
-
-    epochs: list[int]
-    indices: list[int]
-    trainer: Optional[bytes] = None  # an elastic pool's batch is made for one trainer (split_server.py)
-    session: int = 0
-    generation: int = -1  # ExactServer.generation when its records were chosen
-
-    def __len__(self) -> int:
-        return len(self.indices)
 
 
 @dataclass
@@ -93,23 +83,14 @@ class _Epoch:
         return self.left == 0
 
 
-@dataclass
-class _Trainer:
-    id: str
-    routing_id: bytes
-    slot: int
-    session: int
-    credit: int
-    last_seen: float
-
-
 class ExactServer:
-    """Serving decisions for one stream; see the module doc. Not thread-safe: one thread drives it."""
+    """Serving decisions for one stream (a ``ServingPolicy``); see the module doc. Not thread-safe: one thread
+    drives it."""
 
     def __init__(self, key: StreamKey, producer_id: str, epochs: Optional[int] = None,
                  trainer_timeout: float = 10.0, spec: Optional[list[tuple[str, str, list[int]]]] = None,
                  min_trainers: int = 1) -> None:
-        self.key, self.producer_id, self.epochs, self.trainer_timeout = key, producer_id, epochs, trainer_timeout
+        self.key, self.producer_id, self.epochs = key, producer_id, epochs
         self.spec = list(spec or [])
         self.min_trainers = min_trainers  # serve nothing before this many trainers joined (synchronous jobs)
         self._joined: set[str] = set()
@@ -117,10 +98,8 @@ class ExactServer:
         self.started = False
         self.completed = 0
         self.open: dict[int, _Epoch] = {}
-        self.trainers: dict[bytes, _Trainer] = {}
-        self._slots: dict[int, str] = {}
-        self._next_slot = 0
-        self._rotation = 0
+        self.trainers: TrainerRegistry[Trainer] = TrainerRegistry(trainer_timeout, self._release)
+        self._slots: dict[str, int] = {}  # trainer id -> its owner code in the epochs' ``owner``, for the run
         self.skipped_total = 0
         self.reserved_total = 0  # records served again after a loss
         self.status_changed = False
@@ -250,22 +229,23 @@ class ExactServer:
                 self.skipped_total += len(ks)
         self._close_done()
 
+    def wanted(self, chunk: Optional[Chunk], epochs: np.ndarray, indices: np.ndarray,
+               valid: np.ndarray) -> np.ndarray:
+        """The valid rows of a made batch that are not stale (``take_stale``): those still go to a trainer."""
+        wanted = valid.copy()
+        wanted[valid] = ~self.take_stale(epochs[valid], indices[valid], chunk)
+        return wanted
+
     def on_sent(self, routing_id: bytes, epochs: list[int], indices: list[int], chunk: Optional[Chunk] = None) -> None:
-        trainer = self.trainers[routing_id]
-        trainer.credit -= 1
+        slot = self._slots[self.trainers.spend(routing_id).id]
         for e, ks in self._positions(epochs, indices):
             if e in self.open:
-                self.open[e].owner[ks] = trainer.slot
+                self.open[e].owner[ks] = slot
 
     # ---- trainers --------------------------------------------------------------------------
 
     def _slot_of(self, trainer_id: str) -> int:
-        for slot, known in self._slots.items():
-            if known == trainer_id:
-                return slot
-        slot, self._next_slot = self._next_slot, self._next_slot + 1
-        self._slots[slot] = trainer_id
-        return slot
+        return self._slots.setdefault(trainer_id, len(self._slots))
 
     def on_hello(self, routing_id: bytes, hello: Hello, now: Optional[float] = None) -> None:
         now = time.monotonic() if now is None else now
@@ -281,12 +261,9 @@ class ExactServer:
                 del self.open[e]
             self.completed = progress.completed
             self.status_changed = True
-        for old_routing, old in list(self.trainers.items()):
-            if old.id == hello.trainer:  # a reconnect or a restart: forget the previous session's holdings
-                self._release(old)
-                del self.trainers[old_routing]
         slot = self._slot_of(hello.trainer)
-        self.trainers[routing_id] = _Trainer(hello.trainer, routing_id, slot, hello.session, hello.credit, now)
+        # A reconnect or a restart: the previous session's holdings are released (``_release``).
+        self.trainers.join(Trainer(hello.trainer, routing_id, hello.session, hello.credit, now))
         self._joined.add(hello.trainer)
         mentioned = set(progress.open) if progress is not None else set()
         mentioned |= {e for e, _ in hello.held.get(key, [])}
@@ -324,20 +301,20 @@ class ExactServer:
                 continue  # records of another stream: not ours to track
         return out
 
-    def _release(self, trainer: _Trainer) -> None:
-        """What ``trainer`` held becomes servable again (it died, or will report afresh)."""
+    def _release(self, trainer: Trainer) -> None:
+        """What ``trainer`` held becomes servable again (it died, or will report afresh): the registry's ``forget``."""
         self.generation += 1
+        slot = self._slots[trainer.id]
         for e, epoch in self.open.items():
-            epoch.owner[epoch.owner == trainer.slot] = _FREE
+            epoch.owner[epoch.owner == slot] = _FREE
             self._requeue(e, epoch)
 
     def on_credit(self, routing_id: bytes, credit: Credit, now: Optional[float] = None) -> bool:
         """Apply a trainer's credit and consumed records; False if it is unknown or of an old session."""
-        trainer = self.trainers.get(routing_id)
-        if trainer is None or credit.session != trainer.session:
+        trainer = self.trainers.on_credit(routing_id, credit, now)
+        if trainer is None:
             return False
-        trainer.credit += credit.n
-        trainer.last_seen = time.monotonic() if now is None else now
+        slot = self._slots[trainer.id]
         for e, indices in credit.consumed:
             if e < self.completed or not self._may_open(e):
                 continue
@@ -348,43 +325,20 @@ class ExactServer:
                 mine = epoch.by_trainer[trainer.id] = np.zeros_like(epoch.consumed)
             mine[ks] = True
             epoch.settle(epoch.consumed, ks)
-            held = ks[epoch.owner[ks] == trainer.slot]
+            held = ks[epoch.owner[ks] == slot]
             epoch.owner[held] = _FREE
         self._close_done()
         return True
 
-    def expire(self, now: Optional[float] = None) -> list[str]:
-        """Trainers silent for ``trainer_timeout``: dropped, their holdings served again. Returns their ids."""
-        now = time.monotonic() if now is None else now
-        dead = [r for r, t in self.trainers.items() if now - t.last_seen > self.trainer_timeout]
-        return [self.drop(r) for r in dead]
-
-    def drop(self, routing_id: bytes) -> str:
-        """Forget a trainer that is gone (unreachable or silent); what it held is served again."""
-        trainer = self.trainers.pop(routing_id)
-        self._release(trainer)
-        return trainer.id
-
     def route(self, chunk: Optional[Chunk]) -> Optional[bytes]:
-        """The trainer a made batch goes to: any with credit (the records are chosen for no one in particular)."""
-        return self.pick_trainer()
-
-    def on_work(self, routing_id: bytes, work: object) -> bool:
-        raise ProtocolError("a trainer handed out splits (work) to a producer with a fixed --shard: start the "
-                            "producers of an elastic pool with --shard auto")
-
-    def pick_trainer(self) -> Optional[bytes]:
-        """A trainer with credit, round-robin (None: all are full or there are none)."""
-        ready = [r for r, t in self.trainers.items() if t.credit > 0]
-        if not ready:
-            return None
-        self._rotation += 1
-        return ready[self._rotation % len(ready)]
-
-    def session_of(self, routing_id: bytes) -> int:
-        return self.trainers[routing_id].session
+        """The trainer a made batch goes to: any with credit, round-robin (the records are chosen for no one in
+        particular; None: all are full or there are none)."""
+        return self.trainers.pick()
 
     def status(self) -> Status:
         waiting = max(0, self.min_trainers - len(self._joined)) if not self.finished else 0
         return Status(str(self.key), self.producer_id, self.completed, self.epochs, self.finished, self.spec, waiting,
                       idle=self.idle)
+
+    def summary(self) -> str:
+        return f"{self.skipped_total} records skipped, {self.reserved_total} served again after a loss"

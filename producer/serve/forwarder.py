@@ -66,13 +66,17 @@ class SlotForwarder:
             self._release_sent()
             poller.register(self.out, zmq.POLLOUT if self._ready else 0)
             events = dict(poller.poll(IN_FLIGHT_POLL_MS if self._in_flight else _IDLE_POLL_MS))
-            if events.get(self.control, 0) & zmq.POLLIN:
-                while self.control.poll(0):
-                    self._handle(self.control.recv_multipart())
+            self._from_workers(events)
             while self._ready and self.out.poll(0, zmq.POLLOUT):
                 if not self._send(*self._ready[0]):
                     break  # the trainer left between the poll and the send: the slot waits, ready
                 self._ready.popleft()
+
+    def _from_workers(self, events: dict) -> None:
+        """Handle every message the workers sent, if the poll (``events``) found any."""
+        if events.get(self.control, 0) & zmq.POLLIN:
+            while self.control.poll(0):
+                self._handle(self.control.recv_multipart())
 
     def _handle(self, message: list[bytes]) -> None:
         routing_id, body = message[0], message[1:]

@@ -13,10 +13,10 @@ server keeps, per trainer, the records still to make from its splits, and:
   rather than idle; such a batch waits in its slot until the credit comes;
 - ``route(chunk)`` names the trainer a made batch goes to; ``gone(chunk)`` says its trainer
   left or said hello again since (a restart: it hands out its splits afresh), and then the
-  batch is not sent (``forget``);
+  batch is void (``wanted`` is None) and not sent;
 - ``on_hello`` (re)registers a trainer and drops what it asked for before; ``on_work``
-  queues splits (ProtocolError for splits outside the dataset); ``on_credit`` adds credit;
-  ``expire``/``drop`` forget silent or unreachable trainers.
+  queues splits (ProtocolError for splits outside the dataset); ``on_credit`` adds credit.
+  Trainers live in a ``TrainerRegistry`` (``trainers``), which forgets silent or unreachable ones.
 
 The records a producer serves are exactly the splits' records: nothing here decides
 exactness, which the trainer keeps (it drops a record it already has, so a split handed
@@ -39,42 +39,36 @@ from stoker.protocol import ProtocolError
 from stoker.protocol.exact_messages import MAX_SPLIT, Credit, Hello, Status, Work
 from stoker.protocol.input_state import StreamKey
 
-from stoker.producer.serve.exact_server import Chunk
+from stoker.producer.serve.serving_policy import Chunk
 from stoker.producer.serve.sharding import epoch_order
+from stoker.producer.serve.trainer_registry import Trainer, TrainerRegistry
 
 _ORDERS_KEPT = 3  # epoch orders cached (a permutation of the dataset each)
 MAX_QUEUED = 4 * MAX_SPLIT  # records queued for one trainer
 
 
 @dataclass
-class _Trainer:
-    id: str
-    session: int
-    credit: int
-    last_seen: float
+class _PoolTrainer(Trainer):
     queue: deque = field(default_factory=deque)  # (epoch, records not yet handed to a worker)
     making: int = 0  # chunks of it at workers or waiting to be sent
     finished: bool = False
 
 
 class SplitServer:
-    """Serving decisions of an elastic-pool producer; see the module doc. One thread drives it."""
+    """Serving decisions of an elastic-pool producer (a ``PoolPolicy``); see the module doc. One thread drives it."""
 
     def __init__(self, key: StreamKey, producer_id: str, epochs: Optional[int] = None, trainer_timeout: float = 10.0,
                  spec: Optional[list[tuple[str, str, list[int]]]] = None, make_ahead: int = 2) -> None:
         if not key.splits:
             raise ValueError(f"stream {key} is not an elastic pool's (splits:count:seed)")
-        self.key, self.producer_id, self.epochs, self.trainer_timeout = key, producer_id, epochs, trainer_timeout
+        self.key, self.producer_id, self.epochs = key, producer_id, epochs
         self.make_ahead = make_ahead
         self.spec = list(spec or [])
-        self.trainers: dict[bytes, _Trainer] = {}
+        self.trainers: TrainerRegistry[_PoolTrainer] = TrainerRegistry(trainer_timeout, self._forget)
         self._orders: OrderedDict[int, np.ndarray] = OrderedDict()
-        self._rotation = 0
         self._pending: set[str] = set()  # trainers known and not finished
         self._any_finished = False
-        self.completed = 0  # epochs are the trainers' to count; kept for the forwarder's log line
         self.skipped_total = 0
-        self.reserved_total = 0
         self.status_changed = False
 
     # ---- what the trainers ask for ---------------------------------------------------------
@@ -89,19 +83,16 @@ class SplitServer:
 
     def on_hello(self, routing_id: bytes, hello: Hello, now: Optional[float] = None) -> None:
         now = time.monotonic() if now is None else now
-        for old_routing, old in list(self.trainers.items()):
-            if old.id == hello.trainer:  # a reconnect or a restart: what it asked for before is void
-                del self.trainers[old_routing]
-        self.trainers[routing_id] = _Trainer(hello.trainer, hello.session, hello.credit, now)
+        # A reconnect or a restart: what it asked for before is void (its queue goes with its old record).
+        self.trainers.join(_PoolTrainer(hello.trainer, routing_id, hello.session, hello.credit, now))
         self._pending.add(hello.trainer)
         self.status_changed = True
 
     def on_work(self, routing_id: bytes, work: Work, now: Optional[float] = None) -> bool:
         """Queue a trainer's splits; False if it is unknown or of an old session. ProtocolError for a bad split."""
-        trainer = self.trainers.get(routing_id)
-        if trainer is None or work.session != trainer.session:
+        trainer = self.trainers.heard(routing_id, work.session, now)
+        if trainer is None:
             return False
-        trainer.last_seen = time.monotonic() if now is None else now
         for item in work.items:
             if item.end > self.key.records or (self.epochs is not None and item.epoch >= self.epochs):
                 raise ProtocolError(f"work asks for positions {item.start}-{item.end} of epoch {item.epoch}, outside "
@@ -133,23 +124,16 @@ class SplitServer:
         return True
 
     def on_credit(self, routing_id: bytes, credit: Credit, now: Optional[float] = None) -> bool:
-        trainer = self.trainers.get(routing_id)
-        if trainer is None or credit.session != trainer.session:
-            return False
-        trainer.credit += credit.n
-        trainer.last_seen = time.monotonic() if now is None else now
-        return True
+        return self.trainers.on_credit(routing_id, credit, now) is not None
 
     # ---- work ------------------------------------------------------------------------------
 
     def next_chunk(self, n: int) -> Optional[Chunk]:
         """Up to ``n`` records of one trainer's splits (None: nothing to serve now)."""
-        ready = [r for r, t in self.trainers.items() if t.queue and t.credit + self.make_ahead - t.making > 0]
-        if not ready:
+        routing_id = self.trainers.pick(lambda t: bool(t.queue) and t.credit + self.make_ahead - t.making > 0)
+        trainer = self.trainers.get(routing_id)
+        if trainer is None:
             return None
-        self._rotation += 1
-        routing_id = ready[self._rotation % len(ready)]
-        trainer = self.trainers[routing_id]
         epochs: list[int] = []
         indices: list[int] = []
         while trainer.queue and len(indices) < n:
@@ -164,46 +148,47 @@ class SplitServer:
         trainer.making += 1
         return Chunk(epochs, indices, trainer=routing_id, session=trainer.session)
 
+    def _owner(self, chunk: Chunk) -> Optional[_PoolTrainer]:
+        """The trainer a chunk was made for, if it is still there under the same session."""
+        trainer = self.trainers.get(chunk.trainer)
+        return trainer if trainer is not None and trainer.session == chunk.session else None
+
     def _done_making(self, chunk: Chunk) -> None:
-        trainer = self.trainers.get(chunk.trainer) if chunk.trainer is not None else None
-        if trainer is not None and trainer.session == chunk.session:
+        trainer = self._owner(chunk)
+        if trainer is not None:
             trainer.making = max(0, trainer.making - 1)
 
     def on_unsent(self, chunk: Chunk) -> None:
         """A chunk will not be sent (its worker died): its records go back to the front of its trainer's queue."""
         self._done_making(chunk)
-        trainer = self.trainers.get(chunk.trainer) if chunk.trainer is not None else None
-        if trainer is not None and trainer.session == chunk.session:
+        trainer = self._owner(chunk)
+        if trainer is not None:
             for epoch in sorted(set(chunk.epochs), reverse=True):
                 rows = [i for e, i in zip(chunk.epochs, chunk.indices) if e == epoch]
                 trainer.queue.appendleft((epoch, np.asarray(rows, np.int64)))
 
     def gone(self, chunk: Chunk) -> bool:
         """Whether the trainer a made chunk is for left or said hello again since (then the batch is not sent)."""
-        trainer = self.trainers.get(chunk.trainer) if chunk.trainer is not None else None
-        return trainer is None or trainer.session != chunk.session
-
-    def forget(self, chunk: Chunk) -> None:
-        """A made chunk is not sent (its trainer is gone)."""
-        self._done_making(chunk)
+        return self._owner(chunk) is None
 
     def route(self, chunk: Optional[Chunk]) -> Optional[bytes]:
-        """The trainer a made batch goes to: its own, once it has credit (a gone one too: the batch is stale)."""
+        """The trainer a made batch goes to: its own, once it has credit; a gone one at once (``wanted`` then says
+        the batch is void)."""
         if chunk is None or chunk.trainer is None:
             return None
-        trainer = self.trainers.get(chunk.trainer)
-        if trainer is None or trainer.session != chunk.session:
-            return chunk.trainer
-        return chunk.trainer if trainer.credit > 0 else None
+        trainer = self._owner(chunk)
+        return chunk.trainer if trainer is None or trainer.credit > 0 else None
 
-    def take_stale(self, epochs: np.ndarray, indices: np.ndarray, chunk: Optional[Chunk] = None) -> np.ndarray:
-        """No row: a batch is made for one trainer, and one whose trainer is ``gone`` is not sent at all; which
-        records that trainer already has is its own to decide."""
-        return np.zeros(len(indices), bool)
+    def wanted(self, chunk: Optional[Chunk], epochs: np.ndarray, indices: np.ndarray,
+               valid: np.ndarray) -> Optional[np.ndarray]:
+        """Every row with a record, failed ones too (the trainer learns of them from the batch); which records it
+        already has is the trainer's to decide. None if the chunk's trainer is ``gone``."""
+        if chunk is None or self.gone(chunk):
+            return None
+        return indices >= 0
 
     def on_sent(self, routing_id: bytes, epochs: list[int], indices: list[int], chunk: Optional[Chunk] = None) -> None:
-        trainer = self.trainers[routing_id]
-        trainer.credit -= 1
+        self.trainers.spend(routing_id)
         if chunk is not None:
             self._done_making(chunk)
 
@@ -213,24 +198,11 @@ class SplitServer:
 
     # ---- trainers --------------------------------------------------------------------------
 
-    def expire(self, now: Optional[float] = None) -> list[str]:
-        now = time.monotonic() if now is None else now
-        dead = [r for r, t in self.trainers.items() if now - t.last_seen > self.trainer_timeout]
-        return [self.drop(r) for r in dead]
-
-    def drop(self, routing_id: bytes) -> str:
-        """Forget a trainer that is gone; its splits are its to hand out again. A ``--epochs`` producer does not
-        wait for a trainer that died to say it finished."""
-        trainer = self.trainers.pop(routing_id)
-        if not any(t.id == trainer.id for t in self.trainers.values()):
+    def _forget(self, trainer: _PoolTrainer) -> None:
+        """A trainer left the registry (gone, or back under a new session): its splits are its to hand out again.
+        A ``--epochs`` producer does not wait for a trainer that died to say it finished."""
+        if not self.trainers.knows(trainer.id):
             self._pending.discard(trainer.id)
-        return trainer.id
-
-    def pick_trainer(self) -> Optional[bytes]:
-        return None  # every batch is made for one trainer: ``route``
-
-    def session_of(self, routing_id: bytes) -> int:
-        return self.trainers[routing_id].session
 
     @property
     def finished(self) -> bool:
@@ -238,3 +210,6 @@ class SplitServer:
 
     def status(self) -> Status:
         return Status(str(self.key), self.producer_id, 0, self.epochs, self.finished, self.spec, 0)
+
+    def summary(self) -> str:
+        return f"{self.skipped_total} records skipped"

@@ -126,6 +126,134 @@ class _SkipLog:
             self.unlogged, self.last = 0, now
 
 
+class _BatchMaker:
+    """Makes batches into this worker's slots: the records the daemon chose (exact mode) or the next ones of the
+    worker's own stream of its shard. A record that fails is skipped, counted and logged, never fatal."""
+
+    def __init__(self, worker: int, config: WorkerConfig, pipeline: Any, layout: SlotLayout, buffer: Any,
+                 dataset: LmdbDataset, stats: StageStats) -> None:
+        self.worker, self.config, self.pipeline, self.dataset, self.stats = worker, config, pipeline, dataset, stats
+        self.views = layout.views(buffer)
+        self.rows = [sample_rows(arrays) for arrays in self.views]
+        self.rngs = RecordRng(config.seed)
+        self.skips = _SkipLog(worker)
+        records = config.shard.records(len(dataset))
+        self.stream = worker_stream(records, config.seed, worker, config.workers, shuffle=True)
+        self.kept: list[dict[str, np.ndarray]] = []  # --repeat-batches: the batches sent again and again
+
+    def make(self, slot: int, work: Optional[list[tuple[int, int]]], stop: Any) -> Optional[tuple[float, float, int]]:
+        """Fill ``slot``: ``(read seconds, transform seconds, samples made)``; None if stopped before it was full."""
+        if work is not None:  # exact mode: the daemon chose the records; failed rows are masked out
+            made = self._make_chosen(slot, work)
+            self.stats.add(self.worker, "skipped", len(work) - made[2])
+            return made
+        return self._make_from_stream(slot, stop)
+
+    def _make_row(self, rows: dict[str, np.ndarray], epoch: int, index: int) -> Optional[tuple[float, float]]:
+        """Record ``index`` made into ``rows``: ``(read seconds, transform seconds)``, or None if it failed."""
+        t0 = time.perf_counter()
+        try:
+            record = self.dataset.read(index)
+            t1 = time.perf_counter()
+            self.pipeline.write(record, self.rngs.for_record(epoch, index), rows)
+            t2 = time.perf_counter()
+        except (RecordError, SampleError) as exc:
+            self.skips.skip(index, str(exc))
+            return None
+        return t1 - t0, t2 - t1
+
+    def _make_from_stream(self, slot: int, stop: Any) -> Optional[tuple[float, float, int]]:
+        arrays, rows, batch_size = self.views[slot], self.rows[slot], self.config.batch_size
+        indices, epochs = arrays["index"], arrays["epoch"]
+        t_read = t_transform = 0.0
+        filled = 0
+        while filled < batch_size and not stop.is_set():
+            epoch, index = next(self.stream)
+            times = self._make_row(rows[filled], epoch, index)
+            if times is None:
+                self.stats.add(self.worker, "skipped", 1)
+                continue
+            t_read, t_transform = t_read + times[0], t_transform + times[1]
+            indices[filled], epochs[filled] = index, epoch
+            filled += 1
+        return (t_read, t_transform, filled) if filled == batch_size else None
+
+    def _make_chosen(self, slot: int, work: list[tuple[int, int]]) -> tuple[float, float, int]:
+        """Make the batch the daemon chose (exact mode): ``(read seconds, transform seconds, samples made)``.
+
+        A row that fails keeps its record index with ``mask`` False (the daemon counts it as skipped);
+        rows past the chosen records are padding: zeroed, index and epoch -1, ``mask`` False.
+        """
+        arrays, rows = self.views[slot], self.rows[slot]
+        mask, indices, epochs = arrays["mask"], arrays["index"], arrays["epoch"]
+        t_read = t_transform = 0.0
+        made = 0
+        for row, (epoch, index) in enumerate(work):
+            indices[row], epochs[row] = index, epoch
+            times = self._make_row(rows[row], epoch, index)
+            mask[row] = times is not None
+            if times is not None:
+                t_read, t_transform = t_read + times[0], t_transform + times[1]
+                made += 1
+        for row in range(len(work), len(mask)):
+            for array in arrays.values():
+                array[row] = 0
+            indices[row], epochs[row], mask[row] = -1, -1, False
+        return t_read, t_transform, made
+
+    def stages(self, t_read: float, t_transform: float, t_wait: float) -> dict[str, float]:
+        """The header's stage times. A user pipeline's own decode timing is clamped: a header the trainer would
+        refuse loses the batch."""
+        stage_times = self.pipeline.stage_times
+        t_decode = stage_times().get("decode", 0.0) if stage_times is not None else 0.0
+        t_decode = min(max(t_decode, 0.0), t_transform) if math.isfinite(t_decode) else 0.0
+        return {"read": t_read, "decode": t_decode, "augment": max(0.0, t_transform - t_decode), "send": t_wait}
+
+    # ---- --repeat-batches (a benchmark of the transport) -----------------------------------------
+
+    @property
+    def repeating(self) -> bool:
+        """Whether every batch it was to keep is kept: from now on they are sent again, not made."""
+        return bool(self.config.repeat_batches) and len(self.kept) == self.config.repeat_batches
+
+    def keep(self, slot: int) -> None:
+        if len(self.kept) < self.config.repeat_batches:
+            self.kept.append({name: array.copy() for name, array in self.views[slot].items()})
+
+    def repeat(self, slot: int, batch_no: int) -> None:
+        for name, array in self.kept[batch_no % len(self.kept)].items():
+            np.copyto(self.views[slot][name], array)
+
+
+class _HandOff:
+    """Tells the daemon a slot holds a finished batch: only its header crosses the ipc socket."""
+
+    def __init__(self, sock: zmq.Socket, worker: int, config: WorkerConfig, stream_key: str) -> None:
+        self.sock, self.worker, self.config, self.stream_key = sock, worker, config, stream_key
+
+    def __call__(self, slot: int, arrays: dict[str, np.ndarray], batch_no: int,
+                 stages: Optional[dict[str, float]] = None) -> None:
+        header = encode_batch(arrays, producer=self.config.producer_id,
+                              seq=batch_no * self.config.workers + self.worker, worker=self.worker, stages=stages,
+                              stream=self.stream_key)[0]
+        self.sock.send_multipart([READY, slot_frame(slot), header])
+
+
+def _load_pipeline(config: WorkerConfig) -> tuple[Any, SlotLayout]:
+    """The pipeline, built in this process, and its slot layout, which must be the daemon's."""
+    pipeline = load_pipeline(config.pipeline, dict(config.pipeline_args), dict(config.pipeline_standard))
+    layout = SlotLayout(pipeline.batch_arrays(exact=config.exact), config.batch_size, config.slots)
+    if layout.arrays != tuple(config.layout_arrays):
+        raise RuntimeError(f"pipeline {config.pipeline} declares {layout.arrays} in this worker but "
+                           f"{config.layout_arrays} in the daemon: it must not depend on the process it runs in")
+    return pipeline, layout
+
+
+def _add(stats: StageStats, worker: int, **values: float) -> None:
+    for name, value in values.items():
+        stats.add(worker, name, value)
+
+
 def run_worker(worker: int, config: WorkerConfig, stats: StageStats, stop: Any, parent_pid: int,
                buffer: Any, routing_id: bytes) -> None:
     """Process entry point. Returns when stopped; never raises on bad records or bad samples.
@@ -137,39 +265,20 @@ def run_worker(worker: int, config: WorkerConfig, stats: StageStats, stop: Any, 
     # The daemon owns shutdown: Ctrl-C in a terminal reaches the whole process group.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     configure_logging(config.log_level, config.log_format)
-    pipeline = load_pipeline(config.pipeline, dict(config.pipeline_args), dict(config.pipeline_standard))
-    layout = SlotLayout(pipeline.batch_arrays(exact=config.exact), config.batch_size, config.slots)
-    if layout.arrays != tuple(config.layout_arrays):
-        raise RuntimeError(f"pipeline {config.pipeline} declares {layout.arrays} in this worker but "
-                           f"{config.layout_arrays} in the daemon: it must not depend on the process it runs in")
+    pipeline, layout = _load_pipeline(config)
     dataset = LmdbDataset(config.lmdb_path)
-    records = config.shard.records(len(dataset))
+    maker = _BatchMaker(worker, config, pipeline, layout, buffer, dataset, stats)
     # Named in every batch header, so a trainer sees producers whose shards overlap.
     stream_key = str(StreamKey(config.shard.index, config.shard.count, len(dataset), config.seed))
-    stream = worker_stream(records, config.seed, worker, config.workers, shuffle=True)
-    batch_size = config.batch_size
-    views = layout.views(buffer)
-    rows = [sample_rows(arrays) for arrays in views]
-    rngs = RecordRng(config.seed)
-    skips = _SkipLog(worker)
-    stage_times = pipeline.stage_times
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.ROUTING_ID, routing_id)
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(config.endpoint)
     sock.send(HELLO)
-    pool = _SlotPool(sock, config.slots, stop, parent_pid, batch_size)
-
-    def hand_off(slot: int, arrays: dict[str, np.ndarray], batch_no: int,
-                 stages: Optional[dict[str, float]] = None) -> None:
-        """Tell the daemon ``slot`` holds a finished batch: only its header crosses the ipc socket."""
-        header = encode_batch(arrays, producer=config.producer_id, seq=batch_no * config.workers + worker,
-                              worker=worker, stages=stages, stream=stream_key)[0]
-        sock.send_multipart([READY, slot_frame(slot), header])
-
+    pool = _SlotPool(sock, config.slots, stop, parent_pid, config.batch_size)
+    hand_off = _HandOff(sock, worker, config, stream_key)
     batch_no = 0
-    made: list[dict[str, np.ndarray]] = []
     try:
         while not stop.is_set() and os.getppid() == parent_pid:
             t_wait = time.perf_counter()
@@ -178,89 +287,25 @@ def run_worker(worker: int, config: WorkerConfig, stats: StageStats, stop: Any, 
                 break
             slot, work = granted
             t_wait = time.perf_counter() - t_wait
-            arrays = views[slot]
-            if config.repeat_batches and len(made) == config.repeat_batches:
-                # Benchmark mode: re-send batches already made, as fast as the trainer takes them.
-                for name, array in made[batch_no % len(made)].items():
-                    np.copyto(arrays[name], array)
+            arrays = maker.views[slot]
+            if maker.repeating:  # benchmark mode: re-send batches already made, as fast as the trainer takes them
+                maker.repeat(slot, batch_no)
                 hand_off(slot, arrays, batch_no)
-                for name, value in (("send_s", t_wait), ("images", batch_size), ("batches", 1)):
-                    stats.add(worker, name, value)
+                _add(stats, worker, send_s=t_wait, images=config.batch_size, batches=1)
                 batch_no += 1
                 continue
-            indices, epochs = arrays["index"], arrays["epoch"]
-            t_read = t_transform = 0.0
-            if work is not None:  # exact mode: the daemon chose the records; failed rows are masked out
-                t_read, t_transform, samples = _make_chosen(work, dataset, pipeline, rngs, rows[slot], arrays, skips)
-                stats.add(worker, "skipped", len(work) - samples)
-                filled = batch_size
-            else:
-                filled, samples = 0, batch_size
-            while filled < batch_size and not stop.is_set():
-                epoch, index = next(stream)
-                t0 = time.perf_counter()
-                try:
-                    record = dataset.read(index)
-                    t1 = time.perf_counter()
-                    pipeline.write(record, rngs.for_record(epoch, index), rows[slot][filled])
-                    t2 = time.perf_counter()
-                except (RecordError, SampleError) as exc:
-                    stats.add(worker, "skipped", 1)
-                    skips.skip(index, str(exc))
-                    continue
-                t_read, t_transform = t_read + t1 - t0, t_transform + t2 - t1
-                indices[filled], epochs[filled] = index, epoch
-                filled += 1
-            if filled < batch_size:
+            made = maker.make(slot, work, stop)
+            if made is None:
                 break
-            t4 = time.perf_counter()
-            if len(made) < config.repeat_batches:
-                made.append({name: array.copy() for name, array in arrays.items()})
-            # A user pipeline's own decode timing is clamped: a header the trainer would refuse loses the batch.
-            t_decode = stage_times().get("decode", 0.0) if stage_times is not None else 0.0
-            t_decode = min(max(t_decode, 0.0), t_transform) if math.isfinite(t_decode) else 0.0
-            t_augment = max(0.0, t_transform - t_decode)
-            hand_off(slot, arrays, batch_no,
-                     {"read": t_read, "decode": t_decode, "augment": t_augment, "send": t_wait})
-            for name, value in (
-                ("read_s", t_read), ("decode_s", t_decode), ("augment_s", t_augment),
-                ("serialize_s", time.perf_counter() - t4), ("send_s", t_wait), ("images", samples), ("batches", 1),
-            ):
-                stats.add(worker, name, value)
+            t_read, t_transform, samples = made
+            t_made = time.perf_counter()
+            maker.keep(slot)
+            stages = maker.stages(t_read, t_transform, t_wait)
+            hand_off(slot, arrays, batch_no, stages)
+            _add(stats, worker, read_s=t_read, decode_s=stages["decode"], augment_s=stages["augment"],
+                 serialize_s=time.perf_counter() - t_made, send_s=t_wait, images=samples, batches=1)
             batch_no += 1
     finally:
         sock.close(linger=0)
         ctx.term()
         dataset.close()
-
-
-def _make_chosen(work: list[tuple[int, int]], dataset: LmdbDataset, pipeline: Any, rngs: RecordRng,
-                 rows: list[dict[str, np.ndarray]], arrays: dict[str, np.ndarray], skips: _SkipLog) -> tuple[float, float, int]:
-    """Make the batch the daemon chose (exact mode): ``(read seconds, transform seconds, samples made)``.
-
-    A row that fails keeps its record index with ``mask`` False (the daemon counts it as skipped);
-    rows past the chosen records are padding: zeroed, index and epoch -1, ``mask`` False.
-    """
-    t_read = t_transform = 0.0
-    mask, indices, epochs = arrays["mask"], arrays["index"], arrays["epoch"]
-    made = 0
-    for row, (epoch, index) in enumerate(work):
-        indices[row], epochs[row] = index, epoch
-        t0 = time.perf_counter()
-        try:
-            record = dataset.read(index)
-            t1 = time.perf_counter()
-            pipeline.write(record, rngs.for_record(epoch, index), rows[row])
-            t2 = time.perf_counter()
-        except (RecordError, SampleError) as exc:
-            skips.skip(index, str(exc))
-            mask[row] = False
-            continue
-        t_read, t_transform = t_read + t1 - t0, t_transform + t2 - t1
-        mask[row] = True
-        made += 1
-    for row in range(len(work), len(mask)):
-        for name, array in arrays.items():
-            array[row] = 0
-        indices[row], epochs[row], mask[row] = -1, -1, False
-    return t_read, t_transform, made
