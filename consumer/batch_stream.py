@@ -40,12 +40,10 @@ import numpy as np
 from stoker.protocol import DEFAULT_MAX_MESSAGE_BYTES
 from stoker.protocol.curve import CurveClientKeys
 
-from stoker.consumer.errors import InputError
-from stoker.consumer.exact.receiver import ExactReceiver
-from stoker.consumer.exact.state import pack_state, parse_state
-from stoker.consumer.input_setup import SpecArg, declared_spec, exact_identity, open_core, split_addresses
-from stoker.consumer.receive_core import POLL_S, SinkClosed, aligned_empty
-from stoker.consumer.receive_stats import InputStats
+from stoker.consumer.input_base import InputBase
+from stoker.consumer.input_setup import receive_options
+from stoker.consumer.receive_options import SpecArg
+from stoker.consumer.receive_contract import POLL_S, SinkClosed, aligned_empty
 
 _END = object()  # no batch follows: a finite exact run ended
 
@@ -104,7 +102,7 @@ class QueueSink:
             return item
 
 
-class BatchStream:
+class BatchStream(InputBase):
     """An iterator of ``{name: np.ndarray}`` batches from Stoker producers; see the module doc.
 
     Args (as ``ZMQInput``'s, defaults included): ``addresses``; ``batch_size``/``image_shape`` or
@@ -124,21 +122,17 @@ class BatchStream:
                  trainer_id: Optional[str] = None, receive: str = "auto", discover_every: float = 5.0,
                  share: tuple[int, int] = (0, 1), stall_after: Optional[float] = 10.0,
                  stall_limit: Optional[float] = 300.0) -> None:
-        self.addresses = split_addresses(addresses)
-        if queue_capacity < 1 or recv_timeout <= 0:
-            raise ValueError("queue_capacity must be >= 1 and recv_timeout > 0")
-        self.exact = exact
-        self.trainer_id, state = exact_identity(exact, resume_state, trainer_id)
-        self._core = open_core(self.addresses, declared_spec(spec, batch_size, image_shape, exact), receive,
-                               recv_timeout, rcvhwm, max_message_bytes, curve, exact, self.trainer_id, state,
-                               discover_every, share, stall_after, stall_limit)
-        self.spec = self._core.spec
-        receiver = self._core.receiver
-        self.receive = "direct" if receiver.direct else "libzmq"  # the path chosen
-        self._exact = receiver.transport if isinstance(receiver, ExactReceiver) else None
+        if queue_capacity < 1:
+            raise ValueError(f"queue_capacity={queue_capacity}: give batches >= 1 (default 8)")
+        options = receive_options(
+            addresses, spec=spec, batch_size=batch_size, image_shape=image_shape, exact=exact,
+            resume_state=resume_state, trainer_id=trainer_id, receive=receive, recv_timeout=recv_timeout,
+            rcvhwm=rcvhwm, max_message_bytes=max_message_bytes, curve=curve, discover_every=discover_every,
+            share=share, stall_after=stall_after, stall_limit=stall_limit)
+        self._open_input(options)
         self._sink = QueueSink(queue_capacity)
         self._ended = False
-        if self._exact is None:
+        if self._ledger is None:
             self._core.start(self._sink)  # exact mode starts at the first next(): a state may be restored first
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
@@ -147,8 +141,8 @@ class BatchStream:
     def __next__(self) -> dict[str, np.ndarray]:
         if self._ended:
             raise StopIteration
-        if self._exact is not None and not self._exact.active:
-            self._exact.activate()
+        if self._ledger is not None and not self._ledger.started:
+            self._ledger.activate()
             self._core.start(self._sink)
         while True:
             item = self._sink.take(POLL_S)
@@ -164,35 +158,12 @@ class BatchStream:
     def _named(self, arrays: list[np.ndarray]) -> dict[str, np.ndarray]:
         names = self.spec.names
         batch = dict(zip(names, arrays))
-        if self._exact is not None:  # handed to the caller: consumed now; padding rows cut off
-            source = int(arrays[len(names)][0])
+        if self._ledger is not None:  # handed to the caller: consumed now; padding rows cut off
             mask = batch["mask"]
-            self._exact.record_consumed(source, batch["epoch"], batch["index"], mask)
+            self._ledger.consumed(self._ledger.source_of(arrays), batch["epoch"], batch["index"], mask)
             if not mask.all():
                 batch = {name: np.ascontiguousarray(a[mask]) for name, a in batch.items()}
         return batch
-
-    def save_state(self) -> bytes:
-        """Exact mode: this consumer's id and every record handed out so far, as bytes for a checkpoint."""
-        if self._exact is None:
-            raise ValueError("save_state() is for exact mode: BatchStream(..., exact=True) with producers --exact")
-        return pack_state(self.trainer_id, self._exact.snapshot())
-
-    def restore_state(self, data: bytes) -> None:
-        """Exact mode: continue from ``save_state()`` bytes; before the first ``next()``."""
-        if self._exact is None:
-            raise ValueError("restore_state() is for exact mode: BatchStream(..., exact=True)")
-        trainer_id, state = parse_state(data)
-        self._exact.restore(state)
-        self.trainer_id = self._exact.trainer_id = trainer_id
-
-    @property
-    def stats(self) -> InputStats:
-        return self._core.stats.snapshot()
-
-    @property
-    def error(self) -> Optional[InputError]:
-        return self._core.error
 
     def queue_occupancy(self) -> float:
         """Fraction of the queue in use right now; near 0 means the consumer waits for input."""

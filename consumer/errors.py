@@ -1,6 +1,29 @@
-"""Errors the trainer side raises; each says what happened and what to check."""
+"""Errors the trainer side raises, and the advice they carry; each says what happened and what to check.
+
+The advice texts are defined here once and quoted by every transport that meets the situation (the
+ZMTP parser, libzmq's handshake monitor, the exact-mode links), so a fix is worded the same everywhere.
+"""
 
 from stoker.protocol.batch_spec import BatchMismatchError
+
+#: a producer requires CurveZMQ and this trainer has no keys
+ADVICE_CURVE_KEYS = ("pass curve=stoker.protocol.curve.load_client_keys(SECRET, SERVER_PUBLIC) to ZMQInput "
+                     "(stoker train: --curve-secret-key and --curve-server-key)")
+#: the peer hung up during the greeting: most likely CurveZMQ, perhaps not a producer at all
+ADVICE_HUNG_UP = (f"most likely the producer requires CurveZMQ and this trainer has no keys: {ADVICE_CURVE_KEYS}, "
+                  "or check the address is a Stoker producer")
+#: the sockets cannot talk, direction unknown: one side runs exact mode and the other does not
+ADVICE_MODE_MISMATCH = ("the producer closed the connection or refused its socket type: most likely one side runs "
+                        "in exact mode and the other does not; start the producers with --exact (or --epochs N) "
+                        "exactly when the trainer uses ZMQInput(..., exact=True) (stoker train --exact)")
+#: this trainer runs exact mode, the producer plain mode
+ADVICE_PRODUCER_PLAIN = ("most likely the producer runs plain mode and this trainer exact mode; start the producers "
+                         "with --exact (or --epochs N), or the trainer without exact=True (stoker train without "
+                         "--exact)")
+#: this trainer runs plain mode, the producer exact mode
+ADVICE_PRODUCER_EXACT = ("most likely the producer runs in exact mode (--exact or --epochs N) and this trainer does "
+                         "not; use ZMQInput(..., exact=True) (stoker train --exact), or start the producer without "
+                         "--exact")
 
 
 class InputError(RuntimeError):

@@ -5,8 +5,9 @@
 
 A *receiver* owns its sockets, connects to the producer addresses, validates every message
 and calls ``deliver`` with whole batches held to the spec; bad messages go to ``reject``
-(counted, logged rate-limited). A *sink* takes the arrays: the TensorFlow feeder
-(``tf_feeder``) or the plain-Python ``BatchStream``. The core in between knows neither
+(counted, logged rate-limited). It sees the core only as a ``ReceiveContext``
+(``receive_contract``). A *sink* takes the arrays: the TensorFlow feeder (``tf.feeder``), the
+plain-Python ``BatchStream``, or any ``BatchSink``. The core in between knows neither
 sockets nor frameworks: it resolves the batch spec (declared, learned from the first batch,
 or described by exact-mode producers), runs the receiver on one thread, and fails the input
 with one error that says why when no acceptable batch arrived for ``recv_timeout`` seconds,
@@ -23,7 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable, Optional, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -31,94 +32,35 @@ from stoker.protocol import ProtocolError
 from stoker.protocol.batch_codec import Batch
 from stoker.protocol.batch_spec import BatchSpec
 
-from stoker.consumer.transport.discovery import ProducerPool
 from stoker.consumer.errors import InputClosedError, InputError, InputTimeoutError
+from stoker.consumer.receive_contract import POLL_S, BatchSink, Receiver, SinkClosed, aligned_empty
 from stoker.consumer.receive_stats import ReceiveStats
-from stoker.consumer.exact.split_scheduler import STALL_AFTER_S
+
+if TYPE_CHECKING:
+    from stoker.consumer.receive_options import ReceiveOptions
 
 log = logging.getLogger("stoker.consumer")
 
-ALIGN = 64
-POLL_S = 0.1
 SAMPLE_EVERY_S = 0.05
 #: Refused handshakes per producer, all for a mode mismatch, after which waiting longer cannot help.
 MISMATCH_REFUSALS = 3
 
 
-class SinkClosed(Exception):
-    """The sink was closed (the input is stopping or failed): the receiver stops delivering."""
-
-
-def aligned_empty(dtype: np.dtype, shape: Sequence[int]) -> np.ndarray:
-    """A fresh C-contiguous array whose data starts on a 64-byte boundary (what TensorFlow and SIMD want)."""
-    nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-    raw = np.empty(nbytes + ALIGN, np.uint8)
-    offset = (-raw.ctypes.data) % ALIGN
-    return raw[offset:offset + nbytes].view(dtype).reshape(tuple(shape))
-
-
-class BatchSink(Protocol):
-    """Where validated batches go. ``put`` may block while full; every method is thread-safe."""
-
-    capacity: int
-
-    def empty(self, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
-        """Memory a receiver reads a batch array into, then hands over with ``put(..., owned=True)``."""
-
-    def put(self, arrays: Sequence[np.ndarray], owned: bool) -> None:
-        """Take one batch (arrays in spec order; ``owned``: from ``empty``, else copied). SinkClosed once closed."""
-
-    def size(self) -> int:
-        """Batches waiting for the consumer."""
-
-    def end(self) -> None:
-        """No batch will follow (a finite exact run finished): the consumer drains what is there, then ends."""
-
-    def close(self, cancel: bool) -> None:
-        """No more puts; ``cancel`` also wakes a blocked ``put`` (it raises SinkClosed)."""
-
-
-class Receiver(Protocol):
-    """One transport's receiving end; see the module doc. Runs on the core's thread unless it says otherwise."""
-
-    #: the producers it connects to; it follows their changes with ``core.follow_pool(join, leave)`` every POLL_S
-    pool: ProducerPool
-    #: what the per-producer memory bound counts: batches one producer's connection may hold
-    held_per_producer: int
-    #: reads batches into memory the sink owns (our ZMTP), not libzmq's frames
-    direct: bool
-
-    def resolve_spec(self, declared: Optional[BatchSpec], core: "ReceiveCore") -> BatchSpec:
-        """The spec batches are held to: ``declared``, or learned/described (bounded by the core's timeout)."""
-
-    def run(self, core: "ReceiveCore") -> None:
-        """Receive and deliver until ``core.watch()`` returns False or the sink closes."""
-
-    def failures(self) -> tuple[int, str, str]:
-        """Failed handshakes so far: ``(count, last endpoint, why)``."""
-
-    def mode_mismatches(self) -> dict[str, int]:
-        """Per endpoint, handshakes refused in a row because one side runs exact mode and the other not."""
-
-    def close(self) -> None:
-        """Close every socket (called by the last thread that may be inside one)."""
-
-
 class ReceiveCore:
-    """Runs ``receiver`` into a sink; see the module doc.
+    """Runs ``receiver`` into a sink; see the module doc. Implements ``ReceiveContext`` for the receiver.
 
-    ``spec`` (declared, or None to learn it) is resolved in the constructor, which may wait up to
+    ``options.spec`` (declared, or None to learn it) is resolved in the constructor, which may wait up to
     ``recv_timeout`` for producers. ``start(sink)`` begins delivering; ``error`` says why the input
     failed (also after ``close()``: InputClosedError); ``finished`` is set when a finite run ended.
     """
 
-    def __init__(self, receiver: Receiver, spec: Optional[BatchSpec], recv_timeout: float,
-                 stall_after: Optional[float] = STALL_AFTER_S) -> None:
+    def __init__(self, receiver: Receiver, options: "ReceiveOptions") -> None:
         self.receiver = receiver
+        self.options = options
         self.pool = receiver.pool
         self.sources = receiver.pool.describe()  # the addresses or names the user gave, for messages
-        self.recv_timeout = recv_timeout
-        self.stall_after = stall_after
+        self.recv_timeout = options.recv_timeout
+        self.stall_after = options.stall_after
         self.stall_reports = 0
         self._delivered_at = time.monotonic()
         self._stall_reported = False
@@ -142,13 +84,23 @@ class ReceiveCore:
         self._abandoned = False
         self._closed_sockets = False
         try:
-            self.spec = receiver.resolve_spec(spec, self)
+            self.spec = receiver.resolve_spec(options.spec, self)
         except BaseException:
             self._stop.set()
             self._close_receiver()
             raise
 
-    # ---- for the receivers ----------------------------------------------------------------------
+    # ---- ReceiveContext: what the receivers call ---------------------------------------------------
+
+    def learn_spec(self, turn: Callable[[], Optional[BatchSpec]], how: str) -> BatchSpec:
+        started = time.monotonic()
+        while True:
+            spec = turn()
+            if spec is not None:
+                return spec
+            failure = self.failure(time.monotonic() - started, f"; no batch spec was given, so the trainer {how}")
+            if failure is not None:
+                raise failure
 
     def follow_pool(self, join: Callable[[str], object], leave: Callable[[str], object]) -> bool:
         """Re-resolve the producer pool when due and apply the change: ``leave(endpoint)`` for each producer
@@ -195,12 +147,8 @@ class ReceiveCore:
         self._last_batch_at = self._delivered_at = time.monotonic()
         self._stall_reported = False
         conflict = self.stats.accepted(batch, arrays)
-        if conflict and self.exact:
+        if conflict and self.options.exact:
             self.fail(InputError(f"exact mode cannot hold every record once per epoch: {conflict}"))
-
-    @property
-    def exact(self) -> bool:
-        return bool(getattr(self.receiver, "exact", False))
 
     def reject(self, exc: ProtocolError) -> None:
         self.stats.rejected(exc)
@@ -256,10 +204,7 @@ class ReceiveCore:
         if self.stats.rejected_since_batch:
             lines.append(f"{self.stats.rejected_since_batch} message(s) rejected since the last batch: "
                          f"{stats.last_error}")
-        report = getattr(self.receiver, "waiting_report", None)
-        if report is not None:
-            lines += report()
-        return lines
+        return lines + self.receiver.waiting_report()
 
     def failure(self, silent: float, waiting_for: str = "") -> Optional[InputError]:
         """The error to fail with now, if any: a certain mode mismatch, or ``silent`` past ``recv_timeout``."""

@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Protocol, Sequence
 
 import numpy as np
 
@@ -344,3 +344,18 @@ class ReceiveStats:
         with self._lock:
             self._stats.occupancy_sum += fraction
             self._stats.occupancy_samples += 1
+
+
+class WatchedInput(Protocol):
+    """An input as its watchers see it (the Keras callback, the Prometheus collector, the timeline): a facade's
+    counters and occupancy, nothing of its framework. ``ZMQInput`` and ``BatchStream`` both fit."""
+
+    batch_size: int
+
+    @property
+    def stats(self) -> InputStats: ...
+
+    def queue_occupancy(self) -> float: ...
+
+    def raise_if_failed(self) -> None: ...
+

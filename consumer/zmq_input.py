@@ -3,10 +3,11 @@
     producers --> receiver (direct ZMTP | libzmq PULL | exact DEALERs) --> ReceiveCore --> TFFeeder
                   (receive_core: sockets, validation, silence)              (FIFOQueue, StagingArea, get())
 
-``ZMQInput`` checks the arguments, opens a ``ReceiveCore`` over the chosen transport
-(``input_setup``) and feeds a ``TFFeeder`` from it; exact mode's state goes in and out as
-bytes (``exact_state``). Each layer has its module and its own docstring; the layering is
-written down in docs/decisions.md. Any pipeline's arrays travel this way; ZMQInput never
+``ZMQInput`` turns its arguments into one ``ReceiveOptions`` (``input_setup``), opens a
+``ReceiveCore`` over the chosen transport (``InputBase``, shared with every facade) and feeds a
+``TFFeeder`` (``tf/feeder.py``) from it; exact mode's state goes in and out as bytes through the
+``ConsumedLedger`` (``exact/ledger.py``). Each layer has its module and its own docstring; the map of
+the house is in docs/decisions.md. Any pipeline's arrays travel this way; ZMQInput never
 looks inside them.
 
 Bad messages are counted, logged (rate-limited) and dropped, and receiving carries on. If no
@@ -28,19 +29,20 @@ from stoker.protocol.batch_spec import BatchSpec
 from stoker.protocol.curve import CurveClientKeys
 
 from stoker.consumer.tf.batch_tensors import BatchTensors, Selection
-from stoker.consumer.errors import InputClosedError, InputError
-from stoker.consumer.exact.receiver import SOURCE, ExactReceiver
-from stoker.consumer.exact.state import pack_state, parse_state
-from stoker.consumer.input_setup import declared_spec, exact_identity, open_core, split_addresses
+from stoker.consumer.errors import InputClosedError
+from stoker.consumer.input_base import InputBase
+from stoker.consumer.input_setup import receive_options
+from stoker.consumer.receive_options import check_source
 from stoker.consumer.receive_stats import InputStats
 from stoker.consumer.tf.feeder import TFFeeder
+from stoker.consumer.tf.staging import training_devices
 
 log = logging.getLogger("stoker.consumer")
 
 __all__ = ["InputStats", "ZMQInput"]
 
 
-class ZMQInput(tf.train.experimental.PythonState):
+class ZMQInput(InputBase, tf.train.experimental.PythonState):
     """Feed a TensorFlow training step from Stoker producers, for any pipeline.
 
     Args:
@@ -147,48 +149,34 @@ class ZMQInput(tf.train.experimental.PythonState):
         stall_limit: Optional[float] = 300.0,
     ) -> None:
         try:
-            self.addresses = split_addresses(addresses)
+            sources = check_source(addresses)
         except ValueError:
             raise ValueError("ZMQInput needs at least one producer address, e.g. tcp://datahost:5555") from None
-        if (batch_size is not None and batch_size < 1) or queue_capacity < 1 or nr_stage < 1 or recv_timeout <= 0:
-            raise ValueError("batch_size, queue_capacity and nr_stage must be >= 1 and recv_timeout > 0")
-        declared = declared_spec(spec, batch_size, image_shape, exact)
-        if sum(x is not None for x in (device, devices, strategy)) > 1:
-            raise ValueError("give one of device, devices or strategy")
-        if strategy is not None:
-            devices = list(strategy.extended.worker_devices)
-        if devices is not None:
-            if not devices:
-                raise ValueError("devices must name at least one device, e.g. ['/GPU:0', '/GPU:1']")
-            self.devices = list(devices)
-        else:
-            self.devices = [device or ("/GPU:0" if tf.config.list_logical_devices("GPU") else "/CPU:0")]
+        if queue_capacity < 1 or nr_stage < 1:
+            raise ValueError("queue_capacity and nr_stage must be >= 1")
+        options = receive_options(
+            sources, spec=spec, batch_size=batch_size, image_shape=image_shape, exact=exact,
+            resume_state=resume_state, trainer_id=trainer_id, receive=receive, recv_timeout=recv_timeout,
+            rcvhwm=rcvhwm, max_message_bytes=max_message_bytes, curve=curve, discover_every=discover_every,
+            share=share, stall_after=stall_after, stall_limit=stall_limit)
+        self.devices = training_devices(device, devices, strategy)
         self.device = self.devices[0]
         self.queue_capacity, self.recv_timeout, self.nr_stage, self.rcvhwm = queue_capacity, recv_timeout, nr_stage, rcvhwm
         self.name = name
-        self.exact = exact
-        self.trainer_id, state = exact_identity(exact, resume_state, trainer_id)
         self._closed = False
         self._metrics: Any = None
-        self._core = open_core(self.addresses, declared, receive, recv_timeout, rcvhwm, max_message_bytes, curve,
-                               exact, self.trainer_id, state, discover_every, share, stall_after, stall_limit)
-        self.receive = "direct" if self._core.receiver.direct else "libzmq"  # the path chosen
-        self.spec = self._core.spec
-        self.batch_size = self.spec.batch_size
+        self._open_input(options)
         if "images" in self.spec:
             self.image_shape = tuple(self.spec["images"].shape[1:])
             self.batch_shape = list(self.spec["images"].shape)
-        receiver = self._core.receiver
-        self._exact = receiver.transport if isinstance(receiver, ExactReceiver) else None
         # Exact mode: each batch also carries which producer it came from, to report its records there.
-        queue_spec = self.spec if not exact else BatchSpec.from_dict(
-            {**{a.name: (a.dtype, a.shape) for a in self.spec.arrays}, SOURCE: ("int32", [self.batch_size])})
+        ledger = self._ledger
         try:
             self._feeder = TFFeeder(
-                self.spec, queue_spec, queue_capacity, self.devices, nr_stage, name, lambda: self._core.error,
+                self.spec, ledger.with_source(self.spec) if ledger else self.spec, queue_capacity, self.devices,
+                nr_stage, name, lambda: self._core.error,
                 f"the producers at {self._core.sources} finished their epochs: every record was delivered",
-                record_consumed=self._exact.record_consumed if self._exact is not None else None,
-                activate=self._activate)
+                record_consumed=ledger.consumed if ledger else None, activate=self._activate)
         except BaseException:
             self._core.close()
             raise
@@ -223,28 +211,12 @@ class ZMQInput(tf.train.experimental.PythonState):
             self._metrics.close()
 
     def _activate(self) -> None:
-        if self._exact is not None and not self._exact.active:
-            self._exact.activate()  # the receive thread says hello on every connection from now on
-
-    # ---- exact mode: the input state ------------------------------------------------------------
-
-    def save_state(self) -> bytes:
-        """Exact mode: this trainer's id and every record its steps consumed, as bytes for a checkpoint."""
-        if self._exact is None:
-            raise ValueError("save_state() is for exact mode: ZMQInput(..., exact=True) with producers --exact")
-        return pack_state(self.trainer_id, self._exact.snapshot())
-
-    def restore_state(self, data: bytes) -> None:
-        """Exact mode: continue from ``save_state()`` bytes; before the first get() / as_dataset() / start()."""
-        if self._exact is None:
-            raise ValueError("restore_state() is for exact mode: ZMQInput(..., exact=True)")
-        trainer_id, state = parse_state(data)
-        self._exact.restore(state)
-        self.trainer_id = self._exact.trainer_id = trainer_id
+        if self._ledger is not None:
+            self._ledger.activate()  # the receive thread says hello on every connection from now on
 
     # tf.train.Checkpoint(input=inp): saved with the model, restored by checkpoint.restore()
     def serialize(self) -> bytes:
-        return self.save_state() if self._exact is not None else b""
+        return self.save_state() if self._ledger is not None else b""
 
     def deserialize(self, string_value: bytes) -> None:
         if string_value:
@@ -325,10 +297,6 @@ class ZMQInput(tf.train.experimental.PythonState):
         """Fraction of the FIFOQueue in use right now; near 0 means training waits for input."""
         return self.queue_size() / self.queue_capacity
 
-    @property
-    def stats(self) -> InputStats:
-        return self._core.stats.snapshot()
-
     def write_summaries(self, step: int) -> None:
         """Write queue occupancy and counters as TensorBoard scalars to the default summary writer."""
         stats = self.stats
@@ -345,17 +313,3 @@ class ZMQInput(tf.train.experimental.PythonState):
 
         self._metrics = MetricsServer(port, ZMQInputCollector(self), addr)
         return self._metrics.port
-
-    def raise_if_failed(self) -> None:
-        """Raise the input's error (timeout, closed) if it has one."""
-        if self._core.error is not None:
-            raise self._core.error
-
-    @property
-    def error(self) -> Optional[InputError]:
-        return self._core.error
-
-    @property
-    def finished(self) -> bool:
-        """Exact mode, a finite run: every producer finished its epochs (the input ends after the last batch)."""
-        return self._core.finished

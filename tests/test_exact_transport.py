@@ -14,7 +14,8 @@ from zmq.utils.monitor import recv_monitor_message
 from stoker.consumer.exact.direct_dealer import DirectDealer
 from stoker.consumer.exact.links import LibzmqDealer
 from stoker.consumer.exact.control_plane import ExactTransport
-from stoker.consumer.receive_core import aligned_empty
+from stoker.consumer.exact.ledger import ConsumedLedger
+from stoker.consumer.receive_contract import aligned_empty
 from stoker.protocol import DecodeLimits
 from stoker.protocol.exact_messages import Describe, decode_trainer_message
 from stoker.protocol.input_state import InputState
@@ -31,7 +32,7 @@ def _transport(ctx: zmq.Context, address: str, links: str) -> ExactTransport:
     else:
         def connect(a: str):  # type: ignore[no-untyped-def]
             return LibzmqDealer(ctx, a, [(zmq.LINGER, 0)], limits)
-    return ExactTransport(connect, [address], "t0", InputState(), credit=4)
+    return ExactTransport(connect, [address], ConsumedLedger("t0", InputState()), credit=4)
 
 
 def _router(ctx: zmq.Context) -> tuple[zmq.Socket, str]:
@@ -70,7 +71,7 @@ def test_a_handshake_finished_before_the_trainer_looks_is_seen_and_an_unanswered
         first = _next_describe(router, transport)
         # The producer never answers (lost, or it restarted): the trainer asks again rather than wait for ever.
         assert _next_describe(router, transport) == first
-        assert transport.links[0].handshakes == 1
+        assert transport.producers[0].link.handshakes == 1
     finally:
         transport.close()
         router.disable_monitor()
@@ -169,7 +170,7 @@ def test_a_restarted_producer_gets_a_new_hello_on_its_new_connection(links):
                 transport.watch()
                 router.poll(10)
         _, again = _next_message(router, transport, Hello)
-        assert again.session == 2 and transport.links[0].handshakes == 2
+        assert again.session == 2 and transport.producers[0].link.handshakes == 2
     finally:
         transport.close()
         router.close(linger=0)

@@ -79,7 +79,7 @@ def test_a_batch_made_for_a_trainer_that_restarted_or_left_is_not_sent():
     server.on_hello(b"t", Hello("trainer", 2, 10, InputState()))  # restarted: hands out its splits afresh
     assert server.gone(chunk)
     assert server.next_chunk(8) is None  # the old session's work is gone
-    server.drop(b"t")
+    server.trainers.drop(b"t")
     assert server.gone(chunk)
 
 
@@ -99,7 +99,7 @@ def test_a_finite_producer_finishes_when_its_trainers_did_or_are_gone():
     server.on_hello(b"u", Hello("other", 1, 10, InputState()))
     server.on_work(b"t", Work(1, [], finished=True))
     assert not server.finished  # "other" still trains
-    server.drop(b"u")  # it died: not waited for
+    server.trainers.drop(b"u")  # it died: not waited for
     assert server.finished
     server.on_hello(b"t", Hello("trainer", 2, 10, InputState()))  # back, with its run to do again
     assert not server.finished

@@ -27,9 +27,10 @@ from stoker.protocol import DecodeLimits, ProtocolError
 from stoker.protocol.batch_codec import Batch
 from stoker.protocol.batch_spec import BatchSpec
 
-from stoker.consumer.transport.connections import HandshakeFailures
+from stoker.consumer.receive_options import tcp_address
+from stoker.consumer.transport.connections import ConnectionHealth, HandshakeFailures
 from stoker.consumer.transport.direct_receive import MAX_BACKOFF_S, EmptyArray, read_message
-from stoker.consumer.transport.zmtp import SocketTypeMismatch, Stopped, ZMTPConnection, tcp_address
+from stoker.consumer.transport.zmtp import SocketTypeMismatch, Stopped, ZMTPConnection
 
 log = logging.getLogger("stoker.consumer")
 
@@ -47,10 +48,7 @@ class DirectDealer:
         self._spec, self._limits, self._empty = spec, limits, empty
         self._batch_room, self._status_room, self._poll_s = batch_room, status_room, poll_s
         self.handshakes = 0
-        self.failures = HandshakeFailures()
-        self.reconnects = 0  # connections that ended and were made again
-        self.mode_mismatches: dict[str, int] = {}
-        self._handshaken = False  # a handshake succeeded once: refusals after it are not a mode mismatch
+        self.health = ConnectionHealth()  # failed handshakes, mode-mismatch refusals, re-connects
         self._conn: Optional[ZMTPConnection] = None
         self._delivered = False
         self._changed = False
@@ -65,6 +63,18 @@ class DirectDealer:
         self._thread.start()
 
     # ---- for the transport's thread ---------------------------------------------------------------
+
+    @property
+    def failures(self) -> HandshakeFailures:
+        return self.health.failures
+
+    @property
+    def reconnects(self) -> int:
+        return self.health.reconnects
+
+    @property
+    def mode_mismatches(self) -> dict[str, int]:
+        return self.health.mismatches()  # a copy: the dealer's thread writes the counts
 
     @property
     def pollable(self) -> int:
@@ -172,8 +182,7 @@ class DirectDealer:
                 raise Stopped()
             self._conn = conn
             self.handshakes += 1
-            self._handshaken = True
-            self.mode_mismatches.pop(self.address, None)
+            self.health.succeeded(self.address)
             self._changed = True
         self._delivered = False  # set by _read
         try:
@@ -187,18 +196,14 @@ class DirectDealer:
                 self._conn = None
                 self._changed = True
             conn.close()
-        self.reconnects += 1
+        self.health.reconnects += 1  # a connection that ended and will be made again
         return self._delivered
 
     def _refused(self, exc: BaseException) -> None:
         with self._cond:
-            if isinstance(exc, ProtocolError):
-                self.failures.count += 1
-                self.failures.endpoint, self.failures.reason = self.address, str(exc)
-                if self.failures.count == 1:
-                    log.warning("handshake with %s failed: %s", self.address, exc)
-            if isinstance(exc, SocketTypeMismatch) and not self._handshaken:
-                self.mode_mismatches[self.address] = self.mode_mismatches.get(self.address, 0) + 1
+            if isinstance(exc, ProtocolError) and \
+                    self.health.failed(self.address, str(exc), isinstance(exc, SocketTypeMismatch)) == 1:
+                log.warning("handshake with %s failed: %s", self.address, exc)
             self._changed = True
 
     def _read(self, conn: ZMTPConnection) -> None:

@@ -7,31 +7,31 @@ records a step consumes are reported to that producer. Batches sent under an old
 are dropped (their records are served again). A producer's status keeps the input alive
 while it waits (for more trainers, or for steps to report). ``direct``: each link speaks our
 own ZMTP and reads batches into memory the sink owns (``direct_dealer``, no copy); else
-libzmq DEALERs (``exact_links.LibzmqDealer``, which CurveZMQ needs).
+libzmq DEALERs (``links.LibzmqDealer``, which CurveZMQ needs).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 import zmq
 
-from stoker.protocol import DecodeLimits, ProtocolError
+from stoker.protocol import ProtocolError
 from stoker.protocol.batch_spec import BatchSpec
-from stoker.protocol.curve import CurveClientKeys
-from stoker.protocol.input_state import InputState
 
 from stoker.consumer.exact.direct_dealer import DirectDealer
 from stoker.consumer.transport.discovery import ProducerPool
 from stoker.consumer.exact.links import Link, LibzmqDealer
 from stoker.consumer.errors import InputError
-from stoker.consumer.exact.control_plane import STALL_LIMIT_S, ExactTransport
-from stoker.consumer.exact.split_scheduler import STALL_AFTER_S
+from stoker.consumer.exact.control_plane import ExactTransport
 from stoker.consumer.transport.libzmq_receiver import socket_options
-from stoker.consumer.receive_core import POLL_S, ReceiveCore, aligned_empty
+from stoker.consumer.receive_contract import POLL_S, ReceiveContext, aligned_empty
+
+if TYPE_CHECKING:
+    from stoker.consumer.receive_options import ReceiveOptions
 
 log = logging.getLogger("stoker.consumer")
 
@@ -43,37 +43,32 @@ _WAITING_LOG_EVERY_S = 10.0
 #: (an honest producer sends no more; a direct link stops reading past credit + 1).
 STATUS_ROOM = 3600
 
-SOURCE = "stoker_source"
-
 
 class ExactReceiver:
     """See the module doc. ValueError for an address the transport cannot parse."""
 
-    exact = True
-
-    def __init__(self, pool: ProducerPool, limits: DecodeLimits, rcvhwm: int, trainer_id: str,
-                 state: InputState, curve: Optional[CurveClientKeys] = None, share: tuple[int, int] = (0, 1),
-                 direct: bool = False, stall_after: Optional[float] = STALL_AFTER_S,
-                 stall_limit: Optional[float] = STALL_LIMIT_S) -> None:
-        if direct and curve is not None:
-            raise ValueError("direct receive speaks ZMTP without CurveZMQ: exact mode with curve keys uses libzmq")
+    def __init__(self, pool: ProducerPool, options: "ReceiveOptions") -> None:
+        if options.ledger is None:
+            raise ValueError("ExactReceiver serves exact mode: build the options with exact=True")
+        limits, rcvhwm, curve, direct = options.limits, options.rcvhwm, options.curve, options.direct
         self.pool = pool
+        self.ledger = ledger = options.ledger
         self.limits = limits
         self.direct = direct
         self.held_per_producer = rcvhwm + 1
         self._ctx = zmq.Context()
         self._spec: Optional[BatchSpec] = None  # direct links hold batches to it by their headers
-        self._core: Optional[ReceiveCore] = None
-        options = socket_options(rcvhwm + STATUS_ROOM, limits.max_message_bytes)
+        self._core: Optional[ReceiveContext] = None
+        sockopts = socket_options(rcvhwm + STATUS_ROOM, limits.max_message_bytes)
 
         def connect(address: str) -> Link:
             if direct:
                 return DirectDealer(address, lambda: self._spec, limits, self._empty, rcvhwm + 1, STATUS_ROOM, POLL_S)
-            return LibzmqDealer(self._ctx, address, options, limits, curve)
+            return LibzmqDealer(self._ctx, address, sockopts, limits, curve)
 
         try:
-            self.transport = ExactTransport(connect, pool.endpoints, trainer_id, state, rcvhwm, share, stall_after,
-                                            stall_limit)
+            self.transport = ExactTransport(connect, pool.endpoints, ledger, rcvhwm, options.share,
+                                            options.stall_after, options.stall_limit)
         except ValueError:
             self._ctx.destroy(linger=0)
             raise
@@ -84,42 +79,40 @@ class ExactReceiver:
         core = self._core
         return core.empty(dtype, shape) if core is not None else aligned_empty(dtype, shape)
 
-    def resolve_spec(self, declared: Optional[BatchSpec], core: ReceiveCore) -> BatchSpec:
+    def resolve_spec(self, declared: Optional[BatchSpec], context: ReceiveContext) -> BatchSpec:
         """The declared spec plus ``mask``, or ask the producers to describe their batches (nothing is received)."""
-        self._core = core
+        self._core = context
         if declared is not None:
             return declared
-        started = time.monotonic()
-        while True:
-            self._watch(core)
-            for i in self.transport.poll(int(POLL_S * 1000)):
-                try:
-                    self.transport.receive(i)  # before a hello only status can come
-                except ProtocolError as exc:
-                    core.reject(exc)
-            described = self.transport.spec()
-            if described is not None:
-                learned = BatchSpec.from_dict({n: (d, shape) for n, d, shape in described})
-                log.info("producers describe their batches: %s", learned)
-                return learned
-            failure = core.failure(time.monotonic() - started, "; no batch spec was given, so the trainer asked the "
-                                   "producers to describe their batches")
-            if failure is not None:
-                raise failure
+        return context.learn_spec(lambda: self._describe_turn(context), "asked the producers to describe their "
+                                  "batches")
 
-    def run(self, core: ReceiveCore) -> None:
+    def _describe_turn(self, context: ReceiveContext) -> Optional[BatchSpec]:
+        self._watch(context)
+        for i in self.transport.poll(int(POLL_S * 1000)):
+            try:
+                self.transport.receive(i)  # before a hello only status can come
+            except ProtocolError as exc:
+                context.reject(exc)
+        described = self.transport.spec()
+        if described is None:
+            return None
+        learned = BatchSpec.from_dict({n: (d, shape) for n, d, shape in described})
+        log.info("producers describe their batches: %s", learned)
+        return learned
+
+    def run(self, core: ReceiveContext) -> None:
         try:
             self._run(core)
         finally:  # however it ends (a stop, a closed sink mid-delivery): the last steps' records reach their producers
             self.transport.flush(force=True)
 
-    def _run(self, core: ReceiveCore) -> None:
+    def _run(self, core: ReceiveContext) -> None:
         transport, spec = self.transport, core.spec
         self._core, self._spec = core, spec
         batch_size = spec.batch_size
         mask_at = [a.name for a in spec.arrays].index("mask")
-        transport.batch_size = batch_size
-        transport.expected_spec = spec
+        transport.configure_pool(spec)  # an elastic pool's splits are whole batches of it
         while True:
             self._watch(core)
             transport.flush()
@@ -146,9 +139,10 @@ class ExactReceiver:
                     batch = transport.receive(i)
                     if batch is None:  # a status: the producer is alive, perhaps waiting for steps to report
                         core.alive()
-                        if transport.session[i] and transport.status[i].session == transport.session[i]:
+                        producer = transport.producers[i]
+                        if producer.session and producer.status.session == producer.session:
                             # An answer to our hello or later: a describe's answer (session 0) predates our joining.
-                            self._log_waiting(transport.status[i])
+                            self._log_waiting(producer.status)
                         continue
                     if not transport.accept(i, batch.header.stream, batch.header.session):
                         continue  # sent before our latest hello: its records are served again
@@ -167,15 +161,14 @@ class ExactReceiver:
                         arrays[mask_at][...] = keep
                     else:  # libzmq's frames are read-only
                         batch.arrays["mask"] = arrays[mask_at] = keep
-                source = core.empty(np.dtype(np.int32), (batch_size,)) if owned else np.empty(batch_size, np.int32)
-                source[...] = i
+                source = self.ledger.source_column(i, batch_size, core.empty if owned else np.empty)
                 core.deliver(batch, [*arrays, source], owned=owned)
                 transport.queued(i, batch["epoch"], batch["index"], batch["mask"])
                 room -= 1  # steps only make more room: asked again on the next turn
                 if room <= 0:
                     break
 
-    def _watch(self, core: ReceiveCore) -> None:
+    def _watch(self, core: ReceiveContext) -> None:
         changed = core.follow_pool(self.transport.add, self.transport.remove)
         if self.transport.watch() or changed:
             t = self.transport

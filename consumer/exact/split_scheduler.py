@@ -12,13 +12,12 @@ data-parallel trainers take disjoint shares, so nothing has to be agreed between
   most ``EPOCHS_AHEAD`` epoch beyond the oldest incomplete one is open, as with fixed shards. The
   transport tops up the producers holding the fewest splits first, so a newcomer takes work at once.
   A producer left idle with nothing free takes a *backup* of the split the slowest holder is
-  serving, when that holder's measured pace is ``BACKUP_FACTOR`` times slower than the idle
-  producer's (a straggler at an epoch's end, as MapReduce's backup tasks and LATE do).
-- ``stalls(now)``: a producer holding splits that made no progress for ``stall_bound()`` (the
-  floor ``stall_after``, or ``STALL_FACTOR`` times the pool's recent progress gaps if longer), while
-  the trainer's queue had room or other producers moved on, is *stuck*: its splits are handed to the others and it gets no new
-  work until a batch of it arrives again (then it simply goes on: what it made meanwhile is
-  dropped where others served it first).
+  serving, when that holder's measured pace (``producer_pace``) is ``BACKUP_FACTOR`` times slower
+  than the idle producer's (a straggler at an epoch's end, as MapReduce's backup tasks and LATE do).
+- ``stalls(now)``: a producer holding splits that made no progress for ``stall_bound()``, while the
+  trainer's queue had room or other producers moved on (``producer_pace`` judges), is *stuck*: its
+  splits are handed to the others and it gets no new work until a batch of it arrives again (then it
+  simply goes on: what it made meanwhile is dropped where others served it first).
 - ``arrived(...)`` is asked for every batch: a row is kept only if its record belongs to an
   open epoch, to this trainer's share, and has not arrived before (nor been consumed: a restored
   checkpoint). A split handed out twice (a backup, a stuck producer that wakes up, one taken for dead
@@ -33,22 +32,25 @@ data-parallel trainers take disjoint shares, so nothing has to be agreed between
 Exactness follows from the trainer alone: a record is delivered to a step at most once per
 epoch (``arrived``), and every record of the share is asked for until it arrived (``release``,
 ``stalls``). Times are ``time.monotonic()`` unless a test passes ``now``.
-Not thread-safe: the transport calls it under its lock.
+Not thread-safe: the transport calls it under its lock. ``SchedulerPlan`` makes one once the
+dataset is known (the first pool producer's status) from what the trainer was configured with.
 """
 
 from __future__ import annotations
 
 import logging
-import statistics
 import time
-from collections import deque
-from dataclasses import dataclass, field
-from typing import Optional
+from dataclasses import dataclass
+from typing import Iterator, Optional
 
 import numpy as np
 
 from stoker.protocol.exact_messages import MAX_SPLIT, WorkItem
 from stoker.protocol.input_state import StreamKey, StreamProgress, epoch_order
+
+from stoker.consumer.exact.producer_pace import PoolPace
+from stoker.consumer.exact.split_epoch import SplitEpoch
+from stoker.consumer.receive_options import STALL_AFTER_S
 
 log = logging.getLogger("stoker.consumer")
 
@@ -58,6 +60,13 @@ DEFAULT_AHEAD = 2  # unfinished splits each producer holds at least: one being s
 #: ``SplitServer.make_ahead``) with room to spare. With small splits, two splits were two batches, too few to keep
 #: a producer's workers and credit busy: an elastic pool ran at 0.85 of its old rate in benchmarks/exact_cost.py.
 PIPELINE_BATCHES = 8
+SPLIT_BATCHES = 16  # the largest split: this many batches of records
+#: The fewest splits an epoch (of one trainer's share) is cut into, where batches allow: a pool of P producers
+#: holding DEFAULT_AHEAD each needs 2P of them free, and a small dataset of few large splits left a joining
+#: producer without any (issue 29: 1,024 records in splits of 16 batches made two splits an epoch).
+MIN_SPLITS = 64
+BACKUP_FACTOR = 3.0  # back a split up when its holder needs this many times longer than an idle producer would
+BACKUP_CHECK_S = 0.25  # idle producers look for a split to back up at most this often (it scans every holder)
 
 
 def splits_ahead(split: int, batch_size: int, credit: int) -> int:
@@ -65,20 +74,6 @@ def splits_ahead(split: int, batch_size: int, credit: int) -> int:
     ``PIPELINE_BATCHES`` more batches if that is more (what is in flight between it and the trainer)."""
     batches_per_split = max(1, split // max(1, batch_size))
     return max(DEFAULT_AHEAD, -(-(credit + PIPELINE_BATCHES) // batches_per_split))
-SPLIT_BATCHES = 16  # the largest split: this many batches of records
-#: The fewest splits an epoch (of one trainer's share) is cut into, where batches allow: a pool of P producers
-#: holding DEFAULT_AHEAD each needs 2P of them free, and a small dataset of few large splits left a joining
-#: producer without any (issue 29: 1,024 records in splits of 16 batches made two splits an epoch).
-MIN_SPLITS = 64
-#: Default floor of the stall bound (``stall_after``, ``--stall-after``): a producer holding work that sent no new
-#: record for this long while the trainer waited is stuck. Well above a worker's first batch (spawn, imports).
-STALL_AFTER_S = 10.0
-STALL_FACTOR = 4.0  # the bound is at least this many times the median of the pool's recent progress gaps
-BACKUP_FACTOR = 3.0  # back a split up when its holder needs this many times longer than an idle producer would
-BACKUP_CHECK_S = 0.25  # idle producers look for a split to back up at most this often (it scans every holder)
-_GAPS = 64  # recent progress gaps kept (a producer's time between two batches with new records)
-_PACE_WEIGHT = 0.3  # weight of the newest sample in a producer's seconds-per-record average
-_PACE_SAMPLES = 4  # batches a holder's pace is measured over before a backup is judged by it
 
 
 def split_records(records: int, batch_size: int, world: int = 1) -> int:
@@ -91,28 +86,6 @@ def split_records(records: int, batch_size: int, world: int = 1) -> int:
     if batches * batch_size <= MAX_SPLIT:
         return batches * batch_size
     return (MAX_SPLIT // batch_size) * batch_size or MAX_SPLIT
-
-
-@dataclass
-class _Epoch:
-    order: np.ndarray  # int64 [records]: record at each position
-    position: np.ndarray  # int32 [records]: position of each record
-    arrived: np.ndarray  # bool [records]: arrived (held or consumed) or failed
-    done: np.ndarray  # bool [records]: consumed or failed
-    left: int  # records of the share not done
-    split_left: np.ndarray  # int32 [splits]: records of each split of the share not arrived (0 for others')
-    cursor: int = 0  # next split of the first pass
-    returned: deque = field(default_factory=deque)  # splits given back by producers that left or are stuck
-
-
-@dataclass
-class _Pace:
-    """What the scheduler knows of one producer's speed."""
-
-    busy_since: float = 0.0  # when it last went from holding no split to holding one
-    last_fresh: float = 0.0  # when a record of it last arrived first
-    seconds_per_record: Optional[float] = None  # average while it held work (None: not measured yet)
-    samples: int = 0  # batches the average is made of
 
 
 class SplitScheduler:
@@ -133,14 +106,12 @@ class SplitScheduler:
         if rank >= self.splits:
             raise ValueError(f"share {rank}/{world} of an elastic pool is empty: {self.records} records make only "
                              f"{self.splits} split(s) of {split}; run fewer trainers or smaller batches")
-        self.open: dict[int, _Epoch] = {}
+        self.open: dict[int, SplitEpoch] = {}
         self.assigned: dict[int, dict[tuple[int, int], None]] = {}  # producer -> its unfinished splits, in order
         self.holders: dict[tuple[int, int], list[int]] = {}  # split -> producers serving it (two: a backup)
         self.stuck: set[int] = set()  # producers taken for stuck: no new work until they deliver again
         self._hungry: set[int] = set()  # producers known, not stuck, holding fewer than ``ahead`` splits
-        self._pace: dict[int, _Pace] = {}
-        self._gaps: deque = deque(maxlen=_GAPS)
-        self._queue_full_at = float("-inf")  # the trainer's queue was last full (producers wait for credit)
+        self.pace = PoolPace(stall_after)
         self._backups_checked_at = float("-inf")
         self.duplicates = 0  # rows dropped: their record had arrived already (wasted work)
         self.foreign = 0  # rows dropped: not this trainer's (another share, an epoch not open)
@@ -157,27 +128,6 @@ class SplitScheduler:
     def _mine(self, split: int) -> bool:
         return split % self.world == self.rank
 
-    def _share_mask(self, order: np.ndarray) -> np.ndarray:
-        """bool [records] by record: whether its split (in this epoch's order) is this trainer's."""
-        if self.world == 1:
-            return np.ones(self.records, bool)
-        mine = np.zeros(self.records, bool)
-        positions = np.arange(self.records)
-        mine[order] = (positions // self.split) % self.world == self.rank
-        return mine
-
-    def _open(self, e: int) -> None:
-        order = epoch_order(np.arange(self.records, dtype=np.int64), self.key.seed, e)
-        position = np.empty(self.records, np.int32)
-        position[order] = np.arange(self.records, dtype=np.int32)
-        consumed = self.progress.consumed(e).copy()
-        mine = self._share_mask(order)
-        done = consumed | ~mine
-        pending = ~consumed[order] & mine[order]  # by position
-        split_left = np.bincount(np.arange(self.records) // self.split, weights=pending,
-                                 minlength=self.splits).astype(np.int32)
-        self.open[e] = _Epoch(order, position, consumed | ~mine, done, int((~done).sum()), split_left)
-
     def _open_epochs(self) -> None:
         """Open the epochs the window allows; an epoch with nothing of this trainer's share in it (a small
         dataset, several trainers) completes at once, and the window moves on."""
@@ -187,7 +137,9 @@ class SplitScheduler:
             opened = False
             for e in range(self.progress.completed, last + 1):
                 if e not in self.open and (self.epochs is None or e < self.epochs):
-                    self._open(e)
+                    order = epoch_order(np.arange(self.records, dtype=np.int64), self.key.seed, e)
+                    self.open[e] = SplitEpoch(order, self.progress.consumed(e).copy(), self.split, self.rank,
+                                              self.world)
                     opened = True
             if not opened or not any(self.open[e].left == 0 for e in self.open):
                 return
@@ -205,10 +157,14 @@ class SplitScheduler:
             closed = True
         if closed:  # what the closed epochs' splits left behind
             for es in [es for es in self.holders if es[0] not in self.open]:
-                for p in self.holders.pop(es):
-                    if p in self.assigned:
-                        self.assigned[p].pop(es, None)
-                        self._note_room(p)
+                self._split_done(es)
+
+    def _split_done(self, es: tuple[int, int]) -> None:
+        """Nothing of split ``es`` is left to arrive: its holders have room for the next at once."""
+        for p in self.holders.pop(es, ()):
+            if p in self.assigned:
+                self.assigned[p].pop(es, None)
+                self._note_room(p)
 
     @property
     def finished(self) -> bool:
@@ -217,7 +173,7 @@ class SplitScheduler:
     # ---- handing out -----------------------------------------------------------------------
 
     def _free(self, e: int, s: int) -> bool:
-        return self.open[e].split_left[s] > 0 and not self.holders.get((e, s))
+        return self.open[e].unfinished(s) and not self.holders.get((e, s))
 
     def _next_free(self) -> Optional[tuple[int, int]]:
         for e in sorted(self.open):
@@ -235,7 +191,7 @@ class SplitScheduler:
 
     def _unfinished(self, es: tuple[int, int]) -> bool:
         epoch = self.open.get(es[0])
-        return epoch is not None and epoch.split_left[es[1]] > 0
+        return epoch is not None and epoch.unfinished(es[1])
 
     def _drop_finished(self, producer: int) -> dict[tuple[int, int], None]:
         mine = self.assigned.setdefault(producer, {})
@@ -260,14 +216,12 @@ class SplitScheduler:
 
     def _hold(self, producer: int, es: tuple[int, int], now: float) -> WorkItem:
         mine = self.assigned.setdefault(producer, {})
-        pace = self._pace.setdefault(producer, _Pace(now, now))
-        if not mine:
-            pace.busy_since = now  # idle until now: its clock starts here
+        self.pace.holds(producer, now, idle=not mine)
         mine[es] = None
         self.holders.setdefault(es, []).append(producer)
         self.handed_out += 1
         self._note_room(producer)
-        return self._item(*es)
+        return self.open[es[0]].item(*es)
 
     def top_up(self, producer: int, now: Optional[float] = None) -> list[WorkItem]:
         """More splits for ``producer`` until it holds ``ahead`` unfinished ones (as work items to send); none for
@@ -284,11 +238,20 @@ class SplitScheduler:
             items.append(self._hold(producer, free, now))
         if not mine and now - self._backups_checked_at >= BACKUP_CHECK_S:
             self._backups_checked_at = now
-            backup = self._backup_for(producer, now)
+            backup = self.pace.straggler(producer, self._serving(producer), now, BACKUP_FACTOR)
             if backup is not None:
                 self.backups += 1
                 items.append(self._hold(producer, backup, now))
         return items
+
+    def _serving(self, idle: int) -> Iterator[tuple[int, tuple[int, int]]]:
+        """``(holder, the split it serves)`` for every other producer that is not stuck and serves a split nobody
+        backs up yet: its first (later ones are queued work, which a backup would only make twice)."""
+        for producer, mine in self.assigned.items():
+            if producer != idle and producer not in self.stuck and mine:
+                first = next(iter(mine))
+                if len(self.holders.get(first, ())) == 1:
+                    yield producer, first
 
     def holding(self, producer: int) -> int:
         """Unfinished splits ``producer`` holds (a split is dropped from its holders as its last record arrives)."""
@@ -303,12 +266,6 @@ class SplitScheduler:
         """Records of ``producer``'s unfinished splits that have not arrived."""
         return sum(int(self.open[e].split_left[s]) for e, s in self.assigned.get(producer, {}) if e in self.open)
 
-    def _item(self, e: int, s: int) -> WorkItem:
-        epoch = self.open[e]
-        start, end = s * self.split, min(self.records, (s + 1) * self.split)
-        have = epoch.arrived[epoch.order[start:end]]
-        return WorkItem(e, start, end, np.flatnonzero(have).tolist())
-
     def _give_back(self, producer: int) -> int:
         """Producer ``producer`` no longer serves its splits: those nobody else serves go back; how many."""
         mine = self.assigned.pop(producer, {})
@@ -316,7 +273,7 @@ class SplitScheduler:
         for e, s in mine:
             self._unhold((e, s), producer)
             epoch = self.open.get(e)
-            if epoch is not None and epoch.split_left[s] > 0 and not self.holders.get((e, s)):
+            if epoch is not None and epoch.unfinished(s) and not self.holders.get((e, s)):
                 epoch.returned.append(s)
                 count += 1
         return count
@@ -327,24 +284,19 @@ class SplitScheduler:
         self.stuck.discard(producer)
         self._hungry.discard(producer)
         self.assigned.pop(producer, None)
-        self._pace.pop(producer, None)
+        self.pace.forget(producer)
         self.released += count
         return count
 
-    # ---- producers that stop serving, and stragglers ----------------------------------------
+    # ---- producers that stop serving -------------------------------------------------------
 
     def queue_full(self, now: Optional[float] = None) -> None:
         """The trainer's queue is full: producers wait for credit now, so nobody is judged stuck or slow."""
-        self._queue_full_at = time.monotonic() if now is None else now
+        self.pace.queue_full(time.monotonic() if now is None else now)
 
     def stall_bound(self) -> float:
-        """Seconds without progress after which a producer holding work is stuck: the floor ``stall_after``, or
-        ``STALL_FACTOR`` times the median of the pool's recent progress gaps (a producer's time between two batches
-        with new records, while it held work) if longer: a pool of slow pipelines or large batches waits longer."""
-        floor = self.stall_after if self.stall_after is not None else float("inf")
-        if not self._gaps:
-            return floor
-        return max(floor, STALL_FACTOR * statistics.median(self._gaps))
+        """Seconds without progress after which a producer holding work is stuck (``PoolPace.stall_bound``)."""
+        return self.pace.stall_bound()
 
     def stalls(self, now: Optional[float] = None) -> list[tuple[int, float, int]]:
         """Producers newly taken for stuck, as ``(producer, seconds without progress, records it held)``: each held
@@ -353,81 +305,22 @@ class SplitScheduler:
         if self.stall_after is None:
             return []
         now = time.monotonic() if now is None else now
-        bound = self.stall_bound()
-        found = []
+        found: list[tuple[int, float, int]] = []
         live = [p for p in self.assigned if p not in self.stuck]
-        if len(live) < 2:
-            return found  # nobody could take its work
-        # The two latest progress times among them: "the others moved on" is the latest of someone else's.
-        latest = sorted(((self._pace[p].last_fresh, p) for p in live if p in self._pace), reverse=True)[:2]
         remaining = len(live)
-        for producer in live:
-            if remaining < 2:
-                break  # the last one standing keeps its work: nobody else could take it
-            if not self.assigned[producer]:
-                continue
-            pace = self._pace.setdefault(producer, _Pace(now, now))
-            # A full queue excuses silence (credit, not the producer, holds it back) unless others moved on meanwhile:
-            # the receiver reads every producer in turn, so one that others outpace by the bound is not waiting.
-            own = max(pace.last_fresh, pace.busy_since)
-            moved = next((t for t, p in latest if p != producer), float("-inf"))
-            excuse = self._queue_full_at if moved - own <= bound else float("-inf")
-            if now - max(own, excuse) <= bound:
-                continue
-            held = self.records_held(producer)
+        if remaining < 2:
+            return found  # nobody could take its work
+        for producer, silent in self.pace.overdue([p for p in live if self.assigned[p]], live, now):
+            found.append((producer, silent, self.records_held(producer)))
             self.stuck.add(producer)
             self._hungry.discard(producer)
-            remaining -= 1
             self.stalls_seen += 1
             self.reserved += self._give_back(producer)
             self.assigned[producer] = {}
-            found.append((producer, now - max(pace.last_fresh, pace.busy_since), held))
+            remaining -= 1
+            if remaining < 2:
+                break  # the last one standing keeps its work: nobody else could take it
         return found
-
-    def _estimate(self, producer: int, samples: int = 1) -> Optional[float]:
-        """Seconds per record of ``producer``, once measured over at least ``samples`` batches (else None)."""
-        pace = self._pace.get(producer)
-        return pace.seconds_per_record if pace is not None and pace.samples >= samples else None
-
-    def _backup_for(self, idle: int, now: float) -> Optional[tuple[int, int]]:
-        """The split to back up on idle producer ``idle``: among the splits their holders are serving (each one's
-        first: later ones are queued work, which a backup would only make twice), the one of the slowest holder,
-        if that holder's measured pace is ``BACKUP_FACTOR`` times ``idle``'s; None if none is, paces are not known
-        yet (``_PACE_SAMPLES`` batches), or the trainer's queue was full lately (credit, not pace, limits)."""
-        if now - self._queue_full_at < 1.0:
-            return None
-        paces = [p.seconds_per_record for p in self._pace.values() if p.seconds_per_record]
-        if not paces:
-            return None
-        own = self._estimate(idle) or statistics.median(paces)
-        worst, worst_ratio = None, BACKUP_FACTOR
-        for producer, mine in self.assigned.items():
-            pace = self._estimate(producer, _PACE_SAMPLES)
-            if producer == idle or producer in self.stuck or not pace or not mine:
-                continue
-            first = next(iter(mine))
-            if len(self.holders.get(first, ())) == 1 and pace / own > worst_ratio:
-                worst, worst_ratio = first, pace / own
-        return worst
-
-    def _paced(self, producer: int, fresh: int, now: float) -> None:
-        """A batch of ``producer`` arrived with ``fresh`` records first: it is responsive (no longer stuck, even if
-        what it sends was served by others meanwhile), and its pace is measured."""
-        pace = self._pace.setdefault(producer, _Pace(now, now))
-        if producer in self.stuck:
-            self.stuck.discard(producer)
-            self._note_room(producer)
-            pace.busy_since = now
-        if not fresh:
-            return
-        began = max(pace.last_fresh, pace.busy_since, self._queue_full_at)
-        if now > began and self.assigned.get(producer):
-            self._gaps.append(now - began)
-            sample = (now - began) / fresh
-            pace.seconds_per_record = sample if pace.seconds_per_record is None else \
-                (1 - _PACE_WEIGHT) * pace.seconds_per_record + _PACE_WEIGHT * sample
-            pace.samples += 1
-        pace.last_fresh = now
 
     # ---- what arrives and what the steps take ----------------------------------------------
 
@@ -452,46 +345,29 @@ class SplitScheduler:
             self.foreign += int((~ok & valid[rows]).sum())
             rows = rows[ok]
             records = indices[rows]
-            mine = self._mine_rows(epoch, records)
+            mine = epoch.mine(records)
             self.foreign += int((~mine & valid[rows]).sum())
             rows, records = rows[mine], records[mine]
-            first = ~epoch.arrived[records]
-            # A record twice in one batch counts once.
-            _, unique_at = np.unique(records, return_index=True)
-            once = np.zeros(len(records), bool)
-            once[unique_at] = True
-            first &= once
+            first, done_splits = epoch.arrive(records)
             self.duplicates += int((~first & valid[rows]).sum())
-            fresh_rows, fresh = rows[first], records[first]
-            epoch.arrived[fresh] = True
-            touched = epoch.position[fresh] // self.split
-            np.subtract.at(epoch.split_left, touched, 1)
-            for s in np.unique(touched[epoch.split_left[touched] == 0]).tolist():
-                for p in self.holders.pop((e, s), ()):  # done: its holders have room for the next at once
-                    if p in self.assigned:
-                        self.assigned[p].pop((e, s), None)
-                        self._note_room(p)
-            fresh_count += len(fresh)
+            for s in done_splits:
+                self._split_done((e, s))
+            fresh_rows = rows[first]
+            fresh_count += len(fresh_rows)
             keep[fresh_rows] = valid[fresh_rows]
-            failed = fresh[~valid[fresh_rows]]
-            if len(failed):  # the producer could not make them: done, never asked for again
-                self.failed += len(failed)
-                self._done(epoch, failed)
+            failed = ~valid[fresh_rows]
+            if failed.any():  # the producer could not make them: done, never asked for again
+                self.failed += int(failed.sum())
+                epoch.finish(records[first][failed])
         if producer is not None:
-            self._paced(producer, fresh_count, now)
+            if producer in self.stuck:  # responsive again, even if what it sends was served by others meanwhile
+                self.stuck.discard(producer)
+                self._note_room(producer)
+                self.pace.woke(producer, now)
+            self.pace.delivered(producer, fresh_count, bool(self.assigned.get(producer)), now)
         self._close_done()
         self._open_epochs()
         return keep
-
-    def _mine_rows(self, epoch: _Epoch, records: np.ndarray) -> np.ndarray:
-        if self.world == 1:
-            return np.ones(len(records), bool)
-        return (epoch.position[records] // self.split) % self.world == self.rank
-
-    def _done(self, epoch: _Epoch, records: np.ndarray) -> None:
-        new = records[~epoch.done[records]]
-        epoch.done[new] = True
-        epoch.left -= len(new)
 
     def consumed(self, epochs: np.ndarray, indices: np.ndarray) -> None:
         """A step took these records (the input state marks them too)."""
@@ -499,6 +375,23 @@ class SplitScheduler:
             epoch = self.open.get(e)
             if epoch is not None:
                 records = indices[epochs == e]
-                self._done(epoch, records[(records >= 0) & (records < self.records)])
+                epoch.finish(records[(records >= 0) & (records < self.records)])
         self._close_done()
         self._open_epochs()
+
+
+@dataclass(frozen=True)
+class SchedulerPlan:
+    """Everything an elastic pool's scheduler is made from but the dataset, which the first pool producer's status
+    names: ``scheduler(...)`` then cuts it (``split_records``) and sizes each producer's work (``splits_ahead``)."""
+
+    batch_size: int  # splits are whole batches of the trainer's spec
+    credit: int  # batches a producer may send ahead: what it holds covers them
+    share: tuple[int, int] = (0, 1)  # (rank, world): this trainer's splits
+    stall_after: Optional[float] = STALL_AFTER_S
+
+    def scheduler(self, key: StreamKey, progress: StreamProgress, epochs: Optional[int]) -> SplitScheduler:
+        """The scheduler of pool ``key`` (``epochs``: None for ever); ValueError if this trainer's share is empty."""
+        split = split_records(key.records, self.batch_size, self.share[1])
+        return SplitScheduler(key, progress, epochs, split, *self.share,
+                              ahead=splits_ahead(split, self.batch_size, self.credit), stall_after=self.stall_after)

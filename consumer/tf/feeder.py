@@ -23,7 +23,7 @@ from stoker.protocol.batch_spec import BatchSpec
 
 from stoker.consumer.tf.batch_tensors import BatchTensors, Selection, check_selection, select
 from stoker.consumer.errors import InputError, InputFinished
-from stoker.consumer.receive_core import SinkClosed
+from stoker.consumer.receive_contract import SinkClosed
 from stoker.consumer.tf.staging import StagingArea
 from stoker.consumer.tf.fifo_queue import EagerQueue, GraphQueue, make_fifo_queue
 

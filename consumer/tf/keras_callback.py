@@ -11,7 +11,10 @@ import tensorflow as tf
 from stoker.consumer.tf.summaries import require_tensorboard
 
 if TYPE_CHECKING:
-    from stoker.consumer.zmq_input import ZMQInput
+    from stoker.consumer.receive_stats import WatchedInput
+
+    class SummarizedInput(WatchedInput):
+        def write_summaries(self, step: int) -> None: ...
 
 log = logging.getLogger("stoker.consumer")
 
@@ -25,7 +28,7 @@ class ZMQInputCallback(tf.keras.callbacks.Callback):
     TensorBoard is not installed.
     """
 
-    def __init__(self, inp: "ZMQInput", log_every: int = 50, logdir: Optional[str] = None) -> None:
+    def __init__(self, inp: "SummarizedInput", log_every: int = 50, logdir: Optional[str] = None) -> None:
         require_tensorboard(logdir, "ZMQInput.keras_callback(logdir=...)")
         super().__init__()
         self.inp = inp

@@ -8,13 +8,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from stoker.consumer.zmq_input import ZMQInput
+    from stoker.consumer.receive_stats import WatchedInput
 
 
 class ZMQInputCollector(Collector):
     """Batches and bytes received (per producer), rejected messages, occupancy, connected producers."""
 
-    def __init__(self, inp: "ZMQInput") -> None:
+    def __init__(self, inp: "WatchedInput") -> None:
         self.inp = inp
 
     def collect(self) -> Iterator:

@@ -10,11 +10,26 @@ inside ``tf.function`` see the same area.
 from __future__ import annotations
 
 import itertools
-from typing import Sequence
+from typing import Optional, Sequence
 
 import tensorflow as tf
 
 _ids = itertools.count()
+
+
+def training_devices(device: Optional[str], devices: Optional[Sequence[str]],
+                     strategy: Optional[tf.distribute.Strategy]) -> list[str]:
+    """The devices to stage batches on: one of ``device``, ``devices`` or ``strategy``'s, else ``/GPU:0`` when
+    TensorFlow sees a GPU, else ``/CPU:0``. ValueError naming the fix for a conflicting or empty choice."""
+    if sum(x is not None for x in (device, devices, strategy)) > 1:
+        raise ValueError("give one of device, devices or strategy")
+    if strategy is not None:
+        devices = list(strategy.extended.worker_devices)
+    if devices is not None:
+        if not devices:
+            raise ValueError("devices must name at least one device, e.g. ['/GPU:0', '/GPU:1']")
+        return list(devices)
+    return [device or ("/GPU:0" if tf.config.list_logical_devices("GPU") else "/CPU:0")]
 
 
 class StagingArea:

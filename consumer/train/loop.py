@@ -12,7 +12,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, TextIO
 
 import tensorflow as tf
 from tqdm import tqdm
@@ -170,6 +170,101 @@ class TrainReport:
         ])
 
 
+def _open_input(config: TrainConfig, stack: contextlib.ExitStack) -> ZMQInput:
+    """The run's input, closed on Ctrl-C/SIGTERM and with the stack; metrics served if asked."""
+    inp = stack.enter_context(ZMQInput(
+        config.addresses, batch_size=config.batch_size, image_shape=(config.image_size, config.image_size, 3),
+        queue_capacity=config.queue_capacity, recv_timeout=config.recv_timeout, curve=config.curve,
+        exact=config.exact, trainer_id=config.trainer_id, receive=config.receive,
+        discover_every=config.discover_every, share=config.share, stall_after=config.stall_after,
+        stall_limit=config.stall_limit))
+    stack.enter_context(close_on_signal(inp.close))
+    if config.metrics_port is not None:
+        log.info("metrics on http://0.0.0.0:%d/metrics", inp.serve_metrics(config.metrics_port))
+    return inp
+
+
+def _train_step(inp: ZMQInput, model: Any, optimizer: Any, loss_fn: Any) -> Callable[[], tuple[tf.Tensor, ...]]:
+    """One training step on the input's next batch: ``(loss, accuracy, index, epoch)``."""
+    @tf.function
+    def step() -> tuple[tf.Tensor, ...]:
+        batch = inp.get()
+        images, labels = batch["images"], batch["labels"]
+        with tf.GradientTape() as tape:
+            logits = model(images, training=True)
+            loss = loss_fn(labels, logits)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        accuracy = tf.reduce_mean(tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels), tf.float32))
+        return loss, accuracy, batch["index"], batch["epoch"]
+    return step
+
+
+class _Progress:
+    """The progress bar, the log line every ``log_every`` steps and TensorBoard scalars; the consumed-record log."""
+
+    def __init__(self, config: TrainConfig, inp: ZMQInput, consumed_log: Optional[TextIO]) -> None:
+        self.config, self.inp, self.consumed_log = config, inp, consumed_log
+        self.bar = tqdm(total=config.steps, unit="step", disable=not config.progress, dynamic_ncols=True)
+        self.t_window = time.perf_counter()
+
+    def step(self, i: int, loss: tf.Tensor, accuracy: tf.Tensor, index: tf.Tensor, epoch: tf.Tensor) -> None:
+        config = self.config
+        if self.consumed_log is not None:
+            self.consumed_log.write(json.dumps({"step": i, "index": index.numpy().tolist(),
+                                                "epoch": epoch.numpy().tolist()}) + "\n")
+            if i % 10 == 0:
+                self.consumed_log.flush()  # read as it grows (stoker cluster prints images/s from it)
+        if i % config.log_every == 0 or i == config.steps:
+            now = time.perf_counter()
+            rate = min(config.log_every, i) * config.batch_size / (now - self.t_window)
+            self.t_window = now
+            occupancy = self.inp.queue_occupancy()
+            self.bar.set_postfix(img_s=f"{rate:.0f}", queue=f"{occupancy:.2f}", loss=f"{float(loss):.3f}")
+            if not config.progress:
+                log.info("step=%d images_per_s=%.1f queue_occupancy=%.2f loss=%.3f", i, rate, occupancy, float(loss))
+            if config.logdir:  # tf.summary needs TensorBoard even with a no-op writer
+                self.inp.write_summaries(i)
+                tf.summary.scalar("train/loss", loss, step=i)
+                tf.summary.scalar("train/accuracy", accuracy, step=i)
+                tf.summary.scalar("stoker/images_per_s", rate, step=i)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()
+        if self.consumed_log is not None:
+            self.consumed_log.flush()
+
+
+def _run_steps(config: TrainConfig, inp: ZMQInput, step: Callable[[], tuple[tf.Tensor, ...]], progress: _Progress,
+               timeline: Optional[Timeline], warmup: int) -> tuple[int, float, InputStats, float, float]:
+    """Run up to ``config.steps`` steps (fewer when a finite run ends): ``(steps, clock start, stats at start,
+    final loss, final accuracy)``; the clock restarts after step ``warmup``."""
+    t_start, stats_start = time.perf_counter(), inp.stats
+    loss = accuracy = None
+    steps_run = 0
+    for i in range(1, config.steps + 1):
+        try:
+            t_step = time.perf_counter()
+            loss, accuracy, index, epoch = step()
+            if timeline is not None:  # the step's own time: wait for its result (costs a sync)
+                float(loss)
+                timeline.step(time.perf_counter() - t_step)
+        except tf.errors.OutOfRangeError:
+            if not inp.finished:
+                raise
+            log.info("the producers finished their epochs after %d steps", i - 1)
+            break
+        steps_run = i
+        if i == warmup:
+            float(loss)  # wait for the step to finish before the clock starts
+            t_start, stats_start = time.perf_counter(), inp.stats
+        progress.step(i, loss, accuracy, index, epoch)
+    final_loss = float(loss) if loss is not None else float("nan")
+    final_accuracy = float(accuracy) if accuracy is not None else float("nan")
+    return steps_run, t_start, stats_start, final_loss, final_accuracy
+
+
 def train(config: TrainConfig) -> TrainReport:
     """Train ``config.model`` for ``config.steps`` steps on batches from ``config.addresses``.
 
@@ -186,78 +281,18 @@ def train(config: TrainConfig) -> TrainReport:
     warmup = min(config.warmup_steps, max(0, config.steps - 1))
     with contextlib.ExitStack() as stack:
         consumed_log = stack.enter_context(open(config.consumed_log, "w")) if config.consumed_log else None
-        inp = stack.enter_context(ZMQInput(
-            config.addresses, batch_size=config.batch_size, image_shape=(config.image_size, config.image_size, 3),
-            queue_capacity=config.queue_capacity, recv_timeout=config.recv_timeout, curve=config.curve,
-            exact=config.exact, trainer_id=config.trainer_id, receive=config.receive,
-            discover_every=config.discover_every, share=config.share, stall_after=config.stall_after,
-            stall_limit=config.stall_limit))
-        stack.enter_context(close_on_signal(inp.close))
-        if config.metrics_port is not None:
-            log.info("metrics on http://0.0.0.0:%d/metrics", inp.serve_metrics(config.metrics_port))
-
-        @tf.function
-        def step() -> tuple[tf.Tensor, ...]:
-            batch = inp.get()
-            images, labels = batch["images"], batch["labels"]
-            with tf.GradientTape() as tape:
-                logits = model(images, training=True)
-                loss = loss_fn(labels, logits)
-            grads = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply_gradients(zip(grads, model.trainable_variables))
-            accuracy = tf.reduce_mean(tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels), tf.float32))
-            return loss, accuracy, batch["index"], batch["epoch"]
-
+        inp = _open_input(config, stack)
+        step = _train_step(inp, model, optimizer, loss_fn)
         log.info("waiting for the first batches from %s (pre-filling the queue)", ", ".join(config.addresses))
         timeline = Timeline(inp).start() if config.report or config.timeline else None
         if timeline is not None:
             stack.callback(timeline.stop)  # also on errors; a second stop() does nothing
-        bar = tqdm(total=config.steps, unit="step", disable=not config.progress, dynamic_ncols=True)
-        t_start, stats_start = time.perf_counter(), inp.stats
-        t_window, loss, accuracy = time.perf_counter(), None, None
-        steps_run = 0
+        progress = _Progress(config, inp, consumed_log)
         with writer.as_default():
-            for i in range(1, config.steps + 1):
-                try:
-                    t_step = time.perf_counter()
-                    loss, accuracy, index, epoch = step()
-                    if timeline is not None:  # the step's own time: wait for its result (costs a sync)
-                        float(loss)
-                        timeline.step(time.perf_counter() - t_step)
-                except tf.errors.OutOfRangeError:
-                    if not inp.finished:
-                        raise
-                    log.info("the producers finished their epochs after %d steps", i - 1)
-                    break
-                steps_run = i
-                if consumed_log is not None:
-                    consumed_log.write(json.dumps({"step": i, "index": index.numpy().tolist(),
-                                                   "epoch": epoch.numpy().tolist()}) + "\n")
-                    if i % 10 == 0:
-                        consumed_log.flush()  # read as it grows (stoker cluster prints images/s from it)
-                if i == warmup:
-                    float(loss)  # wait for the step to finish before the clock starts
-                    t_start, stats_start = time.perf_counter(), inp.stats
-                if i % config.log_every == 0 or i == config.steps:
-                    now = time.perf_counter()
-                    rate = min(config.log_every, i) * config.batch_size / (now - t_window)
-                    t_window = now
-                    occupancy = inp.queue_occupancy()
-                    bar.set_postfix(img_s=f"{rate:.0f}", queue=f"{occupancy:.2f}", loss=f"{float(loss):.3f}")
-                    if not config.progress:
-                        log.info("step=%d images_per_s=%.1f queue_occupancy=%.2f loss=%.3f", i, rate, occupancy, float(loss))
-                    if config.logdir:  # tf.summary needs TensorBoard even with a no-op writer
-                        inp.write_summaries(i)
-                        tf.summary.scalar("train/loss", loss, step=i)
-                        tf.summary.scalar("train/accuracy", accuracy, step=i)
-                        tf.summary.scalar("stoker/images_per_s", rate, step=i)
-                bar.update(1)
-            final_loss = float(loss) if loss is not None else float("nan")
-            final_accuracy = float(accuracy) if accuracy is not None else float("nan")
-        bar.close()
+            steps_run, t_start, stats_start, final_loss, final_accuracy = _run_steps(
+                config, inp, step, progress, timeline, warmup)
+        progress.close()
         writer.flush()
-        if consumed_log is not None:
-            consumed_log.flush()
         if timeline is not None:
             timeline.stop()
         seconds = time.perf_counter() - t_start

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import zmq
@@ -91,13 +91,19 @@ def measure_constant_step(model_name: str, batch_size: int, image_size: int, num
         optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
         return loss
 
+    return batch_size / mean_step_seconds(step, steps, warmup)
+
+
+def mean_step_seconds(step: Callable[[], Any], steps: int, warmup: int) -> float:
+    """Mean seconds per call of ``step`` (a training step returning its loss) over ``steps`` calls after
+    ``warmup``; the last loss is read back, so the time includes all the work queued."""
     for _ in range(warmup):
         float(step())
     t0 = time.perf_counter()
     for _ in range(steps):
         loss = step()
     float(loss)
-    return steps * batch_size / (time.perf_counter() - t0)
+    return (time.perf_counter() - t0) / steps
 
 
 @dataclass(frozen=True)

@@ -16,12 +16,15 @@ has been disconnected for ``revive_after`` seconds with no retry under way.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Optional, Sequence
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
+
+from stoker.consumer.errors import ADVICE_CURVE_KEYS, ADVICE_HUNG_UP, ADVICE_MODE_MISMATCH
 
 log = logging.getLogger("stoker.consumer")
 
@@ -31,9 +34,6 @@ MONITOR_EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNE
 _HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
                      zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 _REVIVE_LOG_EVERY_S = 60.0
-MODE_MISMATCH = ("the producer closed the connection or refused its socket type: most likely one side runs in exact mode "
-                 "and the other does not; start the producers with --exact (or --epochs N) exactly when the trainer "
-                 "uses ZMQInput(..., exact=True) (stoker train --exact)")
 
 
 def explain_handshake_failure(event: int, value: int, curve: bool) -> str:
@@ -49,20 +49,15 @@ def explain_handshake_failure(event: int, value: int, curve: bool) -> str:
         if curve:
             return ("this trainer uses CurveZMQ but the producer does not: start the producer with "
                     "--curve-secret-key and --curve-authorized-keys, or drop the trainer's keys")
-        return ("the producer requires CurveZMQ and this trainer has no keys: pass "
-                "curve=stoker.protocol.curve.load_client_keys(SECRET, SERVER_PUBLIC) to ZMQInput "
-                "(stoker train: --curve-secret-key and --curve-server-key)")
+        return f"the producer requires CurveZMQ and this trainer has no keys: {ADVICE_CURVE_KEYS}"
     if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and value == zmq.PROTOCOL_ERROR_ZMTP_INVALID_METADATA:
-        return MODE_MISMATCH  # the socket types cannot talk: a plain trainer and an exact producer, or the reverse
+        return ADVICE_MODE_MISMATCH  # the socket types cannot talk: a plain trainer and an exact producer, or the reverse
     if curve:
         return ("the producer broke off the CurveZMQ handshake: most likely the trainer's server key "
                 "(--curve-server-key) is not that producer's public key")
     if event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
         # The same mismatch as above when the producer hangs up before we read its greeting (a race).
-        return ("the producer broke off the handshake, most likely because the producer requires CurveZMQ and this "
-                "trainer has no keys: pass curve=stoker.protocol.curve.load_client_keys(SECRET, SERVER_PUBLIC) to "
-                "ZMQInput (stoker train: --curve-secret-key and --curve-server-key), or check the address is a "
-                "Stoker producer")
+        return f"the producer broke off the handshake: {ADVICE_HUNG_UP}"
     return f"the ZMTP handshake failed (libzmq event {event:#x}, value {value:#x}): is that address a Stoker producer?"
 
 
@@ -79,6 +74,57 @@ class HandshakeFailures:
     count: int = 0
     endpoint: str = ""
     reason: str = ""
+
+
+class ConnectionHealth:
+    """The health of a set of producer connections, kept the same way by every transport; thread-safe.
+
+    Counts failed handshakes with the latest endpoint and explanation (``failures``), and per endpoint the
+    handshakes refused in a row for a mode mismatch (``mode_mismatches``; never for an endpoint that once
+    completed a handshake: a producer shutting down also hangs up early), and re-connects.
+    """
+
+    def __init__(self) -> None:
+        self.failures = HandshakeFailures()
+        self.mode_mismatches: dict[str, int] = {}
+        self.reconnects = 0
+        self._handshaken: set[str] = set()
+        self._certain: set[str] = set()  # endpoints whose failure cause is known for sure
+        self._lock = threading.Lock()
+
+    def succeeded(self, endpoint: str) -> None:
+        """A handshake with ``endpoint`` succeeded: it speaks our mode."""
+        with self._lock:
+            self._handshaken.add(endpoint)
+            self.mode_mismatches.pop(endpoint, None)
+
+    def failed(self, endpoint: str, reason: str, mode_mismatch: bool = False, certain: Optional[bool] = None) -> int:
+        """A failed handshake; the failures so far. ``certain``: True, a cause known for sure (kept over guesses);
+        False, a guess (replaces no sure cause of that endpoint); None, always the latest."""
+        with self._lock:
+            f = self.failures
+            f.count += 1
+            if certain is not False or endpoint not in self._certain:
+                f.endpoint, f.reason = endpoint, reason
+            if certain:
+                self._certain.add(endpoint)
+            if mode_mismatch and endpoint not in self._handshaken:
+                self.mode_mismatches[endpoint] = self.mode_mismatches.get(endpoint, 0) + 1
+            return f.count
+
+    def forget(self, endpoint: str) -> None:
+        """``endpoint`` left the pool: its refusals no longer count."""
+        with self._lock:
+            self.mode_mismatches.pop(endpoint, None)
+
+    def summary(self) -> tuple[int, str, str]:
+        """``(failed handshakes, last endpoint, why)``."""
+        with self._lock:
+            return self.failures.count, self.failures.endpoint, self.failures.reason
+
+    def mismatches(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self.mode_mismatches)
 
 
 class ConnectionWatcher:
@@ -98,15 +144,10 @@ class ConnectionWatcher:
         self.monitor = sock.get_monitor_socket(MONITOR_EVENTS)
         self.connected: set[str] = set()
         self.handshakes = 0  # successful ones: each is a new connection (exact mode says hello on it)
-        self.failures = HandshakeFailures()
+        self.health = ConnectionHealth()
         self._tcp_only: set[str] = set()  # connected over TCP, no ZMTP handshake yet
-        self.reconnects = 0
         self._disconnected_at: dict[str, float] = {}
         self._revive_logged_at: dict[str, float] = {}
-        self._definitive: set[str] = set()  # endpoints whose failure cause is known for sure
-        #: per endpoint, handshakes refused in a row for a mode mismatch (exact vs plain): waiting cannot fix it
-        self.mode_mismatches: dict[str, int] = {}
-        self._handshaken: set[str] = set()  # endpoints that completed a handshake once: they speak our mode
         self._removed: set[str] = set()  # endpoints that left the pool
         try:
             for address in self.addresses:
@@ -114,6 +155,19 @@ class ConnectionWatcher:
         except zmq.ZMQError:
             self.close()
             raise
+
+    @property
+    def failures(self) -> HandshakeFailures:
+        return self.health.failures
+
+    @property
+    def mode_mismatches(self) -> dict[str, int]:
+        """Per endpoint, handshakes refused in a row for a mode mismatch (exact vs plain): waiting cannot fix it."""
+        return self.health.mismatches()
+
+    @property
+    def reconnects(self) -> int:
+        return self.health.reconnects
 
     def add(self, address: str) -> None:
         """Connect to one more producer (it joined the pool); zmq.ZMQError if libzmq cannot parse it."""
@@ -133,7 +187,7 @@ class ConnectionWatcher:
                 pass  # libzmq had already dropped it
             self.connected.discard(address)
             self._disconnected_at.pop(address, None)
-            self.mode_mismatches.pop(address, None)
+            self.health.forget(address)
 
     def poll(self) -> bool:
         """Handle pending monitor events and revive dropped endpoints; True if anything changed."""
@@ -149,30 +203,21 @@ class ConnectionWatcher:
                 self.handshakes += 1
                 self._tcp_only.discard(endpoint)
                 self._disconnected_at.pop(endpoint, None)
-                self.mode_mismatches.pop(endpoint, None)
-                self._handshaken.add(endpoint)
+                self.health.succeeded(endpoint)
             elif kind in _HANDSHAKE_FAILED:
                 self._tcp_only.discard(endpoint)
-                self.failures.count += 1
                 # A hang-up races with the greeting and only suggests a cause: it never replaces a known one.
-                if _is_definitive(kind, value) or endpoint not in self._definitive:
-                    self.failures.endpoint = endpoint
-                    self.failures.reason = explain_handshake_failure(kind, value, self.curve)
-                if _is_definitive(kind, value):
-                    self._definitive.add(endpoint)
-                if kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and value == zmq.PROTOCOL_ERROR_ZMTP_INVALID_METADATA:
-                    self._count_mismatch(endpoint)
-                if self.failures.count == 1:
+                mismatch = (kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                            and value == zmq.PROTOCOL_ERROR_ZMTP_INVALID_METADATA)
+                if self.health.failed(endpoint, explain_handshake_failure(kind, value, self.curve), mismatch,
+                                      certain=_is_definitive(kind, value)) == 1:
                     log.warning("handshake with %s failed: %s", endpoint, self.failures.reason)
             elif kind == zmq.EVENT_DISCONNECTED:
                 self.connected.discard(endpoint)
                 self._disconnected_at[endpoint] = time.monotonic()
                 if endpoint in self._tcp_only:  # closed on us before any handshake event: wrong socket type
                     self._tcp_only.discard(endpoint)
-                    self.failures.count += 1
-                    self.failures.endpoint = endpoint
-                    self.failures.reason = MODE_MISMATCH
-                    self._count_mismatch(endpoint)
+                    self.health.failed(endpoint, ADVICE_MODE_MISMATCH, mode_mismatch=True)
             elif kind in (zmq.EVENT_CONNECT_RETRIED, zmq.EVENT_CONNECT_DELAYED, zmq.EVENT_CONNECTED):
                 self._disconnected_at.pop(endpoint, None)  # libzmq is retrying by itself
                 if kind == zmq.EVENT_CONNECTED:
@@ -180,12 +225,6 @@ class ConnectionWatcher:
             changed = True
         self._revive()
         return changed
-
-    def _count_mismatch(self, endpoint: str) -> None:
-        """One more refusal that looks like a mode mismatch; never for an endpoint that once completed a
-        handshake (a producer shutting down also hangs up before the handshake)."""
-        if endpoint not in self._handshaken:
-            self.mode_mismatches[endpoint] = self.mode_mismatches.get(endpoint, 0) + 1
 
     def _revive(self) -> None:
         now = time.monotonic()
@@ -198,7 +237,7 @@ class ConnectionWatcher:
             except zmq.ZMQError:
                 pass  # already forgotten by libzmq
             self.sock.connect(endpoint)
-            self.reconnects += 1
+            self.health.reconnects += 1
             if now - self._revive_logged_at.get(endpoint, -_REVIVE_LOG_EVERY_S) >= _REVIVE_LOG_EVERY_S:
                 self._revive_logged_at[endpoint] = now
                 log.warning("re-connecting to %s: libzmq dropped it after a protocol error (a failed handshake or a "

@@ -25,13 +25,13 @@ import logging
 import socket
 import threading
 import time
-from typing import Callable, Optional, Sequence, Union
+from typing import Callable, Optional
 from urllib.parse import urlsplit
+
+from stoker.consumer.receive_options import DEFAULT_REFRESH_S, AddressSource, check_source
 
 log = logging.getLogger("stoker.consumer")
 
-AddressSource = Union[Sequence[str], str, Callable[[], Sequence[str]]]
-DEFAULT_REFRESH_S = 5.0
 _ERROR_LOG_EVERY_S = 60.0
 
 
@@ -65,30 +65,6 @@ def is_literal(address: str) -> bool:
 
 def _endpoint(ip: str, port: int) -> str:
     return f"tcp://[{ip}]:{port}" if ":" in ip else f"tcp://{ip}:{port}"
-
-
-def check_source(source: AddressSource) -> Union[list[str], Callable[[], Sequence[str]]]:
-    """The source as a list of addresses or a callable; ValueError naming the fix for an empty one."""
-    if callable(source):
-        return source
-    if isinstance(source, str):
-        source = [a.strip() for a in source.split(",") if a.strip()]
-    addresses = list(source)
-    if not addresses:
-        raise ValueError("give at least one producer address, e.g. tcp://datahost:5555 (or a name that resolves to "
-                         "every producer, such as a Kubernetes headless Service: tcp://stoker-producer.NS.svc:5555)")
-    for address in addresses:
-        if not isinstance(address, str) or "://" not in address:
-            raise ValueError(f"producer address {address!r} must look like tcp://host:port")
-        parts = urlsplit(address)
-        if parts.scheme == "tcp":
-            try:
-                port = parts.port
-            except ValueError:
-                port = None
-            if not parts.hostname or port is None:
-                raise ValueError(f"producer address {address!r} needs a host and a port, e.g. tcp://datahost:5555")
-    return addresses
 
 
 class ProducerPool:

@@ -16,18 +16,20 @@ tcp:// (docs/security.md).
 from __future__ import annotations
 
 import logging
-import time
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional
 
 import zmq
 
-from stoker.protocol import DecodeLimits, ProtocolError, decode_batch
+from stoker.protocol import ProtocolError, decode_batch
 from stoker.protocol.batch_spec import BatchSpec
 from stoker.protocol.curve import CurveClientKeys
 
+from stoker.consumer.receive_contract import POLL_S, ReceiveContext
 from stoker.consumer.transport.connections import ConnectionWatcher
 from stoker.consumer.transport.discovery import ProducerPool
-from stoker.consumer.receive_core import POLL_S, ReceiveCore
+
+if TYPE_CHECKING:
+    from stoker.consumer.receive_options import ReceiveOptions
 
 log = logging.getLogger("stoker.consumer")
 
@@ -65,11 +67,10 @@ class LibzmqReceiver:
     """See the module doc. ValueError for an address libzmq cannot parse."""
 
     direct = False
-
-    def __init__(self, pool: ProducerPool, limits: DecodeLimits, rcvhwm: int,
-                 curve: Optional[CurveClientKeys] = None) -> None:
+    def __init__(self, pool: ProducerPool, options: "ReceiveOptions") -> None:
         self.pool = pool
-        self.limits = limits
+        self.limits = limits = options.limits
+        rcvhwm, curve = options.rcvhwm, options.curve
         self.held_per_producer = rcvhwm + 1  # ZMQ's receive buffer plus the message it is assembling
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.PULL)
@@ -85,38 +86,35 @@ class LibzmqReceiver:
                              "expected e.g. tcp://host:5555") from None
         self._first: Optional[Any] = None  # the batch a spec was learned from, delivered first
 
-    def resolve_spec(self, declared: Optional[BatchSpec], core: ReceiveCore) -> BatchSpec:
-        if declared is not None:
-            return declared
-        started = time.monotonic()
-        while True:
-            self._watch(core)
-            failure = core.failure(time.monotonic() - started, "; no batch spec was given, so the trainer waited "
-                                   "for a first batch to learn it from")
-            if failure is not None:
-                raise failure
-            if not self._sock.poll(int(POLL_S * 1000)):
-                continue
-            try:
-                batch = decode_batch(self._sock.recv_multipart(copy=False), self.limits)
-                learned = BatchSpec.of(batch)
-            except (ProtocolError, ValueError) as exc:
-                core.reject(exc if isinstance(exc, ProtocolError) else ProtocolError(str(exc)))
-                continue
-            log.info("learned the batch spec from producer %s: %s", batch.header.producer, learned)
-            self._first = batch
-            return learned
+    def resolve_spec(self, declared: Optional[BatchSpec], context: ReceiveContext) -> BatchSpec:
+        return declared if declared is not None else context.learn_spec(lambda: self._learn(context),
+                                                                         "waited for a first batch to learn it from")
 
-    def run(self, core: ReceiveCore) -> None:
-        sock, spec = self._sock, core.spec
+    def _learn(self, context: ReceiveContext) -> Optional[BatchSpec]:
+        """One turn of learning the spec: the spec of the first batch that decodes, delivered first later."""
+        self._watch(context)
+        if not self._sock.poll(int(POLL_S * 1000)):
+            return None
+        try:
+            batch = decode_batch(self._sock.recv_multipart(copy=False), self.limits)
+            learned = BatchSpec.of(batch)
+        except (ProtocolError, ValueError) as exc:
+            context.reject(exc if isinstance(exc, ProtocolError) else ProtocolError(str(exc)))
+            return None
+        log.info("learned the batch spec from producer %s: %s", batch.header.producer, learned)
+        self._first = batch
+        return learned
+
+    def run(self, context: ReceiveContext) -> None:
+        sock, spec = self._sock, context.spec
         if self._first is not None:
             first, self._first = self._first, None
-            core.deliver(first, spec.check(first), owned=False)
+            context.deliver(first, spec.check(first), owned=False)
         while True:
-            self._watch(core)
+            self._watch(context)
             # Checked on every turn, not only when the socket is idle: a stream of rejected
             # messages (a misconfigured producer, a wrong peer) must not keep the step waiting.
-            if not core.watch():
+            if not context.watch():
                 return
             try:  # receive first, poll only when nothing waits: one libzmq call per batch under load
                 frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
@@ -124,15 +122,15 @@ class LibzmqReceiver:
                 sock.poll(int(POLL_S * 1000))
                 continue
             except zmq.ZMQError as exc:  # e.g. a frame over MAXMSGSIZE drops the connection
-                core.reject(ProtocolError(f"receive failed: {exc}"))
+                context.reject(ProtocolError(f"receive failed: {exc}"))
                 continue
             try:
                 batch = decode_batch(frames, self.limits)
                 arrays = spec.check(batch)
             except ProtocolError as exc:
-                core.reject(exc)
+                context.reject(exc)
                 continue
-            core.deliver(batch, arrays, owned=False)  # may block on a full queue: not silence from the producers
+            context.deliver(batch, arrays, owned=False)  # may block on a full queue: not silence from the producers
 
     def _add(self, endpoint: str) -> None:
         try:
@@ -140,11 +138,11 @@ class LibzmqReceiver:
         except zmq.ZMQError as exc:
             raise ValueError(exc.strerror) from None
 
-    def _watch(self, core: ReceiveCore) -> None:
-        changed = core.follow_pool(self._add, self._watcher.remove)
+    def _watch(self, context: ReceiveContext) -> None:
+        changed = context.follow_pool(self._add, self._watcher.remove)
         if self._watcher.poll() or changed:
             w = self._watcher
-            core.stats.set_connections(w.connected, w.failures.count, w.failures.reason, w.reconnects)
+            context.stats.set_connections(w.connected, w.failures.count, w.failures.reason, w.reconnects)
 
     def failures(self) -> tuple[int, str, str]:
         f = self._watcher.failures
@@ -152,6 +150,9 @@ class LibzmqReceiver:
 
     def mode_mismatches(self) -> dict[str, int]:
         return dict(self._watcher.mode_mismatches)
+
+    def waiting_report(self) -> list[str]:
+        return []
 
     def close(self) -> None:
         self._watcher.close()

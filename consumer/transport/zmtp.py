@@ -34,9 +34,11 @@ import struct
 import threading
 import time
 from typing import Callable, Optional
-from urllib.parse import urlsplit
 
 from stoker.protocol.errors import ProtocolError
+
+from stoker.consumer.errors import ADVICE_HUNG_UP, ADVICE_PRODUCER_EXACT, ADVICE_PRODUCER_PLAIN
+from stoker.consumer.receive_options import tcp_address
 
 _MORE, _LONG, _COMMAND = 0x01, 0x02, 0x04
 _GREETING = b"\xff" + b"\0" * 8 + b"\x7f" + b"\x03\x00" + b"NULL".ljust(20, b"\0") + b"\x00" + b"\0" * 31
@@ -58,14 +60,6 @@ class SocketTypeMismatch(ProtocolError):
 
 class Stopped(Exception):
     """``should_stop()`` said so while a read waited."""
-
-
-def tcp_address(endpoint: str) -> tuple[str, int]:
-    """``tcp://host:port`` -> (host, port); ValueError naming the problem for anything else."""
-    parts = urlsplit(endpoint)
-    if parts.scheme != "tcp" or not parts.hostname or parts.port is None:
-        raise ValueError(f"{endpoint!r}: direct receive speaks TCP only, e.g. tcp://datahost:5555")
-    return parts.hostname, parts.port
 
 
 class ZMTPConnection:
@@ -298,11 +292,8 @@ class ZMTPConnection:
         try:
             peer = self._read(64)
         except ConnectionError:  # a CurveZMQ producer hangs up on a NULL greeting, often before sending its own
-            raise ProtocolError(f"{self.endpoint} closed the connection during the ZMTP greeting: most likely the "
-                                "producer requires CurveZMQ and this trainer has no keys: pass curve=stoker.protocol."
-                                "curve.load_client_keys(SECRET, SERVER_PUBLIC) to ZMQInput (stoker train: "
-                                "--curve-secret-key and --curve-server-key), or check the address is a Stoker "
-                                "producer") from None
+            raise ProtocolError(f"{self.endpoint} closed the connection during the ZMTP greeting: "
+                                f"{ADVICE_HUNG_UP}") from None
         if peer[0] != 0xFF or peer[9] != 0x7F:
             raise ProtocolError(f"{self.endpoint} does not speak ZMTP (greeting {peer[:10].hex()}): is it a Stoker "
                                 "producer?")
@@ -338,11 +329,7 @@ class ZMTPConnection:
 
 def _mismatch(exact: bool) -> str:
     """Why a producer refuses this trainer's socket type, and the fix."""
-    if exact:
-        return ("most likely the producer runs plain mode and this trainer exact mode; start the producers with "
-                "--exact (or --epochs N), or the trainer without exact=True (stoker train without --exact)")
-    return ("most likely the producer runs in exact mode (--exact or --epochs N) and this trainer does not; use "
-            "ZMQInput(..., exact=True) (stoker train --exact), or start the producer without --exact")
+    return ADVICE_PRODUCER_PLAIN if exact else ADVICE_PRODUCER_EXACT
 
 
 def _frame(body: bytes, command: bool = False) -> bytes:

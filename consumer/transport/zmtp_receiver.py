@@ -13,17 +13,21 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
-from stoker.protocol import DecodeLimits, ProtocolError
+from stoker.protocol import ProtocolError
 from stoker.protocol.batch_codec import Batch
 from stoker.protocol.batch_spec import ArrayShape, BatchSpec
 
-from stoker.consumer.transport.direct_receive import DirectReceiver
-from stoker.consumer.transport.discovery import ProducerPool
 from stoker.consumer.errors import InputError
-from stoker.consumer.receive_core import POLL_S, ReceiveCore
-from stoker.consumer.transport.zmtp import tcp_address
+from stoker.consumer.receive_contract import POLL_S, ReceiveContext
+from stoker.consumer.transport.connections import ConnectionHealth
+from stoker.consumer.transport.direct_receive import DirectReceiver
+from stoker.consumer.receive_options import tcp_address
+from stoker.consumer.transport.discovery import ProducerPool
+
+if TYPE_CHECKING:
+    from stoker.consumer.receive_options import ReceiveOptions
 
 log = logging.getLogger("stoker.consumer")
 
@@ -60,89 +64,81 @@ class ZMTPReceiver:
     held_per_producer = 1  # the batch its thread reads into, or holds while waiting for room
     direct = True
 
-    def __init__(self, pool: ProducerPool, limits: DecodeLimits) -> None:
+    def __init__(self, pool: ProducerPool, options: "ReceiveOptions") -> None:
         self.pool = pool
         for address in pool.endpoints:
             tcp_address(address)
-        self.limits = limits
+        self.limits = options.limits
         self._spec: Optional[BatchSpec | LearnedSpec] = None
         self._threads: list[threading.Thread] = []
         self._leave: dict[str, threading.Event] = {}  # endpoint -> set when it left the pool
         self._started = False
         self._lock = threading.Lock()
-        self._failures = (0, "", "")
-        self._mismatches: dict[str, int] = {}
-        self._handshaken: set[str] = set()
+        self._health = ConnectionHealth()
         self._drop_logged_at: dict[str, float] = {}
         self._unlogged_drops: dict[str, int] = {}
 
-    def resolve_spec(self, declared: Optional[BatchSpec], core: ReceiveCore) -> BatchSpec:
+    def resolve_spec(self, declared: Optional[BatchSpec], context: ReceiveContext) -> BatchSpec:
         if declared is not None:
             self._spec = declared
             return declared
         learner = self._spec = LearnedSpec()
-        self._start(core)
-        started = time.monotonic()
-        while not learner.learned.wait(POLL_S):
-            self._follow_pool(core)
-            failure = core.failure(time.monotonic() - started, "; no batch spec was given, so the trainer waited "
-                                   "for a first batch to learn it from")
-            if failure is not None:
-                raise failure
-        assert learner.spec is not None
-        return learner.spec
+        self._start(context)
 
-    def _start(self, core: ReceiveCore) -> None:
+        def turn() -> Optional[BatchSpec]:
+            if learner.learned.wait(POLL_S):
+                return learner.spec
+            self._follow_pool(context)
+            return None
+        return context.learn_spec(turn, "waited for a first batch to learn it from")
+
+    def _start(self, context: ReceiveContext) -> None:
         if self._started:
             return
         self._started = True
         for address in self.pool.endpoints:
-            self._join_one(address, core)
+            self._join_one(address, context)
 
-    def _join_one(self, address: str, core: ReceiveCore) -> None:
+    def _join_one(self, address: str, context: ReceiveContext) -> None:
         """A receive thread for one producer, stopped when the input stops or the producer leaves the pool."""
         assert self._spec is not None
         try:
             tcp_address(address)
         except ValueError as exc:  # a discovery function returned something direct receive cannot reach
-            core.stats.connection_changed(address, False, str(exc), False)
+            context.stats.connection_changed(address, False, str(exc), False)
             return
         leave = self._leave[address] = threading.Event()
-        receiver = DirectReceiver(address, self._spec, self.limits, core.empty,  # type: ignore[arg-type]
-                                  lambda batch, arrays: core.deliver(batch, arrays, owned=True), core.reject,
-                                  lambda: core.stopped() or leave.is_set(), self._connection_callback(core),
+        receiver = DirectReceiver(address, self._spec, self.limits, context.empty,  # type: ignore[arg-type]
+                                  lambda batch, arrays: context.deliver(batch, arrays, owned=True), context.reject,
+                                  lambda: context.stopped() or leave.is_set(), self._connection_callback(context),
                                   poll_s=POLL_S)
-        thread = threading.Thread(target=self._run_one, args=(receiver, core), name=f"stoker-receive-{address}",
+        thread = threading.Thread(target=self._run_one, args=(receiver, context), name=f"stoker-receive-{address}",
                                   daemon=True)
         thread.start()
         self._threads = [t for t in self._threads if t.is_alive()] + [thread]
 
-    def _follow_pool(self, core: ReceiveCore) -> None:
+    def _follow_pool(self, context: ReceiveContext) -> None:
         def join(address: str) -> None:
             if self._started:  # else _start connects to every endpoint the pool has then
-                self._join_one(address, core)
+                self._join_one(address, context)
 
-        core.follow_pool(join, self._leave_one)
+        context.follow_pool(join, self._leave_one)
 
     def _leave_one(self, address: str) -> None:
         leave = self._leave.pop(address, None)
         if leave is not None:
             leave.set()  # its thread drops the batch it may be reading and closes the connection
 
-    def _connection_callback(self, core: ReceiveCore):  # type: ignore[no-untyped-def]
+    def _connection_callback(self, context: ReceiveContext):  # type: ignore[no-untyped-def]
         def on_connection(endpoint: str, connected: bool, reason: str, handshake_failed: bool,
                           mode_mismatch: bool = False, drops: int = 1) -> None:
-            with self._lock:
-                if handshake_failed:
-                    self._failures = (self._failures[0] + 1, endpoint, reason)
-                if connected:
-                    self._mismatches.pop(endpoint, None)
-                    self._handshaken.add(endpoint)
-                elif mode_mismatch and endpoint not in self._handshaken:  # it spoke our mode once: shutting down
-                    self._mismatches[endpoint] = self._mismatches.get(endpoint, 0) + 1
+            if handshake_failed:
+                self._health.failed(endpoint, reason, mode_mismatch)
+            elif connected:
+                self._health.succeeded(endpoint)
             if endpoint not in self._leave:
                 return  # news from a producer that left the pool
-            if core.stats.connection_changed(endpoint, connected, reason, handshake_failed, drops) and not connected:
+            if context.stats.connection_changed(endpoint, connected, reason, handshake_failed, drops) and not connected:
                 self._log_drop(endpoint, reason)
         return on_connection
 
@@ -158,19 +154,19 @@ class ZMTPReceiver:
         log.warning("lost the connection to %s (%d time(s) since the last warning): %s", endpoint, count, reason)
 
     @staticmethod
-    def _run_one(receiver: DirectReceiver, core: ReceiveCore) -> None:
+    def _run_one(receiver: DirectReceiver, context: ReceiveContext) -> None:
         try:
             receiver.run()
         except Exception as exc:  # never die silently: surface it to the consumer
             log.exception("receive thread for %s failed", receiver.endpoint)
-            core.fail(InputError(f"receive thread for {receiver.endpoint} failed: {exc!r}"))
+            context.fail(InputError(f"receive thread for {receiver.endpoint} failed: {exc!r}"))
 
-    def run(self, core: ReceiveCore) -> None:
-        self._start(core)
+    def run(self, context: ReceiveContext) -> None:
+        self._start(context)
         try:
-            while core.watch():
-                self._follow_pool(core)
-                core.wait(POLL_S)
+            while context.watch():
+                self._follow_pool(context)
+                context.wait(POLL_S)
         finally:
             self._join()
 
@@ -184,12 +180,13 @@ class ZMTPReceiver:
         self._threads = [t for t in self._threads if t.is_alive()]
 
     def failures(self) -> tuple[int, str, str]:
-        with self._lock:
-            return self._failures
+        return self._health.summary()
 
     def mode_mismatches(self) -> dict[str, int]:
-        with self._lock:
-            return dict(self._mismatches)
+        return self._health.mismatches()
+
+    def waiting_report(self) -> list[str]:
+        return []
 
     def close(self) -> None:
         self._join()  # the core stopped: each thread closes its own connection on its way out

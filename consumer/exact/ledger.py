@@ -1,0 +1,118 @@
+"""Exact mode's input state, owned in one place: this trainer's id and every record its steps consumed.
+
+``ConsumedLedger`` is what ``save_state()`` packs and ``restore_state()`` / ``resume_state=`` load (the
+bytes are ``state.pack_state``'s), for every facade alike, and the one exact-mode object a facade talks
+to: ``activate()`` before the first batch is taken, ``consumed(...)`` as a step takes one. The control
+plane (``ExactTransport``) attaches itself: it reads the ledger when it says hello (the trainer id, the
+records consumed) and marks records in it as steps consume them. No facade holds a copy of the trainer id. It also owns the one column exact mode adds to each queued batch,
+``stoker_source`` (which producer a batch came from, to report its records there): ``with_source``
+gives the queue's spec, ``source_of`` reads it back. Thread-safe.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+from stoker.protocol.batch_codec import is_valid_id
+from stoker.protocol.batch_spec import BatchSpec
+from stoker.protocol.input_state import InputState
+
+from stoker.consumer.exact.state import pack_state, parse_state
+
+#: the array exact mode appends to each queued batch: the number of the producer it came from
+SOURCE = "stoker_source"
+
+
+class ConsumedLedger:
+    """The trainer id and the consumed records; see the module doc. ``started`` once batches may be queued."""
+
+    def __init__(self, trainer_id: str, state: InputState) -> None:
+        #: guards the records; the control plane holds it while it reads them or derives from them
+        self.lock = threading.Lock()
+        self._trainer_id = trainer_id
+        self._state = state
+        self.started = False
+        self._on_consumed: Optional[Callable[[int, np.ndarray, np.ndarray, np.ndarray], None]] = None
+        self._on_activate: Optional[Callable[[], None]] = None
+
+    @classmethod
+    def start(cls, resume_state: Optional[bytes], trainer_id: Optional[str]) -> "ConsumedLedger":
+        """From ``resume_state`` (its trainer id comes with it), else ``trainer_id`` (default: a random one)."""
+        if trainer_id is not None and not is_valid_id(trainer_id):
+            raise ValueError(f"trainer_id {trainer_id!r} must be 1-128 printable ASCII characters without spaces "
+                             "(the producers refuse any other)")
+        if resume_state:
+            return cls(*parse_state(resume_state))
+        return cls(trainer_id or f"trainer-{secrets.token_hex(4)}", InputState())
+
+    def attach(self, on_consumed: Callable[[int, np.ndarray, np.ndarray, np.ndarray], None],
+               on_activate: Callable[[], None]) -> None:
+        """The control plane's hooks: records a step consumed (``source, epochs, indices, mask``), and activation."""
+        self._on_consumed, self._on_activate = on_consumed, on_activate
+
+    def activate(self) -> None:
+        """Batches may be taken from now on (the first get(), next() or start()): no restore after this."""
+        with self.lock:  # a restore either happened before this or is refused: never a hello with a stale state
+            if self.started:
+                return
+            self.started = True
+        if self._on_activate is not None:
+            self._on_activate()
+
+    def consumed(self, source: int, epochs: np.ndarray, indices: np.ndarray, mask: np.ndarray) -> None:
+        """A step was given these rows of a batch from producer ``source`` (any thread; -1: an end marker)."""
+        if self._on_consumed is not None:
+            self._on_consumed(source, epochs, indices, mask)
+
+    @property
+    def trainer_id(self) -> str:
+        return self._trainer_id
+
+    @property
+    def state(self) -> InputState:
+        """The records themselves, for the control plane (hold ``lock``)."""
+        return self._state
+
+    def snapshot(self) -> InputState:
+        """A copy of the records consumed so far (what a checkpoint saves)."""
+        with self.lock:
+            return self._state.copy()
+
+    def mark(self, stream: str, epochs: np.ndarray, indices: np.ndarray) -> None:
+        """These records of ``stream`` were consumed by a step."""
+        with self.lock:
+            self._state.mark(stream, epochs, indices)
+
+    def save_state(self) -> bytes:
+        return pack_state(self.trainer_id, self.snapshot())
+
+    def restore_state(self, data: bytes) -> None:
+        """Continue from ``save_state()`` bytes; RuntimeError once batches may be queued, ValueError for bad bytes."""
+        trainer_id, state = parse_state(data)
+        with self.lock:
+            if self.started:
+                raise RuntimeError("restore the input state before the first get() / as_dataset() / start() / "
+                                   "next(): after that, batches chosen under the old state may already be queued")
+            self._trainer_id, self._state = trainer_id, state
+
+    @staticmethod
+    def with_source(spec: BatchSpec) -> BatchSpec:
+        """The queue's spec: ``spec`` plus the ``stoker_source`` column, last."""
+        return BatchSpec.from_dict({**{a.name: (a.dtype, a.shape) for a in spec.arrays},
+                                    SOURCE: ("int32", [spec.batch_size])})
+
+    @staticmethod
+    def source_column(producer: int, rows: int, empty: Callable[[np.dtype, tuple[int, ...]], np.ndarray]) -> np.ndarray:
+        """The ``stoker_source`` array of a batch from producer number ``producer`` (in memory ``empty`` gives)."""
+        column = empty(np.dtype(np.int32), (rows,))
+        column[...] = producer
+        return column
+
+    @staticmethod
+    def source_of(arrays: Sequence[np.ndarray]) -> int:
+        """The producer a queued batch came from (its ``stoker_source``, the last array; -1: an end marker)."""
+        return int(arrays[-1][0])

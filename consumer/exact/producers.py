@@ -1,0 +1,232 @@
+"""The producers an exact-mode trainer connects to: what it knows of each, and their links.
+
+- ``KnownProducer``: one record per producer connection, by the producer's number (``stoker_source``
+  in its queued batches), which stays its own after it leaves the pool (its ``link`` is then None):
+  the connection and the session this trainer runs with it, its latest status, the records of it
+  queued here (``held``) and those steps consumed that it was not told yet (``reports``), the credit
+  owed to it, and when it was last heard from, sent a batch and was read.
+- ``ProducerLinks``: the records in one list, the ``zmq.Poller`` over their links (ready producers
+  least recently read first), and what goes back to them besides hellos: credit, consumed records,
+  heartbeats (``control_plane``'s doc says when).
+
+The transport's thread owns both; ``stream``, ``held`` and ``reports`` are also touched by the
+steps (``ExactTransport.record_consumed``), so those are read and written under the transport's lock.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from typing import Callable, Optional
+
+import numpy as np
+import zmq
+
+from stoker.protocol.exact_messages import Credit, Records, Status, encode_credit
+from stoker.protocol.input_state import rows_by_epoch
+
+from stoker.consumer.transport.connections import HandshakeFailures
+from stoker.consumer.exact.links import Link
+
+HEARTBEAT_S = 0.5
+#: How long consumed records may wait for a credit to carry them before they go alone: a message per step
+#: would double the control traffic (and the wake-ups on both sides) for nothing.
+REPORT_WAIT_S = 0.1
+
+
+class KnownProducer:
+    """See the module doc. ``link``: its connection (None once it left the pool)."""
+
+    __slots__ = ("address", "link", "session", "said_hello", "stream", "status", "held", "reports", "reported_at",
+                 "owed", "owed_at", "last_sent", "described_at", "heard_at", "batch_at", "read_turn")
+
+    def __init__(self, address: str, link: Link, now: float) -> None:
+        self.address = address
+        self.link: Optional[Link] = link
+        self.session = 0  # this trainer's session with it: 0 before the first hello
+        self.said_hello = 0  # its link's handshakes when the last hello went out
+        self.stream = ""  # the stream it serves (from its status or its batches)
+        self.status: Optional[Status] = None  # its latest status
+        self.held: defaultdict[int, set[int]] = defaultdict(set)  # epoch -> records of it queued, not consumed
+        self.reports: list[tuple[np.ndarray, np.ndarray]] = []  # (epochs, indices) consumed, not reported yet
+        self.reported_at = 0.0  # when the oldest unsent report was made
+        self.owed = 0  # credit earned, not sent yet
+        self.owed_at = 0.0  # when the oldest unsent credit was earned
+        self.last_sent = 0.0  # any message to it
+        self.described_at = float("-inf")  # a describe request went out (before activation)
+        self.heard_at = now  # any message (batch or status) from it
+        self.batch_at = now  # a batch of the current session, or the hello that began it
+        self.read_turn = 0  # the transport's read count when it was last read: ``poll`` serves the oldest first
+
+    def name(self) -> str:
+        """The producer as a person finds it: its id (from its status) and the address we connect to."""
+        return f"{self.status.producer} at {self.address}" if self.status is not None else self.address
+
+    def waiting_line(self, now: float) -> str:
+        """Its line in a report of what the trainer waits for: connection, session, last batch and message."""
+        what = f"{self.name()}: {'connected' if self.link is not None and self.link.connected else 'NOT connected'}"
+        what += f", session {self.session}" if self.session else ", no hello yet"
+        return what + f", last batch {now - self.batch_at:.1f} s ago, last message {now - self.heard_at:.1f} s ago"
+
+    def held_records(self) -> dict[str, Records]:
+        """What a hello tells it this trainer holds of it (under the transport's lock)."""
+        if not self.stream:
+            return {}
+        return {self.stream: [(e, sorted(ix)) for e, ix in self.held.items() if ix]}
+
+
+def merge_reports(reports: list[tuple[np.ndarray, np.ndarray]]) -> Records:
+    """Consumed records as a message carries them: ``[(epoch, [indices])]``, one entry per epoch."""
+    if not reports:
+        return []
+    epochs = np.concatenate([e for e, _ in reports])
+    indices = np.concatenate([ix for _, ix in reports])
+    return [(e, indices[rows].tolist()) for e, rows in rows_by_epoch(epochs)]
+
+
+class ProducerLinks:
+    """The producers' connections by number (``producers``), and what this trainer sends back on them besides
+    hellos: credit for queued batches, in steps of half the ``credit`` window; consumed records; heartbeats.
+    ``connect(address)`` makes a link (ValueError for a bad address); ``lock``: the transport's, which guards the
+    records' ``reports``. ``control``: control messages sent and received, and their bytes."""
+
+    def __init__(self, connect: Callable[[str], Link], credit: int, lock: threading.Lock) -> None:
+        self._connect, self.credit, self._lock = connect, credit, lock
+        self.producers: list[KnownProducer] = []
+        self._poller = zmq.Poller()  # the live sockets (made once: zmq.select would build one per call)
+        self._number: dict[object, int] = {}  # a link's pollable -> its number
+        self.control = [0, 0, 0, 0]
+
+    def add(self, address: str) -> int:
+        """Connect to one more producer; its number. ValueError for a bad address."""
+        link = self._connect(address)
+        with self._lock:
+            self.producers.append(KnownProducer(address, link, time.monotonic()))
+            self._poller.register(link.pollable, zmq.POLLIN)
+            self._number[link.pollable] = len(self.producers) - 1
+        return len(self.producers) - 1
+
+    def remove(self, address: str) -> Optional[int]:
+        """Disconnect from the producer at ``address``; its number (None if not connected)."""
+        for i, p in enumerate(self.producers):
+            link = p.link
+            if p.address == address and link is not None:
+                self._poller.unregister(link.pollable)
+                del self._number[link.pollable]
+                link.close(linger_ms=0)
+                link.join(1.0)
+                p.link, p.status = None, None
+                return i
+        return None
+
+    def live(self) -> list[int]:
+        """The numbers of the producers connected now (in the pool)."""
+        return [i for i, p in enumerate(self.producers) if p.link is not None]
+
+    def poll(self, timeout_ms: int) -> list[int]:
+        """The producers with a message waiting, after at most ``timeout_ms``, the one read longest ago first: a
+        receiver with room for one batch per turn (a slow step) reads each producer in turn, never the first
+        registered alone (which starved the others and made them look stuck)."""
+        if not self._number:
+            time.sleep(timeout_ms / 1000)
+            return []
+        ready = [self._number[sock] for sock, _ in self._poller.poll(timeout_ms)]
+        if len(ready) > 1:
+            ready.sort(key=self._read_turn)
+        return ready
+
+    def _read_turn(self, i: int) -> int:
+        return self.producers[i].read_turn
+
+    def owned(self, i: int) -> bool:
+        """Whether producer ``i``'s batches arrive in memory the sink may own (``links``)."""
+        link = self.producers[i].link
+        return link is not None and link.owned
+
+    def send(self, i: int, frame: bytes) -> bool:
+        """Whether ``frame`` went out to producer ``i`` (False: not connected, and the next connection says hello)."""
+        p = self.producers[i]
+        if p.link is None or not p.link.send(frame):
+            return False  # it left the pool, or is not connected
+        p.last_sent = time.monotonic()
+        self.control[0] += 1
+        self.control[1] += len(frame)
+        return True
+
+    def give_back(self, i: int) -> None:
+        """One credit back to producer ``i`` (a batch of it was queued or dropped). Credit goes in steps of half
+        the window: a message per batch would be most of the control traffic and of both sides' wake-ups; what
+        is held back goes with the next ``send_due`` after ``REPORT_WAIT_S`` at the latest."""
+        p = self.producers[i]
+        if not p.owed:
+            p.owed_at = time.monotonic()
+        p.owed += 1
+        if p.owed >= max(1, self.credit // 2):
+            self._send_credit(i)
+
+    def send_due(self, now: float, force: bool = False) -> None:
+        """Send consumed records and credit that waited ``REPORT_WAIT_S`` (``force``: all of them, e.g. when the
+        input stops), and heartbeats where nothing went out for ``HEARTBEAT_S``."""
+        for i in self.live():
+            p = self.producers[i]
+            if p.session == 0:
+                continue  # no hello yet
+            # Reports and credit wait for each other up to REPORT_WAIT_S (unless forced); a heartbeat goes anyway.
+            with self._lock:
+                reports_due = bool(p.reports) and (force or now - p.reported_at >= REPORT_WAIT_S)
+            credit_due = p.owed > 0 and (force or now - p.owed_at >= REPORT_WAIT_S)
+            if reports_due or credit_due or now - p.last_sent >= HEARTBEAT_S:
+                self._send_credit(i)
+
+    def _send_credit(self, i: int) -> None:
+        """Send the credit owed to producer ``i`` and the records consumed since the last message (either may be
+        none: then it is a heartbeat)."""
+        p = self.producers[i]
+        with self._lock:
+            reports, p.reports = p.reports, []
+        n, p.owed = p.owed, 0
+        if not self.send(i, encode_credit(Credit(p.session, n, merge_reports(reports)))):
+            # Kept for the next message (a connection that stays up with a full send pipe); a new connection's
+            # hello resets both (it carries the whole state and credit).
+            p.owed += n
+            with self._lock:
+                p.reports = reports + p.reports
+
+    def finished(self) -> bool:
+        """Every producer connected said it finished its epochs."""
+        live = [p.status for p in self.producers if p.link is not None]
+        return bool(live) and all(status is not None and status.finished for status in live)
+
+    def spec(self) -> Optional[list[tuple[str, str, list[int]]]]:
+        """The batch spec a producer described (the first that did), or None yet."""
+        for p in self.producers:
+            if p.status is not None and p.status.spec:
+                return p.status.spec
+        return None
+
+    def live_links(self) -> list[Link]:
+        return [p.link for p in self.producers if p.link is not None]
+
+    def connected(self) -> set[str]:
+        return set().union(*(link.connected for link in self.live_links()))
+
+    def close(self, linger_s: float) -> None:
+        """Close every link; what they queued gets up to ``linger_s`` to leave, all links together."""
+        # A libzmq close returns at once (the context's term waits), a direct link's waits for its own queue, so
+        # each gets what is left of one deadline.
+        deadline = time.monotonic() + linger_s
+        links = self.live_links()
+        for link in links:
+            link.close(linger_ms=max(0, int((deadline - time.monotonic()) * 1000)))
+        deadline = time.monotonic() + 1.0
+        for link in links:
+            link.join(max(0.0, deadline - time.monotonic()))
+
+    def failures(self) -> tuple[int, str, str]:
+        """``(count, endpoint, reason)`` of failed handshakes over the producers in the pool."""
+        links = self.live_links()
+        if not links:
+            return 0, "", ""
+        last: HandshakeFailures = max((link.failures for link in links), key=lambda f: f.count)
+        return sum(link.failures.count for link in links), last.endpoint, last.reason
