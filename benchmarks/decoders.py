@@ -23,16 +23,14 @@ Run:  python benchmarks/decoders.py [--seconds 4]   (table + JSON)
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
-from pathlib import Path
 from typing import Callable, Optional
 
 import cv2
 import numpy as np
 import simplejpeg
 
+from harness import add_out_argument, benchmark_parser, write_results
 from stoker.producer.images.augment import (
     CROP_DECODING,
     decode_rgb,
@@ -86,10 +84,10 @@ def opencv_swap_transform(bgr: np.ndarray, rng: np.random.Generator, out: np.nda
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--records", type=int, default=200, help="synthetic JPEGs (~92 KB, 300-500 px)")
     parser.add_argument("--seconds", type=float, default=4.0, help="per measurement")
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "decoders.json"))
+    add_out_argument(parser, "decoders.json")
     args = parser.parse_args()
     cv2.setNumThreads(1)
     records = [synthetic_jpeg(0, i, 10)[0] for i in range(args.records)]
@@ -156,9 +154,7 @@ def main() -> None:
               "mean_jpeg_bytes": float(np.mean([len(r) for r in records])), "opencv": cv2.__version__,
               "simplejpeg": simplejpeg.__version__, "pyturbojpeg": tj is not None,
               "crop_decoding": CROP_DECODING}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
-    print(f"wrote {args.out}")
+    write_results(args.out, result)
 
 
 if __name__ == "__main__":

@@ -32,10 +32,8 @@ Run:  python benchmarks/elastic.py [--producers 3] [--seconds 10] [--records 300
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
-import resource
 import signal
 import tempfile
 import time
@@ -45,26 +43,12 @@ from typing import Any
 
 import numpy as np
 
+from harness import (add_out_argument, benchmark_parser, launch_producer, producer_flags, producers_cpu_now,
+                     write_results)
 from stoker.consumer.batch_stream import BatchStream
+from stoker.consumer.exact.control_plane import pool_scheduler
 from stoker.producer.process import ProducerProcess, Throttle
-from stoker.producer.measure.procfs import cpu_seconds
 from stoker.producer.dataset.synthetic import build_synthetic
-
-
-def _cpu_seconds(pid: int) -> float:
-    try:
-        return cpu_seconds(pid)
-    except OSError:
-        return 0.0  # gone
-
-
-def _tree_cpu(producer: ProducerProcess) -> float:
-    return _cpu_seconds(producer.pid) + sum(_cpu_seconds(p) for p in producer.child_pids())
-
-
-def _own_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 class Run:
@@ -79,11 +63,8 @@ class Run:
         self.stream: Any = None
 
     def start_producer(self, name: str) -> tuple[ProducerProcess, float]:
-        a = self.args
         started = time.monotonic()
-        producer = ProducerProcess(self.lmdb, extra_args=[
-            "--shard", "auto", "--seed", "0", "--workers", "1", "--batch-size", str(a.batch), "--image-size",
-            str(a.size), "--id", name, "--trainer-timeout", "5"])
+        producer = launch_producer(self.lmdb, _pool_flags(self.args, name, trainer_timeout=5))
         self.producers[name] = producer
         return producer, started
 
@@ -108,20 +89,21 @@ class Run:
     def measure(self, label: str) -> dict[str, Any]:
         live = [p for p in self.producers.values() if p.proc.poll() is None]
         self.take(self.args.warmup)
-        t0, rows0, me0 = time.monotonic(), self.rows, _own_cpu()
-        cpu0 = {id(p): _tree_cpu(p) for p in live}
+        t0, rows0, cpu0 = time.monotonic(), self.rows, producers_cpu_now(live)
         self.take(self.args.seconds)
         seconds = time.monotonic() - t0
-        producer_cores = sum(_tree_cpu(p) - cpu0[id(p)] for p in live) / seconds
+        used = producers_cpu_now(live) - cpu0
         return {"phase": label, "producers": len(self.pool), "images_per_s": (self.rows - rows0) / seconds,
-                "producer_cores": producer_cores, "consumer_cores": (_own_cpu() - me0) / seconds}
+                "producer_cores": used.producers / seconds, "consumer_cores": used.own / seconds}
 
 
 def plain_join(lmdb: Path, args: argparse.Namespace) -> dict[str, Any]:
     """Plain mode: a second producer (fixed shards 0/2 and 1/2) joins a running consumer's pool; its time to
     the first batch, images/s before and after, and each epoch's coverage as the consumer reports it."""
-    flags = ["--seed", "0", "--workers", "1", "--batch-size", str(args.batch), "--image-size", str(args.size)]
-    producers = [ProducerProcess(lmdb, extra_args=[*flags, "--shard", "0/2", "--id", "plain0"])]
+    def flags(i: int) -> list[str]:
+        return producer_flags(args.batch, args.size, seed=0, shard=f"{i}/2", producer_id=f"plain{i}")
+
+    producers = [launch_producer(lmdb, flags(0))]
     pool = [producers[0].endpoint]
     out: dict[str, Any] = {}
     try:
@@ -136,7 +118,7 @@ def plain_join(lmdb: Path, args: argparse.Namespace) -> dict[str, Any]:
             images_per_s(args.warmup)
             out["images_per_s_one"] = images_per_s(args.seconds)
             started = time.monotonic()
-            producers.append(ProducerProcess(lmdb, extra_args=[*flags, "--shard", "1/2", "--id", "plain1"]))
+            producers.append(launch_producer(lmdb, flags(1)))
             joined = time.monotonic()
             pool.append(producers[1].endpoint)
             while stream.stats.per_producer.get("plain1", 0) == 0:
@@ -157,9 +139,10 @@ def plain_join(lmdb: Path, args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def _pool_flags(args: argparse.Namespace, name: str, epochs: int | None = None) -> list[str]:
-    return ["--shard", "auto", "--seed", "0", "--workers", "1", "--batch-size", str(args.batch), "--image-size",
-            str(args.size), "--id", name, "--trainer-timeout", "30", *(["--epochs", str(epochs)] if epochs else [])]
+def _pool_flags(args: argparse.Namespace, name: str, epochs: int | None = None, trainer_timeout: int = 30) -> list[str]:
+    """An elastic pool's producer: ``--shard auto``, one worker, named ``name``."""
+    return producer_flags(args.batch, args.size, seed=0, shard="auto", producer_id=name,
+                          trainer_timeout=trainer_timeout, epochs=epochs or None)
 
 
 class Tally:
@@ -182,8 +165,13 @@ class Tally:
         return {"epochs_completed": completed, "twice": twice, "never": never}
 
 
+def _scheduler(stream: Any) -> Any:
+    """The split scheduler behind an exact BatchStream of an elastic pool (None until a pool producer reported)."""
+    return pool_scheduler(stream._core.receiver.transport)
+
+
 def _completed(stream: Any) -> int:
-    return stream._exact.splits.progress.completed if stream._exact.splits is not None else 0
+    return _scheduler(stream).progress.completed if _scheduler(stream) is not None else 0
 
 
 def _rate(stream: Any, tally: Tally, seconds: float) -> float:
@@ -195,7 +183,7 @@ def _rate(stream: Any, tally: Tally, seconds: float) -> float:
 
 def joining(lmdb: Path, records: int, args: argparse.Namespace) -> dict[str, Any]:
     """A third producer joins a pool of two: seconds to its first batch, images/s before and after."""
-    producers = [ProducerProcess(lmdb, extra_args=_pool_flags(args, f"j{k}")) for k in range(2)]
+    producers = [launch_producer(lmdb, _pool_flags(args, f"j{k}")) for k in range(2)]
     pool = [p.endpoint for p in producers]
     tally = Tally(records)
     out: dict[str, Any] = {"records": records}
@@ -203,11 +191,10 @@ def joining(lmdb: Path, records: int, args: argparse.Namespace) -> dict[str, Any
         with BatchStream(lambda: list(pool), exact=True, recv_timeout=120, discover_every=0.2,
                          queue_capacity=8) as stream:
             _rate(stream, tally, args.warmup)
-            cpu0 = [_tree_cpu(p) for p in producers]
-            t0 = time.monotonic()
+            cpu0, t0 = producers_cpu_now(producers), time.monotonic()
             out["images_per_s_two"] = _rate(stream, tally, args.seconds)
-            cores_two = sum(_tree_cpu(p) - c for p, c in zip(producers, cpu0)) / (time.monotonic() - t0)
-            producers.append(ProducerProcess(lmdb, extra_args=_pool_flags(args, "j2")))
+            cores_two = (producers_cpu_now(producers) - cpu0).producers / (time.monotonic() - t0)
+            producers.append(launch_producer(lmdb, _pool_flags(args, "j2")))
             joined = time.monotonic()
             pool.append(producers[-1].endpoint)
             while stream.stats.per_producer.get("j2", 0) == 0:
@@ -216,10 +203,9 @@ def joining(lmdb: Path, records: int, args: argparse.Namespace) -> dict[str, Any
                 tally.take(stream)
             out["join_to_first_batch_s"] = time.monotonic() - joined
             _rate(stream, tally, args.warmup)
-            cpu0 = [_tree_cpu(p) for p in producers]
-            t0 = time.monotonic()
+            cpu0, t0 = producers_cpu_now(producers), time.monotonic()
             out["images_per_s_three"] = _rate(stream, tally, args.seconds)
-            cores_three = sum(_tree_cpu(p) - c for p, c in zip(producers, cpu0)) / (time.monotonic() - t0)
+            cores_three = (producers_cpu_now(producers) - cpu0).producers / (time.monotonic() - t0)
             out["step"] = out["images_per_s_three"] / out["images_per_s_two"]
             # Linear: images/s per producer core kept (on a machine with fewer cores than producers, the cores the
             # producers could get is what grows, not their count).
@@ -236,7 +222,7 @@ def joining(lmdb: Path, records: int, args: argparse.Namespace) -> dict[str, Any
 
 def stuck(lmdb: Path, args: argparse.Namespace) -> dict[str, Any]:
     """One producer of three frozen: seconds until the epoch open at the freeze completes, and the cost."""
-    producers = [ProducerProcess(lmdb, extra_args=_pool_flags(args, f"s{k}")) for k in range(3)]
+    producers = [launch_producer(lmdb, _pool_flags(args, f"s{k}")) for k in range(3)]
     tally = Tally(args.records)
     out: dict[str, Any] = {}
     try:
@@ -256,7 +242,7 @@ def stuck(lmdb: Path, args: argparse.Namespace) -> dict[str, Any]:
                     out["freeze_to_epoch_complete_s"] = time.monotonic() - frozen
                 tally.take(stream)
             out.setdefault("freeze_to_epoch_complete_s", time.monotonic() - frozen)
-            out["stall_bound_s"] = stream._exact.splits.stall_bound()
+            out["stall_bound_s"] = _scheduler(stream).stall_bound()
             out["images_per_s_two_left"] = _rate(stream, tally, args.seconds)
             stats = stream.stats
             out.update(splits_reserved=stats.splits_reserved, wasted_records=stats.wasted_records,
@@ -270,7 +256,7 @@ def stuck(lmdb: Path, args: argparse.Namespace) -> dict[str, Any]:
 
 def _epoch_seconds(lmdb: Path, args: argparse.Namespace, slow: bool, epochs: int) -> dict[str, Any]:
     names = ["h0", "h1", *(["slow"] if slow else [])]
-    producers = [ProducerProcess(lmdb, extra_args=_pool_flags(args, n, epochs + 1)) for n in names]
+    producers = [launch_producer(lmdb, _pool_flags(args, n, epochs + 1)) for n in names]
     tally = Tally(args.records)
     try:
         throttle = Throttle(producers[-1], slowdown=4.0) if slow else None
@@ -419,15 +405,15 @@ def print_liveness(live: dict[str, Any]) -> None:
           f"{g['no_backups_median']:.2f}x ({g['no_backups_min']:.2f}-{g['no_backups_max']:.2f})")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args() -> argparse.Namespace:
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--producers", type=int, default=3, help="producers added one at a time (>= 3)")
     parser.add_argument("--seconds", type=float, default=10.0, help="measured seconds per phase")
     parser.add_argument("--warmup", type=float, default=3.0, help="seconds after a change before measuring")
     parser.add_argument("--records", type=int, default=3000, help="records in the synthetic dataset")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--size", type=int, default=160, help="crop size in pixels")
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "elastic.json"))
+    add_out_argument(parser, "elastic.json")
     parser.add_argument("--liveness-only", action="store_true", help="only the joining, stuck and straggler phases")
     parser.add_argument("--large-records", type=int, default=0,
                         help="also time a join on a dataset this large (0: only the 1,024-record one)")
@@ -437,18 +423,12 @@ def main() -> None:
     args = parser.parse_args()
     if args.producers < 3:
         parser.error("--producers must be at least 3 (the run SIGKILLs one and scales one down)")
+    return args
 
-    tmp = Path(tempfile.mkdtemp(prefix="stoker-elastic-"))
-    build_synthetic(tmp / "data", args.records, seed=0, progress=False)
-    if args.liveness_only:
-        live = liveness(tmp, tmp / "data", args)
-        print_liveness(live)
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({"machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-                                              "args": vars(args), "liveness": live}, indent=2))
-        print(f"wrote {args.out}")
-        return
-    run = Run(tmp / "data", args)
+
+def grow_and_shrink(run: Run, args: argparse.Namespace) -> dict[str, Any]:
+    """The pool phases: producers added one at a time, then p2 SIGKILLed and p3 scaled down; each phase measured,
+    each newcomer's time to its first batch, and what the trainer's split bookkeeping counted."""
     phases: list[dict[str, Any]] = []
     joins: list[dict[str, Any]] = []
     try:
@@ -483,15 +463,18 @@ def main() -> None:
             time.sleep(0.3)
             leaving.stop()
             phases.append(run.measure("p3 scaled down"))
-            splits = stream._exact.splits
-            dropped, released = splits.duplicates, splits.released
-            completed = splits.progress.completed
+            splits = _scheduler(stream)
+            return {"phases": phases, "joins": joins, "dropped": splits.duplicates, "released": splits.released,
+                    "completed": splits.progress.completed}
     finally:
         for producer in run.producers.values():
             producer.stop()
-    plain = plain_join(tmp / "data", args)
-    live = liveness(tmp, tmp / "data", args)
 
+
+def pool_result(run: Run, pool: dict[str, Any], args: argparse.Namespace, plain: dict[str, Any],
+                live: dict[str, Any]) -> dict[str, Any]:
+    """The JSON of a full run: each phase against the first (and against linear), each epoch's coverage."""
+    phases, completed = pool["phases"], pool["completed"]
     base = phases[0]
     for phase in phases:
         ratio = phase["images_per_s"] / base["images_per_s"]
@@ -503,35 +486,55 @@ def main() -> None:
         counts = run.seen[epoch]
         epochs.append({"epoch": epoch, "seen": len(counts), "twice": sum(1 for n in counts.values() if n > 1),
                        "never": args.records - len(counts) if epoch < completed else None})
-    result = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-              "args": vars(args), "phases": phases, "joins": joins, "epochs": epochs,
-              "epochs_completed": completed, "rows_dropped_as_arrived_before": dropped,
-              "splits_released": released,
-              "twice_total": sum(e["twice"] for e in epochs),
-              "never_total": sum(e["never"] or 0 for e in epochs), "plain": plain, "liveness": live}
+    return {"machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+            "args": vars(args), "phases": phases, "joins": pool["joins"], "epochs": epochs,
+            "epochs_completed": completed, "rows_dropped_as_arrived_before": pool["dropped"],
+            "splits_released": pool["released"],
+            "twice_total": sum(e["twice"] for e in epochs),
+            "never_total": sum(e["never"] or 0 for e in epochs), "plain": plain, "liveness": live}
 
+
+def print_pool(result: dict[str, Any], args: argparse.Namespace) -> None:
     print(f"\nElastic pool, {args.records} records, batches of {args.batch} x {args.size} px, one worker per producer, "
           f"{os.cpu_count()} CPUs")
     print(f"{'phase':<16}{'producers':>10}{'images/s':>10}{'vs 1':>7}{'prod cores':>11}{'linear':>8}"
           f"{'consumer cores':>16}")
-    for p in phases:
+    for p in result["phases"]:
         print(f"{p['phase']:<16}{p['producers']:>10}{p['images_per_s']:>10.0f}{p['vs_one_producer']:>7.2f}"
               f"{p['producer_cores']:>11.2f}{p['linear']:>8.2f}{p['consumer_cores']:>16.2f}")
-    for j in joins:
+    for j in result["joins"]:
         print(f"{j['producer']}: first batch {j['start_to_first_batch_s']:.2f} s after its process started, "
               f"{j['join_to_first_batch_s']:.2f} s after it joined the pool")
-    print(f"epochs: {completed} completed; records seen twice: {result['twice_total']}, never (completed epochs): "
-          f"{result['never_total']}; rows dropped at the trainer as arrived before: {dropped}; splits taken back "
-          f"from producers that left: {released}")
+    print(f"epochs: {result['epochs_completed']} completed; records seen twice: {result['twice_total']}, never "
+          f"(completed epochs): {result['never_total']}; rows dropped at the trainer as arrived before: "
+          f"{result['rows_dropped_as_arrived_before']}; splits taken back from producers that left: "
+          f"{result['splits_released']}")
+    plain = result["plain"]
     print(f"plain mode (fixed shards 0/2, 1/2): the second producer's first batch {plain['start_to_first_batch_s']:.2f} s "
           f"after its start ({plain['join_to_first_batch_s']:.2f} s after joining); images/s "
           f"{plain['images_per_s_one']:.0f} -> {plain['images_per_s_two']:.0f}, "
           f"{plain['images_per_s_after_leave']:.0f} after the first left; coverage per epoch (seen, records): "
           + ", ".join(f"{e}: {s}/{r}" for e, (s, r) in plain["coverage"].items()))
+
+
+def main() -> None:
+    args = parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="stoker-elastic-"))
+    build_synthetic(tmp / "data", args.records, seed=0, progress=False)
+    if args.liveness_only:
+        live = liveness(tmp, tmp / "data", args)
+        print_liveness(live)
+        write_results(args.out, {"machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+                                 "args": vars(args), "liveness": live})
+        return
+    run = Run(tmp / "data", args)
+    pool = grow_and_shrink(run, args)
+    plain = plain_join(tmp / "data", args)
+    live = liveness(tmp, tmp / "data", args)
+    result = pool_result(run, pool, args, plain, live)
+    print_pool(result, args)
     print_liveness(live)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
-    print(f"wrote {args.out}")
+    write_results(args.out, result)
 
 
 if __name__ == "__main__":

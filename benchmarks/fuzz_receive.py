@@ -19,8 +19,6 @@ RSS growth. Prints a table and writes JSON (``benchmarks/results/fuzz_receive.js
 
 from __future__ import annotations
 
-import argparse
-import json
 import random
 import resource
 import socket
@@ -29,13 +27,13 @@ import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Optional
 
 import numpy as np
 
+from harness import add_out_argument, benchmark_parser, write_json
 from stoker.consumer.transport.direct_receive import read_message
-from stoker.consumer.receive_core import aligned_empty
+from stoker.consumer.receive_contract import aligned_empty
 from stoker.consumer.transport.zmtp import Stopped, ZMTPConnection
 from stoker.protocol import DecodeLimits, ProtocolError, encode_batch
 from stoker.protocol.batch_spec import BatchSpec
@@ -306,13 +304,13 @@ class _ProducerFeed:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--streams", type=int, default=100_000, help="mutated streams (default 100000)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--socket-type", choices=sorted(PEER), default="PULL",
                         help="read as plain direct receive (PULL) or as exact mode's link (DEALER)")
     parser.add_argument("--stream-s", type=float, default=5.0, help="seconds a stream may take after its peer closed")
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "fuzz_receive.json"))
+    add_out_argument(parser, "fuzz_receive.json")
     args = parser.parse_args()
     result = run(args.streams, args.seed, args.stream_s, socket_type=args.socket_type)
     rows = [("socket type", args.socket_type), ("streams", result.streams),
@@ -328,8 +326,7 @@ def main() -> None:
         print(f"{name:<{width}}  {value}")
     for example in result.crash_examples[:5]:
         print("crash:", example)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(asdict(result), indent=2) + "\n")
+    write_json(args.out, asdict(result), end="\n")
     sys.exit(1 if result.crashes or result.hangs or result.corrupted or result.producer_corrupted else 0)
 
 

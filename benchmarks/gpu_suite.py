@@ -47,6 +47,8 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+from harness import benchmark_parser, launch_sharded, producer_flags, write_json
+
 HERE = Path(__file__).resolve().parent
 SECTIONS = ("correctness", "latency_float32", "latency_mixed_float16", "scaling", "ingest")
 
@@ -102,7 +104,6 @@ def section_correctness(p: dict[str, Any]) -> dict[str, Any]:
 
     from checksum_pipeline import checksum_weights
     from stoker.consumer import ZMQInput
-    from stoker.producer.process import ProducerProcess
 
     physical = tf.config.list_physical_devices(p["device"])[0]
     limit = {} if p["device"] == "CPU" else {"memory_limit": 4096}  # MB each; batches are ~10 MB
@@ -112,10 +113,9 @@ def section_correctness(p: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"devices": devices}
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         expected = build_checksum_lmdb(Path(tmp) / "checks", p["check_records"], size)
-        args = ["--pipeline", f"{HERE / 'checksum_pipeline.py'}:make_pipeline", "--pipeline-arg", f"size={size}",
-                "--workers", "1", "--batch-size", str(batch)]
-        addresses = [stack.enter_context(ProducerProcess(Path(tmp) / "checks", extra_args=[*args, "--shard", f"{i}/2"]))
-                     .endpoint for i in range(2)]
+        flags = ["--pipeline", f"{HERE / 'checksum_pipeline.py'}:make_pipeline", "--pipeline-arg", f"size={size}",
+                 *producer_flags(batch)]
+        addresses = [p.endpoint for p in launch_sharded(stack, Path(tmp) / "checks", 2, flags)]
 
         def compare(index: np.ndarray, sums: np.ndarray) -> int:
             return int(sum(expected[int(i)] != int(s) for i, s in zip(index, sums)))
@@ -248,9 +248,8 @@ def section_latency(p: dict[str, Any], precision: str) -> dict[str, Any]:
 
     from stoker.consumer import ZMQInput
     from stoker.consumer.train.models import build_model
-    from stoker.producer.process import ProducerProcess
+    from harness import mean_step_seconds  # the same measure as trainer_latency.py
     from stoker.producer.dataset.synthetic import build_synthetic
-    from trainer_latency import timed  # mean step time after warm-up, the same measure as trainer_latency.py
 
     tf.keras.mixed_precision.set_global_policy(precision)
     device = "/GPU:0" if p["device"] == "GPU" else "/CPU:0"
@@ -272,11 +271,10 @@ def section_latency(p: dict[str, Any], precision: str) -> dict[str, Any]:
         const_labels = tf.constant(np.arange(batch, dtype=np.int32) % classes)
     constant_step = tf.function(lambda: train(const_images, const_labels))
 
-    flags = ["--workers", "1", "--batch-size", str(batch), "--image-size", str(size), "--repeat-batches", "2"]
+    flags = producer_flags(batch, size, repeat_batches=True)
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         build_synthetic(Path(tmp) / "synth", 64, seed=0, progress=False)
-        addresses = [stack.enter_context(ProducerProcess(Path(tmp) / "synth", extra_args=[*flags, "--shard", f"{i}/2"]))
-                     .endpoint for i in range(2)]
+        addresses = [p.endpoint for p in launch_sharded(stack, Path(tmp) / "synth", 2, flags)]
         inp = stack.enter_context(ZMQInput(addresses, device=device, recv_timeout=120))
 
         @tf.function
@@ -286,8 +284,8 @@ def section_latency(p: dict[str, Any], precision: str) -> dict[str, Any]:
 
         constant_s, zmq_s = [], []
         for _ in range(p["rounds"]):
-            constant_s.append(timed(constant_step, p["steps"], p["warmup"]))
-            zmq_s.append(timed(zmq_step, p["steps"], p["warmup"]))
+            constant_s.append(mean_step_seconds(constant_step, p["steps"], p["warmup"]))
+            zmq_s.append(mean_step_seconds(zmq_step, p["steps"], p["warmup"]))
         occupancy = inp.stats.mean_queue_occupancy
         logdir = Path(tmp) / "trace"
         tf.profiler.experimental.start(str(logdir))
@@ -418,7 +416,7 @@ def _which(command: str) -> bool:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--dry", action="store_true", help="CPU devices and a tiny model (the default without a GPU)")
     parser.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {', '.join(SECTIONS)}")
     parser.add_argument("--out-dir", default=str(HERE / "results"), help="where gpu_suite.json and gpu_suite.md go")
@@ -427,7 +425,6 @@ def main() -> int:
     parser.add_argument("--result", help=argparse.SUPPRESS)
     args = parser.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    sys.path.insert(0, str(HERE))
     if args.section:
         Path(args.result).write_text(json.dumps(run_section(args.section, json.loads(args.plan))))
         return 0
@@ -474,8 +471,7 @@ def main() -> int:
     table = markdown(result)
     print(table)
     out_dir = Path(args.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "gpu_suite.json").write_text(json.dumps(result, indent=2))
+    write_json(out_dir / "gpu_suite.json", result)
     (out_dir / "gpu_suite.md").write_text(table + "\n")
     print(f"wrote {out_dir / 'gpu_suite.json'} and {out_dir / 'gpu_suite.md'} in {result['seconds']:.0f} s")
     return 0 if all(s.get("ok") for s in result["sections"].values()) else 1

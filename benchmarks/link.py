@@ -12,16 +12,12 @@ Run:  sudo python benchmarks/link.py [--rates 1gbit,10gbit]   (table + JSON)
 
 from __future__ import annotations
 
-import argparse
-import json
 import re
-import tempfile
-from pathlib import Path
 
+from harness import (add_out_argument, benchmark_parser, launch_producer, producer_flags, synthetic_lmdb,
+                     write_results)
 from stoker.cli.local_cluster import LocalCluster
 from stoker.consumer.train.throughput import measure_link
-from stoker.producer.process import ProducerProcess
-from stoker.producer.dataset.synthetic import build_synthetic
 
 UNITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
 
@@ -34,23 +30,20 @@ def bits_per_s(rate: str) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--rates", default="1gbit,10gbit")
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--image-size", type=int, default=224)
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "link.json"))
+    add_out_argument(parser, "link.json")
     args = parser.parse_args()
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        lmdb_path = Path(tmp) / "bench"
-        build_synthetic(lmdb_path, 64, seed=0, progress=False)
+    with synthetic_lmdb(64) as lmdb_path:
         for rate in args.rates.split(","):
             with LocalCluster(1, rate=rate, trainer_namespace=False) as cluster:
                 host = cluster.hosts[0]
-                flags = ["--workers", "1", "--batch-size", str(args.batch_size), "--image-size", str(args.image_size),
-                         "--repeat-batches", "2"]
-                with ProducerProcess(lmdb_path, bind=f"tcp://{host.address}:5555", extra_args=flags,
+                flags = producer_flags(args.batch_size, args.image_size, repeat_batches=True)
+                with launch_producer(lmdb_path, flags, bind=f"tcp://{host.address}:5555",
                                      command_prefix=host.command([])) as producer:
                     measured = measure_link([producer.endpoint], seconds=args.seconds)
             link_bytes = bits_per_s(rate) / 8
@@ -63,9 +56,7 @@ def main() -> None:
     for r in rows:
         print(f"{r['rate']:<8} | {r['link_mb_per_s']:>9.0f} | {r['delivered_mb_per_s']:>14.0f} | "
               f"{r['fraction_of_link']:>8.3f} | {r['images_per_s']:>8.0f}")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"benchmark": "link", "rows": rows}, indent=2))
-    print(f"wrote {args.out}")
+    write_results(args.out, {"benchmark": "link", "rows": rows})
 
 
 if __name__ == "__main__":

@@ -16,12 +16,9 @@ Run:  python benchmarks/peers.py [--tensorpack-python /tmp/tpvenv/bin/python]   
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -29,11 +26,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import tensorflow as tf  # noqa: E402
 
+from delivery import producer_delivery  # noqa: E402
+from harness import add_out_argument, benchmark_parser, synthetic_lmdb, write_results  # noqa: E402
 from stoker.producer.dataset.format import LmdbDataset  # noqa: E402
-from stoker.producer.dataset.synthetic import build_synthetic  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).parent))
-from producer_throughput import delivered  # noqa: E402
 
 
 def write_tfrecord(lmdb_path: Path, out: Path) -> None:
@@ -89,20 +84,19 @@ def tensorpack_rate(python: str, lmdb_path: Path, batches: int) -> float | None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--records", type=int, default=512)
     parser.add_argument("--batches", type=int, default=60)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--tensorpack-python", default=None, help="python of a venv with tensorpack 0.11 + stoker")
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "peers.json"))
+    add_out_argument(parser, "peers.json")
     args = parser.parse_args()
     batch, size = 64, 224
-    with tempfile.TemporaryDirectory() as tmp:
-        lmdb_path = Path(tmp) / "bench"
-        build_synthetic(lmdb_path, args.records, seed=0, progress=False)
-        record_file = Path(tmp) / "bench.tfrecord"
+    with synthetic_lmdb(args.records) as lmdb_path:
+        record_file = lmdb_path.parent / "bench.tfrecord"
         write_tfrecord(lmdb_path, record_file)
-        rates = {"stoker (2 workers, another process)": delivered(lmdb_path, 2, batch, size, args.warmup, args.batches),
+        stoker_rate, _ = producer_delivery(lmdb_path, 2, batch, size, args.warmup, args.batches)  # images/s, cores
+        rates = {"stoker (2 workers, another process)": stoker_rate,
                  "tf.data (AUTOTUNE, in process)": tf_data_rate(record_file, batch, size, args.warmup, args.batches)}
         if args.tensorpack_python:
             tp = tensorpack_rate(args.tensorpack_python, lmdb_path, args.batches)
@@ -116,10 +110,8 @@ def main() -> None:
         print(f"{name:<38} | {rate:>8.0f} | {stoker / rate:>11.2f}")
     if not args.tensorpack_python:
         print("tensorpack: not run (pass --tensorpack-python; see docs/performance.md)")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"benchmark": "peers", "images_per_s": rates,
-                                          "stoker_ratio": {k: stoker / v for k, v in rates.items()}}, indent=2))
-    print(f"wrote {args.out}")
+    write_results(args.out, {"benchmark": "peers", "images_per_s": rates,
+                             "stoker_ratio": {k: stoker / v for k, v in rates.items()}})
 
 
 if __name__ == "__main__":

@@ -18,11 +18,6 @@ Run:  python benchmarks/pipeline_overhead.py [--records 256] [--seconds 4] [--ro
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import platform
-import tempfile
 import time
 from pathlib import Path
 
@@ -31,12 +26,12 @@ import lmdb
 import msgpack
 import numpy as np
 
+from harness import add_out_argument, benchmark_parser, machine_info, synthetic_lmdb, write_results
 from stoker.producer.images.augment import decode_rgb, decode_train_crop, eval_transform, resize_flip_into
 from stoker.producer.serve.batch_slots import SlotLayout, sample_rows
 from stoker.producer.dataset.format import LmdbDataset, record_key
 from stoker.producer.pipeline import load_pipeline
 from stoker.producer.serve.sharding import RecordRng
-from stoker.producer.dataset.synthetic import build_synthetic
 
 BATCH = 64
 
@@ -101,18 +96,16 @@ def with_pipeline(lmdb_path: Path, size: int, train: bool, seconds: float) -> fl
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--records", type=int, default=256, help="synthetic JPEGs (~95 KB, 300-500 px)")
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--seconds", type=float, default=4.0, help="per measurement")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the best of each is kept")
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "pipeline_overhead.json"))
+    add_out_argument(parser, "pipeline_overhead.json")
     args = parser.parse_args()
     cv2.setNumThreads(1)
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "bench"
-        build_synthetic(path, args.records, seed=0, progress=False)
+    with synthetic_lmdb(args.records) as path:
         for train in (True, False):
             base, new = [], []
             for _ in range(args.rounds):
@@ -128,11 +121,8 @@ def main() -> None:
         print(f"{r['mode']:>5} | {r['baseline_samples_per_s']:>18.0f} | {r['pipeline_samples_per_s']:>18.0f} | "
               f"{r['ratio']:>6.3f}")
     result = {"benchmark": "pipeline_overhead", "rows": rows, "image_size": args.image_size, "batch_size": BATCH,
-              "cpus": os.cpu_count(), "machine": platform.machine(), "python": platform.python_version(),
-              "target_ratio": 0.97}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
-    print(f"wrote {args.out}")
+              **machine_info(), "target_ratio": 0.97}
+    write_results(args.out, result)
 
 
 if __name__ == "__main__":

@@ -17,26 +17,18 @@ Run:  python benchmarks/producer_throughput.py [--records 512] [--batches 200] [
 
 from __future__ import annotations
 
-import argparse
-import json
 import multiprocessing as mp
-import os
-import platform
-import resource
-import tempfile
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import cv2
 import numpy as np
 
+from delivery import producer_delivery
+from harness import add_out_argument, benchmark_parser, machine_info, synthetic_lmdb, write_results
 from stoker.producer.images.augment import decode_train_crop, resize_flip_into
 from stoker.producer.dataset.format import LmdbDataset
-from stoker.producer.process import ProducerProcess
-from stoker.producer.measure.procfs import cpu_seconds
-from stoker.producer.dataset.synthetic import build_synthetic
-
-from delivery import delivered_rate
 
 
 def decoder_limit(lmdb_path: Path, size: int, seconds: float) -> float:
@@ -74,38 +66,8 @@ def parallel_decoder_limit(lmdb_path: Path, size: int, seconds: float, processes
     return total
 
 
-def _own_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
-def delivered(lmdb_path: Path, workers: int, batch: int, size: int, warmup: int,
-              batches: int) -> tuple[float, dict[str, float]]:
-    """Images/s that reach this process from a `stoker produce` daemon with ``workers`` workers, and the
-    cores each part used meanwhile: ``workers``, ``daemon``, ``receiver`` (this process)."""
-    args = ["--workers", str(workers), "--batch-size", str(batch), "--image-size", str(size), "--seed", "0"]
-
-    def check(decoded) -> None:
-        assert decoded["images"].shape == (batch, size, size, 3)
-
-    with ProducerProcess(lmdb_path, extra_args=args) as producer:
-        start: dict[str, float] = {}
-
-        def clock_start() -> None:
-            start["t"], start["me"] = time.perf_counter(), _own_cpu()
-            start["daemon"] = cpu_seconds(producer.pid)
-            start["workers"] = sum(cpu_seconds(p) for p in producer.child_pids())
-
-        rate = delivered_rate(producer, warmup, batches, check, on_clock_start=clock_start)
-        seconds = time.perf_counter() - start["t"]
-        cores = {"workers": (sum(cpu_seconds(p) for p in producer.child_pids()) - start["workers"]) / seconds,
-                 "daemon": (cpu_seconds(producer.pid) - start["daemon"]) / seconds,
-                 "receiver": (_own_cpu() - start["me"]) / seconds}
-        return rate, cores
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--records", type=int, default=512, help="synthetic JPEGs (~95 KB, 300-500 px)")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--image-size", type=int, default=224)
@@ -116,13 +78,11 @@ def main() -> None:
                         help="interleaved rounds of every measurement; the best of each is kept (shared VMs drift)")
     parser.add_argument("--lmdb", default=None, help="use this LMDB instead of a fresh synthetic one")
     parser.add_argument("--workers", default="1,2", help="comma-separated worker counts to sweep, e.g. 1,2,4,8,14")
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "producer_throughput.json"))
+    add_out_argument(parser, "producer_throughput.json")
     args = parser.parse_args()
 
-    with tempfile.TemporaryDirectory() as tmp:
-        lmdb_path = Path(args.lmdb) if args.lmdb else Path(tmp) / "bench"
-        if not args.lmdb:
-            build_synthetic(lmdb_path, args.records, seed=0, progress=False)
+    with ExitStack() as stack:
+        lmdb_path = Path(args.lmdb) if args.lmdb else stack.enter_context(synthetic_lmdb(args.records))
         sweep = [int(w) for w in args.workers.split(",")]
         limits: list[float] = []
         rates: dict[int, list[tuple[float, dict[str, float]]]] = {w: [] for w in sweep}
@@ -130,8 +90,8 @@ def main() -> None:
         for _ in range(args.rounds):
             limits.append(decoder_limit(lmdb_path, args.image_size, args.decoder_seconds))
             for workers in sweep:
-                rates[workers].append(delivered(lmdb_path, workers, args.batch_size, args.image_size, args.warmup,
-                                                args.batches))
+                rates[workers].append(producer_delivery(lmdb_path, workers, args.batch_size, args.image_size,
+                                                        args.warmup, args.batches))
                 together[workers].append(parallel_decoder_limit(lmdb_path, args.image_size, args.decoder_seconds,
                                                                 workers))
         limit = max(limits)
@@ -157,13 +117,10 @@ def main() -> None:
               f"{c['workers']:>14.2f} | {c['daemon']:>6.2f} | {c['receiver']:>8.2f} | "
               f"{r['worker_images_per_cpu_s']:>20.0f}")
     result = {"benchmark": "producer_throughput", "decoder_limit_images_per_s": limit, "rows": rows,
-              "batch_size": args.batch_size, "image_size": args.image_size, "cpus": os.cpu_count(),
-              "machine": platform.machine(), "python": platform.python_version(), "opencv": cv2.__version__,
+              "batch_size": args.batch_size, "image_size": args.image_size, **machine_info(), "opencv": cv2.__version__,
               "batches_timed": args.batches,
               "rounds": args.rounds, "decoder_limit_rounds": limits}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
-    print(f"wrote {args.out}")
+    write_results(args.out, result)
 
 
 if __name__ == "__main__":

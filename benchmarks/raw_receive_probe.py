@@ -26,8 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import resource
 import socket
 import statistics
 import subprocess
@@ -37,15 +35,13 @@ import threading
 import time
 from pathlib import Path
 
+from harness import (add_out_argument, benchmark_parser, launch_producer, machine_info, own_cpu_seconds,
+                     producer_flags, write_results)
+
 BATCH, SIZE = 64, 224
 # The batch Stoker's imagenet pipeline sends: images, labels, index, epoch.
 LAYOUT = [("images", "uint8", (BATCH, SIZE, SIZE, 3)), ("labels", "int32", (BATCH,)),
           ("index", "int64", (BATCH,)), ("epoch", "int32", (BATCH,))]
-
-
-def _cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 def _nbytes() -> list[int]:
@@ -89,10 +85,10 @@ def raw_bare(port: int, warmup: int, batches: int) -> tuple[float, float]:
     with socket.create_connection(("127.0.0.1", port), timeout=60) as conn:
         for i in range(warmup + batches):
             if i == warmup:
-                t0, c0 = time.perf_counter(), _cpu()
+                t0, c0 = time.perf_counter(), own_cpu_seconds()
             for b in buffers:
                 _recv_exactly(conn, b)
-        seconds, cpu = time.perf_counter() - t0, _cpu() - c0
+        seconds, cpu = time.perf_counter() - t0, own_cpu_seconds() - c0
     return batches * BATCH / seconds, cpu / (batches * sum(sizes) / 1e9)
 
 
@@ -136,11 +132,11 @@ def raw_tensorflow(port: int, warmup: int, batches: int) -> tuple[float, float]:
         images = 0
         for i in range(warmup + batches):
             if i == warmup:
-                t0, c0 = time.perf_counter(), _cpu()
+                t0, c0 = time.perf_counter(), own_cpu_seconds()
             n = int(step())
             if i >= warmup:
                 images += n
-        seconds, cpu = time.perf_counter() - t0, _cpu() - c0
+        seconds, cpu = time.perf_counter() - t0, own_cpu_seconds() - c0
         stop.set()
         queue.close(cancel_pending_enqueues=True)
         conn.shutdown(socket.SHUT_RDWR)
@@ -159,58 +155,61 @@ def _child(mode: str, target: str, warmup: int, batches: int) -> tuple[float, fl
 
 
 def measure(mode: str, target: str, warmup: int, batches: int) -> tuple[float, float]:
-    sys.path.insert(0, str(Path(__file__).parent))
-    from trainer_ingest import _zmq_input, bare
+    from delivery import bare_receive, zmq_input_receive
 
     if mode == "raw_bare":
         return raw_bare(int(target), warmup, batches)
     if mode == "raw_tf":
         return raw_tensorflow(int(target), warmup, batches)
     if mode == "zmq_bare":
-        images, _, cpu = bare([target], warmup, batches)
+        images, _, cpu = bare_receive([target], warmup, batches)
         return images, cpu
-    images, _, cpu = _zmq_input([target], BATCH, SIZE, warmup, batches)
+    images, _, cpu = zmq_input_receive([target], BATCH, SIZE, warmup, batches)
     return images, cpu
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+MODES = {"raw_bare": "raw TCP, bare", "raw_tf": "raw TCP into TensorFlow", "zmq_bare": "pyzmq, bare",
+         "zmq_input": "ZMQInput"}
+
+
+def parse_args():
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds; the median is kept")
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--batches", type=int, default=300)
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "raw_receive_probe.json"))
+    add_out_argument(parser, "raw_receive_probe.json")
     parser.add_argument("--serve", metavar="PORT_FILE", help=argparse.SUPPRESS)
     parser.add_argument("--measure", help=argparse.SUPPRESS)
     parser.add_argument("--target", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.serve:
-        return serve(args.serve)
-    if args.measure:
-        print(json.dumps(measure(args.measure, args.target, args.warmup, args.batches)))
-        return
+    return parser.parse_args()
 
-    from stoker.producer.process import ProducerProcess
+
+def _start_sender(port_file: Path) -> tuple[subprocess.Popen, str]:
+    """This script as the raw sender (``--serve``); the process and the port it listens on."""
+    sender = subprocess.Popen([sys.executable, __file__, "--serve", str(port_file)])
+    deadline = time.monotonic() + 60
+    while not port_file.exists() or not port_file.read_text():
+        if time.monotonic() > deadline or sender.poll() is not None:
+            sender.kill()
+            sender.wait(30)
+            raise RuntimeError("the raw sender did not start")
+        time.sleep(0.05)
+    return sender, port_file.read_text()
+
+
+def run_rounds(args) -> dict[str, list[tuple[float, float]]]:
+    """(images/s, CPU s per GB) of every receiver per round, each in a fresh process."""
     from stoker.producer.dataset.synthetic import build_synthetic
 
-    modes = {"raw_bare": "raw TCP, bare", "raw_tf": "raw TCP into TensorFlow", "zmq_bare": "pyzmq, bare",
-             "zmq_input": "ZMQInput"}
-    results: dict[str, list[tuple[float, float]]] = {m: [] for m in modes}
+    results: dict[str, list[tuple[float, float]]] = {m: [] for m in MODES}
     with tempfile.TemporaryDirectory() as tmp:
-        port_file = Path(tmp) / "port"
-        sender = subprocess.Popen([sys.executable, __file__, "--serve", str(port_file)])
+        sender, port = _start_sender(Path(tmp) / "port")
         try:
-            deadline = time.monotonic() + 60
-            while not port_file.exists() or not port_file.read_text():
-                if time.monotonic() > deadline or sender.poll() is not None:
-                    raise RuntimeError("the raw sender did not start")
-                time.sleep(0.05)
-            port = port_file.read_text()
             build_synthetic(Path(tmp) / "ds", 64, seed=0, progress=False)
-            flags = ["--workers", "1", "--batch-size", str(BATCH), "--image-size", str(SIZE), "--repeat-batches", "2",
-                     "--seed", "0"]
-            with ProducerProcess(Path(tmp) / "ds", extra_args=flags) as producer:
+            flags = producer_flags(BATCH, SIZE, repeat_batches=True, seed=0)
+            with launch_producer(Path(tmp) / "ds", flags) as producer:
                 for r in range(args.rounds):
-                    for mode in modes:
+                    for mode in MODES:
                         target = port if mode.startswith("raw") else producer.endpoint
                         results[mode].append(_child(mode, target, args.warmup, args.batches))
                     print(f"round {r + 1}/{args.rounds}: " + ", ".join(
@@ -218,11 +217,22 @@ def main() -> None:
         finally:
             sender.kill()
             sender.wait(30)
+    return results
+
+
+def main() -> None:
+    args = parse_args()
+    if args.serve:
+        return serve(args.serve)
+    if args.measure:
+        print(json.dumps(measure(args.measure, args.target, args.warmup, args.batches)))
+        return
+    results = run_rounds(args)
     median = {m: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v)) for m, v in results.items()}
     print(f"\ntrainer receive paths, {BATCH} x {SIZE} px batches on loopback, median of {args.rounds} interleaved rounds")
     print(f"{'receiver':>26} | {'images/s':>8} | {'CPU s/GB':>8}")
     print("-" * 48)
-    for m, label in modes.items():
+    for m, label in MODES.items():
         print(f"{label:>26} | {median[m][0]:>8.0f} | {median[m][1]:>8.3f}")
     raw_ratio = median["raw_tf"][0] / median["raw_bare"][0]
     vs_zmq = median["raw_tf"][0] / median["zmq_bare"][0]
@@ -231,11 +241,8 @@ def main() -> None:
     result = {"benchmark": "raw_receive_probe", "median": {m: {"images_per_s": a, "cpu_s_per_gb": b}
                                                           for m, (a, b) in median.items()},
               "rounds": {m: [list(x) for x in v] for m, v in results.items()}, "raw_tf_over_raw_bare": raw_ratio,
-              "raw_tf_over_zmq_bare": vs_zmq, "zmq_input_over_zmq_bare": zmq_ratio, "cpus": os.cpu_count(),
-              "machine": platform.machine(), "python": platform.python_version()}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
-    print(f"wrote {args.out}")
+              "raw_tf_over_zmq_bare": vs_zmq, "zmq_input_over_zmq_bare": zmq_ratio, **machine_info()}
+    write_results(args.out, result)
 
 
 if __name__ == "__main__":

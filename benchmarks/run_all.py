@@ -16,10 +16,11 @@ Results land in benchmarks/results/*.json; docs/performance.md explains them.
 
 from __future__ import annotations
 
-import argparse
 import subprocess
 import sys
 from pathlib import Path
+
+from harness import benchmark_parser
 
 HERE = Path(__file__).parent
 #: name -> (script, extra arguments)
@@ -42,7 +43,7 @@ BENCHMARKS = {
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--skip", default="", help="comma-separated benchmark names to leave out")
     parser.add_argument("--tensorpack-python", default=None, help="passed to peers.py")
     args = parser.parse_args()

@@ -29,26 +29,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+from harness import (add_out_argument, benchmark_parser, launch_sharded, machine_info, own_cpu_seconds,
+                     producer_flags, write_results)
+
 HERE = Path(__file__).resolve().parent
 SIZE, BATCH = 8, 32
-
-
-def _cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 # ---- one trainer (a subprocess) ----------------------------------------------------------------
@@ -67,10 +62,10 @@ def trainer(addresses: list[str], warmup: int, batches: int, exact: bool, setup_
                 seen_all = time.perf_counter() - started
         for _ in range(warmup):
             next(it)
-        before, cpu0, t0 = stream.stats, _cpu(), time.perf_counter()
+        before, cpu0, t0 = stream.stats, own_cpu_seconds(), time.perf_counter()
         for _ in range(batches):
             next(it)
-        seconds, cpu = time.perf_counter() - t0, _cpu() - cpu0
+        seconds, cpu = time.perf_counter() - t0, own_cpu_seconds() - cpu0
         after = stream.stats
         threads = threading.active_count()
     n = after.batches - before.batches  # delivered into the queue meanwhile (>= what was taken)
@@ -113,18 +108,11 @@ def run_trainers(count: int, addresses: list[str], warmup: int, batches: int, ex
 
 def start_producers(stack: ExitStack, lmdb: Path, count: int, exact: bool) -> tuple[list[str], float]:
     """``count`` producer daemons started at once; their addresses and the seconds until all serve."""
-    from stoker.producer.process import ProducerProcess
-
     flags = ["--pipeline", f"{HERE / 'checksum_pipeline.py'}:make_pipeline", "--pipeline-arg", f"size={SIZE}",
-             "--workers", "1", "--batch-size", str(BATCH), "--seed", "0", *(["--exact"] if exact else [])]
+             *producer_flags(BATCH, seed=0), *(["--exact"] if exact else [])]
     t0 = time.perf_counter()
-    with ThreadPoolExecutor(count) as pool:
-        producers = list(pool.map(lambda i: ProducerProcess(lmdb, extra_args=[*flags, "--shard", f"{i}/{count}"],
-                                                            start_timeout=600), range(count)))
-    seconds = time.perf_counter() - t0
-    for p in producers:
-        stack.enter_context(p)
-    return [p.endpoint for p in producers], seconds
+    producers = launch_sharded(stack, lmdb, count, flags, parallel=True, start_timeout=600)
+    return [p.endpoint for p in producers], time.perf_counter() - t0
 
 
 # ---- exact-mode state --------------------------------------------------------------------------
@@ -168,8 +156,8 @@ def state_size(records: int, streams: int) -> dict[str, Any]:
 
 # ---- the run -----------------------------------------------------------------------------------
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args():
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--producers", type=int, default=32, help="producer daemons (each with one worker)")
     parser.add_argument("--fan-in", default="1,8,32", help="producers one trainer connects to, comma-separated")
     parser.add_argument("--trainers", default="1,2,4", help="trainer processes at once, comma-separated")
@@ -178,26 +166,20 @@ def main() -> None:
     parser.add_argument("--state-records", default="1280000,100000000,1000000000",
                         help="dataset sizes for the exact-mode state, comma-separated")
     parser.add_argument("--skip-exact", action="store_true", help="leave out part 4 (exact mode's control plane)")
-    parser.add_argument("--out", default=str(HERE / "results" / "scale.json"))
+    add_out_argument(parser, "scale.json")
     parser.add_argument("--trainer", help=argparse.SUPPRESS)  # internal: be one trainer process
     parser.add_argument("--exact", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.trainer:
-        addresses = args.trainer.split(",")
-        result = trainer(addresses, args.warmup, args.batches, args.exact, setup_timeout=120)
-        Path(args.result).write_text(json.dumps(result))
-        return
+    return parser.parse_args()
 
-    sys.path.insert(0, str(HERE))
+
+def run_parts(args, result: dict[str, Any]) -> None:
+    """Parts 1 to 4 (module doc) on one tiny LMDB, into ``result``."""
     from checksum_pipeline import checksum_weights  # noqa: F401  (fails early if the pipeline is missing)
     from stoker.producer.dataset.writer import write_lmdb
 
     fan_in = [n for n in (int(x) for x in args.fan_in.split(",")) if n <= args.producers]
     counts = [int(x) for x in args.trainers.split(",")]
-    result: dict[str, Any] = {"benchmark": "scale", "producers": args.producers, "batch_size": BATCH,
-                              "image_size": SIZE, "cpus": os.cpu_count(), "machine": platform.machine(),
-                              "python": platform.python_version()}
     with tempfile.TemporaryDirectory() as tmp:
         lmdb = Path(tmp) / "tiny"
         records = max(4096, args.producers * BATCH * 4)
@@ -218,8 +200,9 @@ def main() -> None:
                 result["exact_producer_start_s"] = start_s
                 result["exact"] = [run_trainers(1, addresses[:n], args.warmup, args.batches, True)[0]
                                    for n in sorted({1, args.producers})]
-    result["state"] = [state_size(int(r), args.producers) for r in args.state_records.split(",")]
 
+
+def print_tables(args, result: dict[str, Any]) -> None:
     print(f"\nscale: {args.producers} producers (1 worker each, batches of {BATCH} x {SIZE}x{SIZE}x3), loopback, "
           f"{os.cpu_count()} cores; producers up after {result['producer_start_s']:.1f} s")
     print(f"{'trainers':>8} | {'fan-in':>6} | {'set-up s':>8} | {'batches/s':>9} | {'CPU ms/batch':>12} | {'threads':>7}")
@@ -250,9 +233,21 @@ def main() -> None:
         read = f"{r['read_s']:.2f} s" if r["read_s"] is not None else f"refused: {r['refused']}"
         print(f"{r['records']:>13,} | {r['state_bytes'] / 1e6:>9.2f} | {r['bits_per_record']:>11.3f} | "
               f"{r['bitmap_memory_bytes'] / 1e6:>10.0f} | {r['write_s']:>7.2f} | {read}")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
-    print(f"wrote {args.out}")
+
+
+def main() -> None:
+    args = parse_args()
+    if args.trainer:
+        addresses = args.trainer.split(",")
+        result = trainer(addresses, args.warmup, args.batches, args.exact, setup_timeout=120)
+        Path(args.result).write_text(json.dumps(result))
+        return
+    result: dict[str, Any] = {"benchmark": "scale", "producers": args.producers, "batch_size": BATCH,
+                              "image_size": SIZE, **machine_info()}
+    run_parts(args, result)
+    result["state"] = [state_size(int(r), args.producers) for r in args.state_records.split(",")]
+    print_tables(args, result)
+    write_results(args.out, result)
 
 
 if __name__ == "__main__":

@@ -21,10 +21,7 @@ With a slow trainer the FIFOQueue fills, which checks the bound at its worst:
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import tempfile
 import time
 from pathlib import Path
 
@@ -32,9 +29,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import tensorflow as tf  # noqa: E402
 
+from harness import (add_out_argument, benchmark_parser, launch_producer, producer_flags,  # noqa: E402
+                     synthetic_lmdb, write_results)
 from stoker.consumer import ZMQInput  # noqa: E402
 from stoker.producer.process import ProducerProcess  # noqa: E402
-from stoker.producer.dataset.synthetic import build_synthetic  # noqa: E402
 
 
 def rss_mib(pid: int) -> float:
@@ -53,8 +51,8 @@ def snapshot(producers: list[ProducerProcess]) -> dict[str, float]:
     return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args():
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--batches", type=int, default=20_000)
     parser.add_argument("--warmup", type=int, default=1_000)
     parser.add_argument("--batch-size", type=int, default=8)
@@ -66,15 +64,17 @@ def main() -> None:
     parser.add_argument("--allowance-mib", type=float, default=32.0,
                         help="stated fixed overhead beyond the TF baseline: ZMQ context, threads, traced step")
     parser.add_argument("--receive", choices=("auto", "direct", "libzmq"), default="auto", help="ZMQInput(receive=...)")
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "soak.json"))
-    args = parser.parse_args()
+    add_out_argument(parser, "soak.json")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     b, s = args.batch_size, args.image_size
     batch_bytes = b * s * s * 3 + 4 * b
-    with tempfile.TemporaryDirectory() as tmp:
-        lmdb_path = Path(tmp) / "soak"
-        build_synthetic(lmdb_path, args.records, seed=0, progress=False)
-        flags = ["--workers", "1", "--batch-size", str(b), "--image-size", str(s), "--log-interval", "60"]
-        producers = [ProducerProcess(lmdb_path, extra_args=[*flags, "--shard", f"{i}/2"]) for i in range(2)]
+    with synthetic_lmdb(args.records, "soak") as lmdb_path:
+        flags = [*producer_flags(b, s), "--log-interval", "60"]
+        producers = [launch_producer(lmdb_path, [*flags, "--shard", f"{i}/2"]) for i in range(2)]
         try:
             fixed_overhead = rss_mib(os.getpid())
             with ZMQInput([p.endpoint for p in producers], batch_size=b, image_shape=(s, s, 3),
@@ -129,9 +129,7 @@ def main() -> None:
               "rejected": stats.protocol_errors + stats.mismatched_batches, "step_ms": args.step_ms,
               "receive": args.receive,
               "mean_queue_occupancy": sum(occupancy) / len(occupancy)}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
-    print(f"wrote {args.out}")
+    write_results(args.out, result)
 
 
 if __name__ == "__main__":

@@ -27,101 +27,17 @@ Run:  python benchmarks/trainer_ingest.py [--batches 500] [--rounds 5] [--produc
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import platform
-import resource
 import statistics
-import tempfile
-import time
 from contextlib import ExitStack
 from pathlib import Path
 
+from delivery import bare_receive, zmq_input_receive
+from harness import (add_out_argument, benchmark_parser, launch_sharded, machine_info, producer_flags,
+                     synthetic_lmdb, write_results)
 
-def _cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
-def bare(endpoints: list[str], warmup: int, batches: int, copy: bool = False) -> tuple[float, float, float]:
-    """(images/s, bytes/s, cpu s per GB) of a bare receive loop (``copy``: plus one copy of each array)."""
-    import numpy as np
-    import zmq
-
-    from stoker.protocol import decode_batch
-
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.PULL)
-    sock.setsockopt(zmq.RCVHWM, 4)
-    for e in endpoints:
-        sock.connect(e)
-    try:
-        images = nbytes = 0
-        buffers: dict[str, np.ndarray] = {}
-        for i in range(warmup + batches):
-            if not sock.poll(60_000):
-                raise RuntimeError("no batch for 60 s")
-            batch = decode_batch(sock.recv_multipart(copy=False))
-            if copy:
-                for name, array in batch.arrays.items():
-                    if name not in buffers:
-                        buffers[name] = np.empty_like(array)
-                    np.copyto(buffers[name], array)
-            if i == warmup - 1:
-                t0, c0 = time.perf_counter(), _cpu()
-            elif i >= warmup:
-                images += len(batch["labels"])
-                nbytes += sum(a.nbytes for a in batch.arrays.values())
-        seconds, cpu = time.perf_counter() - t0, _cpu() - c0
-        return images / seconds, nbytes / seconds, cpu / (nbytes / 1e9)
-    finally:
-        sock.close(0)
-        ctx.term()
-
-
-def zmq_input(endpoints: list[str], batch: int, size: int, warmup: int, batches: int,
-              convert: bool = False) -> tuple[float, float, float]:
-    """(images/s, bytes/s, cpu s per GB) of ZMQInput feeding a step that only takes each batch.
-
-    ``convert``: enqueue with ``tf.convert_to_tensor`` as before ``TensorImporter`` (baseline).
-    """
-    import tensorflow as tf
-
-    from stoker.consumer import ZMQInput
-    from stoker.consumer.tf.fifo_queue import EagerQueue
-
-    importer_enqueue = EagerQueue.enqueue
-    if convert:
-        EagerQueue.enqueue = lambda self, arrays: self.queue.enqueue(list(arrays))  # type: ignore[method-assign]
-    try:
-        return _zmq_input(endpoints, batch, size, warmup, batches)
-    finally:
-        EagerQueue.enqueue = importer_enqueue  # type: ignore[method-assign]
-
-
-def _zmq_input(endpoints: list[str], batch: int, size: int, warmup: int, batches: int,
-               receive: str | None = "libzmq") -> tuple[float, float, float]:
-    """``receive=None``: ZMQInput's default receive path (no ``receive=`` argument given)."""
-    import tensorflow as tf
-
-    from stoker.consumer import ZMQInput
-
-    choice = {} if receive is None else {"receive": receive}
-    with ZMQInput(endpoints, batch_size=batch, image_shape=(size, size, 3), recv_timeout=60, **choice) as inp:
-        @tf.function
-        def step():
-            images, labels = inp.get()
-            return tf.shape(images)[0]
-
-        for _ in range(warmup):
-            int(step())
-        t0, c0, images = time.perf_counter(), _cpu(), 0
-        for _ in range(batches):
-            images += int(step())
-        seconds, cpu = time.perf_counter() - t0, _cpu() - c0
-        nbytes = images * (size * size * 3 + 4 + 8 + 4)  # pixels, label, index, epoch per sample
-        return images / seconds, nbytes / seconds, cpu / (nbytes / 1e9)
+#: what each receiver measured in one round: (images/s, bytes/s, CPU s per GB)
+Measured = tuple[float, float, float]
 
 
 def _pin_process(pid: int, cores: set[int]) -> None:
@@ -142,11 +58,8 @@ def _cpu_list(text: str) -> set[int]:
     return cores
 
 
-def main() -> None:
-    from stoker.producer.process import ProducerProcess
-    from stoker.producer.dataset.synthetic import build_synthetic
-
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args():
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--warmup", type=int, default=100, help="batches before timing: past the queue filling up and its buffers being allocated")
@@ -158,53 +71,45 @@ def main() -> None:
     parser.add_argument("--producer-cpus", default="", metavar="LIST",
                         help="pin the producers and their workers to these cores, e.g. 4-15: on a many-core host "
                              "the producers' cores are then not the trainer's")
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "trainer_ingest.json"))
-    args = parser.parse_args()
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    trainer_cpus, producer_cpus = _cpu_list(args.trainer_cpus), _cpu_list(args.producer_cpus)
-    if trainer_cpus:
-        _pin_process(os.getpid(), trainer_cpus)  # before TensorFlow starts its thread pools
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "bench"
-        build_synthetic(path, 64, seed=0, progress=False)
-        for count in (int(c) for c in args.producers.split(",")):
-            flags = ["--workers", "1", "--batch-size", str(args.batch_size), "--image-size", str(args.image_size),
-                     "--repeat-batches", "2", "--seed", "0"]
-            with ExitStack() as stack:
-                producers = [stack.enter_context(ProducerProcess(path, extra_args=[*flags, "--shard", f"{i}/{count}"]))
-                             for i in range(count)]
-                endpoints = [p.endpoint for p in producers]
-                if producer_cpus:
-                    for p in producers:
-                        for pid in (p.pid, *p.child_pids()):
-                            _pin_process(pid, producer_cpus)
-                results = {"bare": [], "bare_copy": [], "zmq_convert": [], "zmq_input": [], "zmq_direct": []}
-                for _ in range(args.rounds):
-                    results["bare"].append(bare(endpoints, args.warmup, args.batches))
-                    results["bare_copy"].append(bare(endpoints, args.warmup, args.batches, copy=True))
-                    results["zmq_convert"].append(zmq_input(endpoints, args.batch_size, args.image_size, args.warmup,
-                                                            args.batches, convert=True))
-                    results["zmq_input"].append(zmq_input(endpoints, args.batch_size, args.image_size, args.warmup,
-                                                          args.batches))
-                    results["zmq_direct"].append(_zmq_input(endpoints, args.batch_size, args.image_size, args.warmup,
-                                                            args.batches, receive=None))
-            best = {k: tuple(statistics.median(r[i] for r in v) for i in range(3)) for k, v in results.items()}
-            rows.append({"producers": count, "bare_images_per_s": best["bare"][0], "bare_gb_per_s": best["bare"][1] / 1e9,
-                         "bare_cpu_s_per_gb": best["bare"][2], "bare_copy_images_per_s": best["bare_copy"][0],
-                         "bare_copy_cpu_s_per_gb": best["bare_copy"][2],
-                         "convert_images_per_s": best["zmq_convert"][0], "convert_cpu_s_per_gb": best["zmq_convert"][2],
-                         "zmq_images_per_s": best["zmq_input"][0],
-                         "zmq_gb_per_s": best["zmq_input"][1] / 1e9, "zmq_cpu_s_per_gb": best["zmq_input"][2],
-                         "ratio": best["zmq_input"][0] / best["bare"][0],
-                         "copy_ratio": best["bare_copy"][0] / best["bare"][0],
-                         "convert_ratio": best["zmq_convert"][0] / best["bare"][0],
-                         "ratio_to_one_copy": best["zmq_input"][0] / best["bare_copy"][0],
-                         "direct_images_per_s": best["zmq_direct"][0], "direct_gb_per_s": best["zmq_direct"][1] / 1e9,
-                         "direct_cpu_s_per_gb": best["zmq_direct"][2],
-                         "direct_ratio": best["zmq_direct"][0] / best["bare"][0],
-                         "direct_cpu_ratio": best["zmq_direct"][2] / best["bare"][2],
-                         "rounds": {k: [list(r) for r in v] for k, v in results.items()}})
+    add_out_argument(parser, "trainer_ingest.json")
+    return parser.parse_args()
+
+
+def measure_rounds(endpoints: list[str], args) -> dict[str, list[Measured]]:
+    """Every receiver once per round, in the same order each round."""
+    b, s, warmup, batches = args.batch_size, args.image_size, args.warmup, args.batches
+    results: dict[str, list[Measured]] = {"bare": [], "bare_copy": [], "zmq_convert": [], "zmq_input": [],
+                                          "zmq_direct": []}
+    for _ in range(args.rounds):
+        results["bare"].append(bare_receive(endpoints, warmup, batches))
+        results["bare_copy"].append(bare_receive(endpoints, warmup, batches, copy=True))
+        results["zmq_convert"].append(zmq_input_receive(endpoints, b, s, warmup, batches, convert=True))
+        results["zmq_input"].append(zmq_input_receive(endpoints, b, s, warmup, batches))
+        results["zmq_direct"].append(zmq_input_receive(endpoints, b, s, warmup, batches, receive=None))
+    return results
+
+
+def table_row(count: int, results: dict[str, list[Measured]]) -> dict:
+    """One producer count's row: the medians over rounds of each receiver, and their ratios."""
+    best = {k: tuple(statistics.median(r[i] for r in v) for i in range(3)) for k, v in results.items()}
+    return {"producers": count, "bare_images_per_s": best["bare"][0], "bare_gb_per_s": best["bare"][1] / 1e9,
+            "bare_cpu_s_per_gb": best["bare"][2], "bare_copy_images_per_s": best["bare_copy"][0],
+            "bare_copy_cpu_s_per_gb": best["bare_copy"][2],
+            "convert_images_per_s": best["zmq_convert"][0], "convert_cpu_s_per_gb": best["zmq_convert"][2],
+            "zmq_images_per_s": best["zmq_input"][0],
+            "zmq_gb_per_s": best["zmq_input"][1] / 1e9, "zmq_cpu_s_per_gb": best["zmq_input"][2],
+            "ratio": best["zmq_input"][0] / best["bare"][0],
+            "copy_ratio": best["bare_copy"][0] / best["bare"][0],
+            "convert_ratio": best["zmq_convert"][0] / best["bare"][0],
+            "ratio_to_one_copy": best["zmq_input"][0] / best["bare_copy"][0],
+            "direct_images_per_s": best["zmq_direct"][0], "direct_gb_per_s": best["zmq_direct"][1] / 1e9,
+            "direct_cpu_s_per_gb": best["zmq_direct"][2],
+            "direct_ratio": best["zmq_direct"][0] / best["bare"][0],
+            "direct_cpu_ratio": best["zmq_direct"][2] / best["bare"][2],
+            "rounds": {k: [list(r) for r in v] for k, v in results.items()}}
+
+
+def print_table(rows: list[dict], args) -> None:
     print(f"trainer ingest, {args.batch_size} x {args.image_size} px batches from --repeat-batches producers on "
           f"loopback, median of {args.rounds} interleaved rounds")
     print(f"{'producers':>9} | {'bare img/s':>10} | {'GB/s':>5} | {'CPU s/GB':>8} | {'+copy img/s':>11} | "
@@ -222,13 +127,31 @@ def main() -> None:
     print("before: ZMQInput with tf.convert_to_tensor (before TensorImporter); ratio: ZMQInput / bare; "
           "copy: (bare + one copy) / bare; vs copy: ZMQInput / (bare + one copy); direct: ZMQInput() with default arguments (direct receive), "
           "direct ratio: it / bare; direct CPU: its CPU s/GB / bare's")
+
+
+def main() -> None:
+    args = parse_args()
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    trainer_cpus, producer_cpus = _cpu_list(args.trainer_cpus), _cpu_list(args.producer_cpus)
+    if trainer_cpus:
+        _pin_process(os.getpid(), trainer_cpus)  # before TensorFlow starts its thread pools
+    rows = []
+    with synthetic_lmdb(64) as path:
+        for count in (int(c) for c in args.producers.split(",")):
+            flags = producer_flags(args.batch_size, args.image_size, repeat_batches=True, seed=0)
+            with ExitStack() as stack:
+                producers = launch_sharded(stack, path, count, flags)
+                if producer_cpus:
+                    for p in producers:
+                        for pid in (p.pid, *p.child_pids()):
+                            _pin_process(pid, producer_cpus)
+                results = measure_rounds([p.endpoint for p in producers], args)
+            rows.append(table_row(count, results))
+    print_table(rows, args)
     result = {"benchmark": "trainer_ingest", "rows": rows, "batch_size": args.batch_size, "image_size": args.image_size,
-              "batches_timed": args.batches, "target_ratio": 0.95, "target_cpu_ratio": 1.3, "cpus": os.cpu_count(),
-              "trainer_cpus": sorted(trainer_cpus), "producer_cpus": sorted(producer_cpus),
-              "machine": platform.machine(), "python": platform.python_version()}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
-    print(f"wrote {args.out}")
+              "batches_timed": args.batches, "target_ratio": 0.95, "target_cpu_ratio": 1.3, **machine_info(),
+              "trainer_cpus": sorted(trainer_cpus), "producer_cpus": sorted(producer_cpus)}
+    write_results(args.out, result)
 
 
 if __name__ == "__main__":

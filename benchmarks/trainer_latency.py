@@ -17,11 +17,7 @@ Run:  python benchmarks/trainer_latency.py [--steps 30]   (table + JSON)
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import tempfile
-import time
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -30,12 +26,12 @@ import cv2  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from harness import (add_out_argument, benchmark_parser, launch_producer, mean_step_seconds,  # noqa: E402
+                     producer_flags, synthetic_lmdb, write_results)
 from stoker.consumer import ZMQInput  # noqa: E402
 from stoker.consumer.train.models import build_model  # noqa: E402
 from stoker.producer.images.augment import decode_train_crop, resize_flip_into  # noqa: E402
 from stoker.producer.dataset.format import LmdbDataset  # noqa: E402
-from stoker.producer.process import ProducerProcess  # noqa: E402
-from stoker.producer.dataset.synthetic import build_synthetic  # noqa: E402
 
 
 def make_model(name: str, size: int, classes: int) -> tf.keras.Model:
@@ -60,16 +56,6 @@ def make_train_step(model: tf.keras.Model):
     return train
 
 
-def timed(step, steps: int, warmup: int) -> float:
-    for _ in range(warmup):
-        float(step())
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        loss = step()
-    float(loss)
-    return (time.perf_counter() - t0) / steps
-
-
 def run_model(name: str, lmdb_path: Path, batch: int, size: int, steps: int, warmup: int, rounds: int) -> dict:
     """Best of ``rounds`` interleaved measurements of each way in: a slow spell on a shared VM
     then hits all three alike instead of skewing one ratio."""
@@ -80,19 +66,19 @@ def run_model(name: str, lmdb_path: Path, batch: int, size: int, steps: int, war
     train = make_train_step(make_model(name, size, classes))
     constant_step = tf.function(lambda: train(const_images, const_labels))
 
-    producer_args = ["--workers", "1", "--batch-size", str(batch), "--image-size", str(size), "--repeat-batches", "2"]
+    producer_args = producer_flags(batch, size, repeat_batches=True)
     zmq_train = make_train_step(make_model(name, size, classes))
 
     def zmq_time() -> tuple[float, float]:
         # A producer and input per round, closed after: idle, they would still wake the CPU meanwhile.
-        with ProducerProcess(lmdb_path, extra_args=producer_args) as producer, \
+        with launch_producer(lmdb_path, producer_args) as producer, \
                 ZMQInput([producer.endpoint], batch_size=batch, image_shape=(size, size, 3), recv_timeout=60) as inp:
             @tf.function
             def zmq_step() -> tf.Tensor:
                 images, labels = inp.get()
                 return zmq_train(images, labels)
 
-            return timed(zmq_step, steps, warmup), inp.stats.mean_queue_occupancy
+            return mean_step_seconds(zmq_step, steps, warmup), inp.stats.mean_queue_occupancy
 
     cv2.setNumThreads(1)
     with LmdbDataset(lmdb_path) as ds:
@@ -112,11 +98,11 @@ def run_model(name: str, lmdb_path: Path, batch: int, size: int, steps: int, war
 
     t_const, t_zmq, t_feed, occupancy = [], [], [], []
     for _ in range(rounds):
-        t_const.append(timed(constant_step, steps, warmup))
+        t_const.append(mean_step_seconds(constant_step, steps, warmup))
         zmq_s, occ = zmq_time()
         t_zmq.append(zmq_s)
         occupancy.append(occ)
-        t_feed.append(timed(feed_dict_step, steps, warmup))
+        t_feed.append(mean_step_seconds(feed_dict_step, steps, warmup))
     best_const, best_zmq, best_feed = min(t_const), min(t_zmq), min(t_feed)
     return {"model": name, "constant_s": best_const, "zmq_s": best_zmq, "feed_dict_s": best_feed,
             "zmq_over_constant": best_zmq / best_const, "feed_dict_over_zmq": best_feed / best_zmq,
@@ -125,18 +111,16 @@ def run_model(name: str, lmdb_path: Path, batch: int, size: int, steps: int, war
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--models", default="small-cnn,linear")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the best of each is kept")
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "trainer_latency.json"))
+    add_out_argument(parser, "trainer_latency.json")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        lmdb_path = Path(tmp) / "bench"
-        build_synthetic(lmdb_path, 256, seed=0, progress=False)
+    with synthetic_lmdb(256) as lmdb_path:
         rows = [run_model(m, lmdb_path, args.batch_size, args.image_size, args.steps, args.warmup, args.rounds)
                 for m in args.models.split(",")]
     print(f"step time, batch {args.batch_size} x {args.image_size}px, {args.steps} steps, best of {args.rounds} "
@@ -147,10 +131,8 @@ def main() -> None:
         print(f"{r['model']:<10} | {1000 * r['constant_s']:>7.1f}ms | {1000 * r['zmq_s']:>7.1f}ms | "
               f"{1000 * r['feed_dict_s']:>7.1f}ms | {r['zmq_over_constant']:>9.3f} | {r['feed_dict_over_zmq']:>8.2f} | "
               f"{r['zmq_mean_queue_occupancy']:.2f}")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"benchmark": "trainer_latency", "rows": rows, "batch_size": args.batch_size,
-                                          "image_size": args.image_size, "cpus": os.cpu_count()}, indent=2))
-    print(f"wrote {args.out}")
+    write_results(args.out, {"benchmark": "trainer_latency", "rows": rows, "batch_size": args.batch_size,
+                             "image_size": args.image_size, "cpus": os.cpu_count()})
 
 
 if __name__ == "__main__":

@@ -12,15 +12,13 @@ Run:  python benchmarks/transport.py [--batches 300]   (table + JSON)
 
 from __future__ import annotations
 
-import argparse
-import json
 import multiprocessing as mp
 import time
-from pathlib import Path
 
 import numpy as np
 import zmq
 
+from harness import add_out_argument, benchmark_parser, write_results
 from stoker.protocol import decode_batch, encode_batch
 
 SHAPE = (64, 224, 224, 3)
@@ -73,11 +71,11 @@ def measure(mode: str, batches: int, warmup: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--batches", type=int, default=300)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=3, help="alternating runs of each; the best is kept")
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "transport.json"))
+    add_out_argument(parser, "transport.json")
     args = parser.parse_args()
     runs: dict[str, list[dict]] = {"bare": [], "stoker": []}
     for _ in range(args.repeats):
@@ -92,10 +90,7 @@ def main() -> None:
     print(f"{'stoker protocol v1':<22} | {best['stoker']['gb_per_s']:>6.2f} | {best['stoker']['batches_per_s']:>9.1f}")
     print(f"ratio stoker / bare: {ratio:.3f}; decoded arrays view the received frames (zero copy): "
           f"{best['stoker']['zero_copy_decode']}")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"benchmark": "transport", "runs": runs, "best": best, "ratio": ratio},
-                                         indent=2))
-    print(f"wrote {args.out}")
+    write_results(args.out, {"benchmark": "transport", "runs": runs, "best": best, "ratio": ratio})
 
 
 if __name__ == "__main__":

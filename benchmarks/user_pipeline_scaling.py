@@ -16,11 +16,6 @@ Run:  python benchmarks/user_pipeline_scaling.py [--batches 40] [--rounds 2]
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import platform
-import tempfile
 import time
 from pathlib import Path
 
@@ -81,34 +76,32 @@ def transform_alone(lmdb_path: Path, seconds: float) -> float:
 
 
 def delivered(lmdb_path: Path, workers: int, batch: int, warmup: int, batches: int) -> float:
+    # Here, not at the top: the producer imports this file for make_pipeline without benchmarks/ on its path.
     from delivery import delivered_rate
-    from stoker.producer.process import ProducerProcess
+    from harness import launch_producer, producer_flags
 
-    args = ["--workers", str(workers), "--batch-size", str(batch), "--pipeline", f"{__file__}:make_pipeline",
-            "--seed", "0"]
+    flags = [*producer_flags(batch, workers=workers, seed=0), "--pipeline", f"{__file__}:make_pipeline"]
 
     def check(decoded) -> None:
         assert decoded["thumbs"].shape == (batch, THUMB, THUMB)
 
-    with ProducerProcess(lmdb_path, extra_args=args) as producer:
+    with launch_producer(lmdb_path, flags) as producer:
         return delivered_rate(producer, warmup, batches, check)
 
 
 def main() -> None:
-    from stoker.producer.dataset.synthetic import build_synthetic
+    from harness import add_out_argument, benchmark_parser, machine_info, synthetic_lmdb, write_results
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--records", type=int, default=128)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--warmup", type=int, default=4)
     parser.add_argument("--batches", type=int, default=40)
     parser.add_argument("--seconds", type=float, default=4.0, help="for the transform alone")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds; the best of each is kept")
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "user_pipeline_scaling.json"))
+    add_out_argument(parser, "user_pipeline_scaling.json")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "bench"
-        build_synthetic(path, args.records, seed=0, progress=False)
+    with synthetic_lmdb(args.records) as path:
         alone, rates = [], {1: [], 2: []}
         for _ in range(args.rounds):
             alone.append(transform_alone(path, args.seconds))
@@ -123,11 +116,8 @@ def main() -> None:
     print(f"{2:>7} | {two:>19.0f} | {two / one:>10.2f}")
     result = {"benchmark": "user_pipeline_scaling", "transform_alone_samples_per_s": max(alone),
               "delivered_samples_per_s": {"1": one, "2": two}, "speedup_2_workers": two / one, "target": 1.8,
-              "rounds": {"alone": alone, "1": rates[1], "2": rates[2]}, "cpus": os.cpu_count(),
-              "machine": platform.machine(), "python": platform.python_version()}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
-    print(f"wrote {args.out}")
+              "rounds": {"alone": alone, "1": rates[1], "2": rates[2]}, **machine_info()}
+    write_results(args.out, result)
 
 
 if __name__ == "__main__":
