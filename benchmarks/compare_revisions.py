@@ -9,7 +9,7 @@ benchmark script. Rounds alternate which revision goes first. Every numeric resu
 ``_per_s`` is compared as new / old: the median over rounds and the spread (min-max) are printed and
 written as JSON (default benchmarks/results/compare_revisions.json)::
 
-    python benchmarks/compare_revisions.py --old 560416d --rounds 3
+    python benchmarks/compare_revisions.py --old 560416d --new HEAD --rounds 3
     python benchmarks/compare_revisions.py --old HEAD~3 --bench exact_cost -- --rounds 1
 
 Arguments after ``--`` go to every benchmark (both revisions).
@@ -36,6 +36,7 @@ PACKAGES = ("producer", "consumer", "protocol", "cli")
 def prepare_old(revision: str, workdir: Path) -> tuple[Path, Path]:
     """A worktree of ``revision`` and a folder that imports it as ``stoker``: ``(worktree, pythonpath)``."""
     tree, package_root = workdir / "tree", workdir / "pythonpath"
+    workdir.mkdir(parents=True, exist_ok=True)
     if tree.exists():
         subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, check=False)
     subprocess.run(["git", "worktree", "add", "--detach", str(tree), revision], cwd=ROOT, check=True,
@@ -93,15 +94,20 @@ def main() -> None:
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--old", required=True, help="the old revision (a commit, tag or branch)")
+    parser.add_argument("--new", default=None, help="the new revision (default: this working tree as it is)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     parser.add_argument("--bench", default=",".join(BENCHMARKS), help=f"comma-separated (default {','.join(BENCHMARKS)})")
     parser.add_argument("--workdir", default=str(Path(tempfile.gettempdir()) / "stoker-compare-revisions"))
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "compare_revisions.json"))
     args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     workdir = Path(args.workdir)
-    tree, old_path = prepare_old(args.old, workdir)
+    tree, old_path = prepare_old(args.old, workdir / "old")
     sides = {"old": (tree / "benchmarks", str(old_path)), "new": (ROOT / "benchmarks", "")}
-    report: dict[str, Any] = {"old": args.old, "rounds": args.rounds, "extra_args": extra, "benchmarks": {}}
+    if args.new is not None:  # a fixed revision: the working tree may change while this runs
+        new_tree, new_path = prepare_old(args.new, workdir / "new")
+        sides["new"] = (new_tree / "benchmarks", str(new_path))
+    report: dict[str, Any] = {"old": args.old, "new": args.new or "working tree", "rounds": args.rounds,
+                              "extra_args": extra, "benchmarks": {}}
     for bench in args.bench.split(","):
         runs: dict[str, dict[str, list[float]]] = {"old": {}, "new": {}}
         for r in range(args.rounds):
@@ -112,7 +118,8 @@ def main() -> None:
                     runs[side].setdefault(key, []).append(value)
                 print(f"{bench} round {r + 1}/{args.rounds} {side}: done", flush=True)
         report["benchmarks"][bench] = compare(runs)
-    print(f"\nnew / old, {args.rounds} interleaved rounds (old = {args.old}); median and spread of per-round ratios")
+    print(f"\nnew / old, {args.rounds} interleaved rounds (old = {args.old}, new = {report['new']}); median and "
+          "spread of per-round ratios")
     print(f"{'benchmark':<20} {'figure':<48} {'old':>10} {'new':>10} {'new/old':>8} {'spread':>13}")
     for bench, rows in report["benchmarks"].items():
         for row in rows:
