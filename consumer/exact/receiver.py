@@ -44,6 +44,11 @@ _WAITING_LOG_EVERY_S = 10.0
 STATUS_ROOM = 3600
 
 
+def _plain_empty(dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    """Memory for a column beside libzmq's read-only frames (the sink copies the batch anyway)."""
+    return np.empty(shape, dtype)
+
+
 class ExactReceiver:
     """See the module doc. ValueError for an address the transport cannot parse."""
 
@@ -161,7 +166,7 @@ class ExactReceiver:
                         arrays[mask_at][...] = keep
                     else:  # libzmq's frames are read-only
                         batch.arrays["mask"] = arrays[mask_at] = keep
-                source = self.ledger.source_column(i, batch_size, core.empty if owned else np.empty)
+                source = self.ledger.source_column(i, batch_size, core.empty if owned else _plain_empty)
                 core.deliver(batch, [*arrays, source], owned=owned)
                 transport.queued(i, batch["epoch"], batch["index"], batch["mask"])
                 room -= 1  # steps only make more room: asked again on the next turn
