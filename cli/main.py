@@ -129,8 +129,15 @@ def cmd_train(args: argparse.Namespace) -> int:
         print("stoker train: error: --receive direct works without CurveZMQ keys; drop those or use --receive auto",
               file=sys.stderr)
         return EXIT_USAGE
+    from stoker.consumer.receive_options import check_source
+
+    try:
+        addresses = check_source(_addresses(args.connect))
+    except ValueError as exc:
+        print(f"stoker train: error: --connect: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     config = TrainConfig(curve=curve, receive=args.receive,
-        addresses=[a.strip() for a in args.connect.split(",") if a.strip()], model=args.model, steps=args.steps,
+        addresses=list(addresses), model=args.model, steps=args.steps,
         batch_size=args.batch_size, image_size=args.image_size, num_classes=args.classes,
         queue_capacity=args.queue_capacity, recv_timeout=args.recv_timeout, logdir=args.logdir,
         log_every=args.log_every, metrics_port=args.metrics_port, progress=not args.no_progress,

@@ -11,9 +11,7 @@ import argparse
 import os
 from typing import TYPE_CHECKING, Callable, Mapping
 
-
-class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    pass
+from stoker.cli.argument_parser import StokerArgumentParser, HelpFormatter
 
 
 def _positive_int(text: str) -> int:
@@ -67,10 +65,10 @@ if TYPE_CHECKING:
 
 def _add_lmdb(sub: Subcommands, common: argparse.ArgumentParser, handlers: Handlers) -> None:
     """``stoker lmdb build|synth|info``."""
-    lmdb = sub.add_parser("lmdb", parents=[common], help="build and inspect Stoker LMDB datasets", formatter_class=_Formatter,
+    lmdb = sub.add_parser("lmdb", parents=[common], help="build and inspect Stoker LMDB datasets", formatter_class=HelpFormatter,
                           description="Build and inspect datasets in the Stoker LMDB format (docs/format.md).")
     lsub = lmdb.add_subparsers(dest="lmdb_command", required=True, metavar="ACTION")
-    b = lsub.add_parser("build", parents=[common], formatter_class=_Formatter, help="build an LMDB from an image folder or list file",
+    b = lsub.add_parser("build", parents=[common], formatter_class=HelpFormatter, help="build an LMDB from an image folder or list file",
                         description="Build an LMDB from SRC: a folder with one sub-folder per class (ImageNet train "
                         "layout) or a list file of `path label` lines. Images are recognised by content (JPEG, PNG, "
                         "WebP, BMP, GIF, TIFF) and stored as they are, after a check with the producers' decoder. "
@@ -90,7 +88,7 @@ def _add_lmdb(sub: Subcommands, common: argparse.ArgumentParser, handlers: Handl
     b.add_argument("--threads", type=_positive_int, default=None, help="threads that verify images (default: CPU count)")
     b.add_argument("--quiet", action="store_true", help="no progress bar")
     b.set_defaults(func=handlers["lmdb_build"])
-    s = lsub.add_parser("synth", parents=[common], formatter_class=_Formatter, help="make a deterministic synthetic JPEG dataset",
+    s = lsub.add_parser("synth", parents=[common], formatter_class=HelpFormatter, help="make a deterministic synthetic JPEG dataset",
                         description="Write COUNT photo-like synthetic records (JPEGs of 300-500 px) for demos, tests "
                         "and benchmarks, for a classification, detection or segmentation task. Same --seed, same bytes.")
     s.add_argument("out", help="output LMDB directory")
@@ -104,7 +102,7 @@ def _add_lmdb(sub: Subcommands, common: argparse.ArgumentParser, handlers: Handl
     s.add_argument("--exist-ok", action="store_true", help="do nothing if OUT already holds a Stoker dataset")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=handlers["lmdb_synth"])
-    i = lsub.add_parser("info", parents=[common], formatter_class=_Formatter, help="describe an LMDB",
+    i = lsub.add_parser("info", parents=[common], formatter_class=HelpFormatter, help="describe an LMDB",
                         description="Print record count, classes, format version, size and a few sample records.")
     i.add_argument("path", help="LMDB directory")
     i.add_argument("--samples", type=int, default=5, help="sample records to show")
@@ -113,7 +111,7 @@ def _add_lmdb(sub: Subcommands, common: argparse.ArgumentParser, handlers: Handl
 
 def _add_produce(sub: Subcommands, common: argparse.ArgumentParser, handlers: Handlers) -> None:
     """``stoker produce``: the daemon's flags (``ProducerConfig``)."""
-    p = sub.add_parser("produce", parents=[common], formatter_class=_Formatter, help="run a producer daemon",
+    p = sub.add_parser("produce", parents=[common], formatter_class=HelpFormatter, help="run a producer daemon",
                        description="Serve batches made by a pipeline from an LMDB on a ZMQ PUSH socket until "
                        "SIGTERM/SIGINT. The default imagenet pipeline sends images uint8 [B,H,W,3] RGB and labels "
                        "int32 [B]; every batch also carries index int64 [B] and epoch int32 [B] (which record, which "
@@ -183,7 +181,7 @@ def _add_produce(sub: Subcommands, common: argparse.ArgumentParser, handlers: Ha
 
 def _add_train(sub: Subcommands, common: argparse.ArgumentParser, handlers: Handlers) -> None:
     """``stoker train``: the trainer's flags (``TrainConfig``)."""
-    t = sub.add_parser("train", parents=[common], formatter_class=_Formatter, help="train a Keras model fed by producers",
+    t = sub.add_parser("train", parents=[common], formatter_class=HelpFormatter, help="train a Keras model fed by producers",
                        description="Train a Keras model on batches from producer daemons through ZMQInput, with a "
                        "progress bar showing images/s and queue occupancy and TensorBoard summaries in --logdir.")
     t.add_argument("--connect", required=True,
@@ -236,12 +234,12 @@ def _add_train(sub: Subcommands, common: argparse.ArgumentParser, handlers: Hand
 
 def _add_keys(sub: Subcommands, common: argparse.ArgumentParser, handlers: Handlers) -> None:
     """``stoker keys generate``."""
-    k = sub.add_parser("keys", parents=[common], formatter_class=_Formatter, help="make CurveZMQ key pairs",
+    k = sub.add_parser("keys", parents=[common], formatter_class=HelpFormatter, help="make CurveZMQ key pairs",
                        description="CurveZMQ keys encrypt batches and let producers accept only known trainers. "
                        "Producers: --curve-secret-key server.key_secret --curve-authorized-keys DIR_OF_CLIENT_KEYS. "
                        "Trainers: --curve-secret-key client.key_secret --curve-server-key server.key.")
     ksub = k.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
-    kg = ksub.add_parser("generate", parents=[common], formatter_class=_Formatter, help="write NAME.key and NAME.key_secret",
+    kg = ksub.add_parser("generate", parents=[common], formatter_class=HelpFormatter, help="write NAME.key and NAME.key_secret",
                          description="Write a key pair: DIR/NAME.key (public, share it) and DIR/NAME.key_secret "
                          "(secret, mode 600).")
     kg.add_argument("dir", help="folder to write the key files into")
@@ -251,7 +249,7 @@ def _add_keys(sub: Subcommands, common: argparse.ArgumentParser, handlers: Handl
 
 def _add_cluster(sub: Subcommands, common: argparse.ArgumentParser, handlers: Handlers) -> None:
     """``stoker cluster``: simulated hosts on this machine (``ClusterRun``)."""
-    cl = sub.add_parser("cluster", parents=[common], formatter_class=_Formatter,
+    cl = sub.add_parser("cluster", parents=[common], formatter_class=HelpFormatter,
                         help="producers on simulated hosts feeding trainers, on this machine (root)",
                         description="Build HOSTS data hosts and TRAINERS trainer hosts on this machine with network "
                         "namespaces joined by a switch (each host its own address in 10.213.0.0/24; data links "
@@ -287,7 +285,7 @@ def _add_cluster(sub: Subcommands, common: argparse.ArgumentParser, handlers: Ha
 
 def _add_status(sub: Subcommands, common: argparse.ArgumentParser, handlers: Handlers) -> None:
     """``stoker status``."""
-    st = sub.add_parser("status", parents=[common], formatter_class=_Formatter, help="live rates and queue occupancy",
+    st = sub.add_parser("status", parents=[common], formatter_class=HelpFormatter, help="live rates and queue occupancy",
                         description="Scrape the Prometheus endpoints of producers and trainers (their "
                         "--metrics-port) twice and show each one's live rate, the trainer's queue occupancy, and "
                         "which side is the bottleneck.")
@@ -299,12 +297,12 @@ def _add_status(sub: Subcommands, common: argparse.ArgumentParser, handlers: Han
 
 def _add_bench(sub: Subcommands, common: argparse.ArgumentParser, handlers: Handlers) -> None:
     """``stoker bench producer|link|trainer``."""
-    be = sub.add_parser("bench", parents=[common], formatter_class=_Formatter, help="measure one stage on its own",
+    be = sub.add_parser("bench", parents=[common], formatter_class=HelpFormatter, help="measure one stage on its own",
                         description="Measure each stage alone, to find the bottleneck: `producer` (read, decode, "
                         "augment, serialize on one core), `link` (what arrives here from producers), `trainer` "
                         "(the step on constant input).")
     besub = be.add_subparsers(dest="bench_command", required=True, metavar="STAGE")
-    bp = besub.add_parser("producer", parents=[common], formatter_class=_Formatter, help="producer stages, one core")
+    bp = besub.add_parser("producer", parents=[common], formatter_class=HelpFormatter, help="producer stages, one core")
     bp.add_argument("--lmdb", required=True, help="Stoker LMDB directory")
     bp.add_argument("--image-size", type=_positive_int, default=224, help="output image size")
     bp.add_argument("--batch-size", type=_positive_int, default=64, help="batch size (serialize stage)")
@@ -314,13 +312,13 @@ def _add_bench(sub: Subcommands, common: argparse.ArgumentParser, handlers: Hand
                     help="pipeline argument (repeatable)")
     bp.add_argument("--mode", choices=("train", "eval"), default="train", help="pipeline mode")
     bp.set_defaults(func=handlers["bench_producer"])
-    bl = besub.add_parser("link", parents=[common], formatter_class=_Formatter, help="what arrives from producers",
+    bl = besub.add_parser("link", parents=[common], formatter_class=HelpFormatter, help="what arrives from producers",
                           description="Receive and validate batches from producers (no TensorFlow) and report "
                           "images/s and MB/s. Note: this takes batches a running trainer would otherwise get.")
     bl.add_argument("--connect", required=True, help="comma-separated producer addresses")
     bl.add_argument("--seconds", type=float, default=5.0, help="measuring time after a 3-batch warm-up")
     bl.set_defaults(func=handlers["bench_link"])
-    bt = besub.add_parser("trainer", parents=[common], formatter_class=_Formatter, help="the step on constant input")
+    bt = besub.add_parser("trainer", parents=[common], formatter_class=HelpFormatter, help="the step on constant input")
     bt.add_argument("--model", choices=("small-cnn", "resnet50"), default="resnet50", help="model")
     bt.add_argument("--batch-size", type=_positive_int, default=64, help="batch size")
     bt.add_argument("--image-size", type=_positive_int, default=224, help="image size")
@@ -331,7 +329,7 @@ def _add_bench(sub: Subcommands, common: argparse.ArgumentParser, handlers: Hand
 
 def _add_doctor(sub: Subcommands, common: argparse.ArgumentParser, handlers: Handlers) -> None:
     """``stoker doctor``."""
-    dr = sub.add_parser("doctor", parents=[common], formatter_class=_Formatter, help="which side limits training",
+    dr = sub.add_parser("doctor", parents=[common], formatter_class=HelpFormatter, help="which side limits training",
                         description="Measure what arrives from the producers and what the training step can take "
                         "on constant input, then say in one sentence which side limits training and what to do.")
     dr.add_argument("--connect", required=True, help="comma-separated producer addresses")
@@ -351,7 +349,7 @@ def _add_doctor(sub: Subcommands, common: argparse.ArgumentParser, handlers: Han
 
 def _add_demo(sub: Subcommands, common: argparse.ArgumentParser, handlers: Handlers) -> None:
     """``stoker demo``."""
-    d = sub.add_parser("demo", parents=[common], formatter_class=_Formatter, help="run the whole pipeline on this machine",
+    d = sub.add_parser("demo", parents=[common], formatter_class=HelpFormatter, help="run the whole pipeline on this machine",
                        description="Build a small synthetic LMDB (cached), start two producer daemons on loopback "
                        "with disjoint shards, train a small CNN through ZMQInput and report images/s, queue "
                        "occupancy, the bottleneck, and a clean shutdown.")
@@ -368,11 +366,11 @@ def _add_demo(sub: Subcommands, common: argparse.ArgumentParser, handlers: Handl
 def build_parser(handlers: Handlers) -> argparse.ArgumentParser:
     """The whole ``stoker`` argument parser; ``handlers`` maps each command (``"produce"``, ``"lmdb_build"``, ...)
     to the function that runs it (``args.func``)."""
-    parser = argparse.ArgumentParser(
+    parser = StokerArgumentParser(
         prog="stoker",
         description="Stoker keeps accelerators fed: producer daemons on CPU hosts decode and augment images from an "
         "LMDB and push uint8 batches over ZeroMQ to a TensorFlow trainer (ZMQInput -> FIFOQueue -> StagingArea).",
-        formatter_class=_Formatter,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument("--log-format", choices=("text", "json"), default="text",

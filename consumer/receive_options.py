@@ -50,8 +50,11 @@ def check_source(source: AddressSource) -> Union[list[str], Callable[[], Sequenc
         raise ValueError("give at least one producer address, e.g. tcp://datahost:5555 (or a name that resolves to "
                          "every producer, such as a Kubernetes headless Service: tcp://stoker-producer.NS.svc:5555)")
     for address in addresses:
-        if not isinstance(address, str) or "://" not in address:
-            raise ValueError(f"producer address {address!r} must look like tcp://host:port")
+        if not isinstance(address, str):
+            raise ValueError(f"producer address {address!r} must be a string like tcp://host:port")
+        if "://" not in address:
+            raise ValueError(f"producer address {address!r} has no scheme: write tcp://{address} (addresses look "
+                             "like tcp://host:port)")
         parts = urlsplit(address)
         if parts.scheme == "tcp":
             try:

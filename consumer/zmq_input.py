@@ -32,7 +32,6 @@ from stoker.consumer.tf.batch_tensors import BatchTensors, Selection
 from stoker.consumer.errors import InputClosedError
 from stoker.consumer.input_base import InputBase
 from stoker.consumer.input_setup import receive_options
-from stoker.consumer.receive_options import check_source
 from stoker.consumer.receive_stats import InputStats
 from stoker.consumer.tf.feeder import TFFeeder
 from stoker.consumer.tf.staging import training_devices
@@ -148,14 +147,10 @@ class ZMQInput(InputBase, tf.train.experimental.PythonState):
         stall_after: Optional[float] = 10.0,
         stall_limit: Optional[float] = 300.0,
     ) -> None:
-        try:
-            sources = check_source(addresses)
-        except ValueError:
-            raise ValueError("ZMQInput needs at least one producer address, e.g. tcp://datahost:5555") from None
         if queue_capacity < 1 or nr_stage < 1:
             raise ValueError("queue_capacity and nr_stage must be >= 1")
         options = receive_options(
-            sources, spec=spec, batch_size=batch_size, image_shape=image_shape, exact=exact,
+            addresses, spec=spec, batch_size=batch_size, image_shape=image_shape, exact=exact,
             resume_state=resume_state, trainer_id=trainer_id, receive=receive, recv_timeout=recv_timeout,
             rcvhwm=rcvhwm, max_message_bytes=max_message_bytes, curve=curve, discover_every=discover_every,
             share=share, stall_after=stall_after, stall_limit=stall_limit)

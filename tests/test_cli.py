@@ -46,6 +46,30 @@ def test_outputs_written_at_the_end_of_a_run_are_checked_before_it_starts(comman
     assert out.returncode == 2 and message in out.stderr, out.stderr
 
 
+def test_an_address_without_a_scheme_is_named_with_its_fix_in_train_and_produce(synth_lmdb):
+    # Issue 31.3: `--connect 127.0.0.1:5555` used to say "needs at least one producer address", and
+    # `--bind 127.0.0.1:5560` "pick a free port or another interface".
+    train = subprocess.run([sys.executable, "-m", "stoker.cli.main", "train", "--connect", "127.0.0.1:5555"],
+                           capture_output=True, text=True, timeout=60)
+    assert train.returncode == 2 and "write tcp://127.0.0.1:5555" in train.stderr, train.stderr
+    produce = subprocess.run([sys.executable, "-m", "stoker.cli.main", "produce", "--lmdb", str(synth_lmdb),
+                              "--bind", "127.0.0.1:5560"], capture_output=True, text=True, timeout=60)
+    assert produce.returncode == 2 and "write tcp://127.0.0.1:5560" in produce.stderr, produce.stderr
+    assert "Traceback" not in train.stderr + produce.stderr
+
+
+@pytest.mark.parametrize("command, usage, hint", [
+    (["produce", "--batchsize", "16"], "usage: stoker produce", "--batchsize: did you mean --batch-size?"),
+    (["train", "--conect", "tcp://127.0.0.1:1"], "usage: stoker train", "--conect: did you mean --connect?"),
+])
+def test_a_flag_typo_gets_the_subcommands_usage_and_the_close_match(command, usage, hint):
+    # Issue 31.9: the top-level usage (produce) or only "--connect is required" (train) used to be all.
+    out = subprocess.run([sys.executable, "-m", "stoker.cli.main", *command], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 2 and usage in out.stderr and hint in out.stderr, out.stderr
+    assert f"see `stoker {command[0]} --help`" in out.stderr
+
+
 @pytest.mark.timeout(300)
 def test_train_summary_has_a_line_per_producer_with_its_batches_images_and_images_per_s(synth_lmdb):
     args = ["--workers", "1", "--batch-size", "8", "--image-size", "32"]

@@ -99,6 +99,13 @@ def default_producer_id(endpoint: str, shard: ShardSpec) -> str:
     return with_instance(f"{host}:{endpoint.rsplit(':', 1)[-1]}#{shard}")
 
 
+
+def _bind_advice(bind: str, why: str) -> str:
+    """Why ``bind`` could not be bound, and the fix (an address without a scheme is the commonest slip)."""
+    if "://" not in bind:
+        return f"cannot bind {bind}: the address has no scheme: write tcp://{bind} (or tcp://*:PORT for every interface)"
+    return f"cannot bind {bind}: {why}; pick a free port or another interface (tcp://*:PORT binds all interfaces)"
+
 class BindError(RuntimeError):
     """The --bind address cannot be bound; the message says why and what to try."""
 
@@ -226,10 +233,7 @@ class ProducerDaemon:
                 self._auth.stop()
             self._ctx.term()
             self.status.close()
-            raise BindError(
-                f"cannot bind {config.bind}: {exc.strerror}; pick a free port or another interface "
-                "(tcp://*:PORT binds all interfaces)"
-            ) from None
+            raise BindError(_bind_advice(config.bind, exc.strerror)) from None
         self.endpoint = self._out.getsockopt(zmq.LAST_ENDPOINT).decode()
         # Made here, before the forwarding thread owns the socket; drained by run()'s loop.
         self.handshakes = HandshakeFailureLog(self._out, self.endpoint, curve=config.curve is not None)
