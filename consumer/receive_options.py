@@ -15,7 +15,6 @@ Imports nothing of the consumer's wings: they import it.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, Union
 from urllib.parse import urlsplit
@@ -81,7 +80,7 @@ class ReceiveOptions:
     ``spec`` is the declared spec with Stoker's bookkeeping arrays added, or None to learn it. ``ledger`` is
     exact mode's state owner (trainer id, consumed records), None in plain mode: exact mode is decided here,
     once. Facades build it with ``input_setup.receive_options(...)`` from their keyword arguments; every field
-    is checked here (ValueError naming the fix), also by ``replace``.
+    is checked here (ValueError naming the fix).
     """
 
     addresses: Addresses
@@ -143,9 +142,6 @@ class ReceiveOptions:
             except ValueError as exc:
                 return str(exc)
         return None
-
-    def replace(self, **changes: Any) -> "ReceiveOptions":
-        return dataclasses.replace(self, **changes)
 
 
 def declared_spec(spec: SpecArg, batch_size: Optional[int], image_shape: Optional[Sequence[int]],

@@ -143,8 +143,8 @@ def test_a_plain_producer_is_named_as_a_mode_mismatch():
     port = push.bind_to_random_port("tcp://127.0.0.1")
     link = _link(f"tcp://127.0.0.1:{port}")
     try:
-        _until(lambda: link.mode_mismatches.get(link.address, 0) >= 2, "no mode mismatch counted")
-        assert "--exact" in link.failures.reason and link.handshakes == 0
+        _until(lambda: link.health.mismatches().get(link.address, 0) >= 2, "no mode mismatch counted")
+        assert "--exact" in link.health.summary()[2] and link.handshakes == 0
     finally:
         _close(link)
         push.close(linger=0)

@@ -69,7 +69,7 @@ class ExactTransport:
                  credit: int, share: tuple[int, int] = (0, 1), stall_after: Optional[float] = STALL_AFTER_S,
                  stall_limit: Optional[float] = STALL_LIMIT_S) -> None:
         self.ledger, self.credit, self.share, self.stall_after = ledger, credit, share, stall_after
-        ledger.attach(self.record_consumed, self.activate)
+        ledger.attach(self.record_consumed)
         self._lock = ledger.lock  # one lock for the ledger's records and what this transport derives from them
         self.links = links = ProducerLinks(connect, credit, self._lock)
         #: by producer number (``stoker_source``), which stays its own after it leaves the pool
@@ -80,7 +80,6 @@ class ExactTransport:
         self.add, self.poll, self.owned, self.live, self.live_links, self.connected, self.failures, self.spec = \
             links.add, links.poll, links.owned, links.live, links.live_links, links.connected, links.failures, \
             links.spec
-        self.active = False
         self.stale_batches = 0
         self._turn = 0  # reads so far (each producer's ``read_turn``)
         self._plan: Optional[SchedulerPlan] = None  # an elastic pool's scheduler, all but the dataset
@@ -140,8 +139,12 @@ class ExactTransport:
 
     # ---- connections ------------------------------------------------------------------------
 
+    @property
+    def active(self) -> bool:  # the ledger was activated: say hello, take batches; no restore any more
+        return self.ledger.started
+
     def activate(self) -> None:
-        self.active = True
+        self.ledger.activate()
 
     def watch(self) -> bool:
         """Handle monitor events; say hello on new connections once active. True if anything changed."""

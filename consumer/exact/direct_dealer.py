@@ -28,7 +28,7 @@ from stoker.protocol.batch_codec import Batch
 from stoker.protocol.batch_spec import BatchSpec
 
 from stoker.consumer.receive_options import tcp_address
-from stoker.consumer.transport.connections import ConnectionHealth, HandshakeFailures
+from stoker.consumer.transport.connections import ConnectionHealth
 from stoker.consumer.transport.direct_receive import MAX_BACKOFF_S, EmptyArray, read_message
 from stoker.consumer.transport.zmtp import SocketTypeMismatch, Stopped, ZMTPConnection
 
@@ -63,18 +63,6 @@ class DirectDealer:
         self._thread.start()
 
     # ---- for the transport's thread ---------------------------------------------------------------
-
-    @property
-    def failures(self) -> HandshakeFailures:
-        return self.health.failures
-
-    @property
-    def reconnects(self) -> int:
-        return self.health.reconnects
-
-    @property
-    def mode_mismatches(self) -> dict[str, int]:
-        return self.health.mismatches()  # a copy: the dealer's thread writes the counts
 
     @property
     def pollable(self) -> int:

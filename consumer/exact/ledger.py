@@ -4,9 +4,11 @@
 bytes are ``state.pack_state``'s), for every facade alike, and the one exact-mode object a facade talks
 to: ``activate()`` before the first batch is taken, ``consumed(...)`` as a step takes one. The control
 plane (``ExactTransport``) attaches itself: it reads the ledger when it says hello (the trainer id, the
-records consumed) and marks records in it as steps consume them. No facade holds a copy of the trainer id. It also owns the one column exact mode adds to each queued batch,
-``stoker_source`` (which producer a batch came from, to report its records there): ``with_source``
-gives the queue's spec, ``source_of`` reads it back. Thread-safe.
+records consumed), marks records in it as steps consume them, and is active once ``started``. No
+facade holds a copy of the trainer id. The ledger also owns the one column exact mode adds to each
+queued batch, ``stoker_source`` (which producer a batch came from, to report its records there):
+``with_source`` gives the queue's spec, ``source_column`` makes it, ``source_of`` reads it back.
+Thread-safe.
 """
 
 from __future__ import annotations
@@ -37,7 +39,6 @@ class ConsumedLedger:
         self._state = state
         self.started = False
         self._on_consumed: Optional[Callable[[int, np.ndarray, np.ndarray, np.ndarray], None]] = None
-        self._on_activate: Optional[Callable[[], None]] = None
 
     @classmethod
     def start(cls, resume_state: Optional[bytes], trainer_id: Optional[str]) -> "ConsumedLedger":
@@ -49,19 +50,14 @@ class ConsumedLedger:
             return cls(*parse_state(resume_state))
         return cls(trainer_id or f"trainer-{secrets.token_hex(4)}", InputState())
 
-    def attach(self, on_consumed: Callable[[int, np.ndarray, np.ndarray, np.ndarray], None],
-               on_activate: Callable[[], None]) -> None:
-        """The control plane's hooks: records a step consumed (``source, epochs, indices, mask``), and activation."""
-        self._on_consumed, self._on_activate = on_consumed, on_activate
+    def attach(self, on_consumed: Callable[[int, np.ndarray, np.ndarray, np.ndarray], None]) -> None:
+        """The control plane's hook for the records a step consumed (``source, epochs, indices, mask``)."""
+        self._on_consumed = on_consumed
 
     def activate(self) -> None:
         """Batches may be taken from now on (the first get(), next() or start()): no restore after this."""
         with self.lock:  # a restore either happened before this or is refused: never a hello with a stale state
-            if self.started:
-                return
             self.started = True
-        if self._on_activate is not None:
-            self._on_activate()
 
     def consumed(self, source: int, epochs: np.ndarray, indices: np.ndarray, mask: np.ndarray) -> None:
         """A step was given these rows of a batch from producer ``source`` (any thread; -1: an end marker)."""

@@ -25,7 +25,7 @@ from stoker.protocol.batch_codec import Batch
 from stoker.protocol.curve import CurveClientKeys
 from stoker.protocol.exact_messages import unpack_producer_frame
 
-from stoker.consumer.transport.connections import ConnectionWatcher, HandshakeFailures
+from stoker.consumer.transport.connections import ConnectionHealth, ConnectionWatcher
 from stoker.consumer.transport.libzmq_receiver import set_curve
 
 
@@ -36,10 +36,8 @@ class Link(Protocol):
     #: batches come in memory the sink may own (``put(owned=True)``), not as views of a transport's frames
     owned: bool
     handshakes: int
-    failures: HandshakeFailures
-    reconnects: int
-    #: per endpoint, handshakes refused in a row because one side runs exact mode and the other does not
-    mode_mismatches: dict[str, int]
+    #: failed handshakes, mode-mismatch refusals (one side runs exact mode, the other not), re-connects
+    health: ConnectionHealth
 
     @property
     def connected(self) -> set[str]:
@@ -99,16 +97,8 @@ class LibzmqDealer:
         return self.watcher.handshakes
 
     @property
-    def failures(self) -> HandshakeFailures:
-        return self.watcher.failures
-
-    @property
-    def reconnects(self) -> int:
-        return self.watcher.reconnects
-
-    @property
-    def mode_mismatches(self) -> dict[str, int]:
-        return self.watcher.mode_mismatches
+    def health(self) -> ConnectionHealth:
+        return self.watcher.health
 
     def watch(self) -> bool:
         return self.watcher.poll()

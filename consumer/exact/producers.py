@@ -26,7 +26,6 @@ import zmq
 from stoker.protocol.exact_messages import Credit, Records, Status, encode_credit
 from stoker.protocol.input_state import rows_by_epoch
 
-from stoker.consumer.transport.connections import HandshakeFailures
 from stoker.consumer.exact.links import Link
 
 HEARTBEAT_S = 0.5
@@ -228,5 +227,6 @@ class ProducerLinks:
         links = self.live_links()
         if not links:
             return 0, "", ""
-        last: HandshakeFailures = max((link.failures for link in links), key=lambda f: f.count)
-        return sum(link.failures.count for link in links), last.endpoint, last.reason
+        each = [link.health.summary() for link in links]  # copies: a direct link's thread writes its counts
+        _, endpoint, reason = max(each, key=lambda summary: summary[0])
+        return sum(count for count, _, _ in each), endpoint, reason

@@ -59,7 +59,6 @@ class ExactReceiver:
         self.pool = pool
         self.ledger = ledger = options.ledger
         self.limits = limits
-        self.direct = direct
         self.held_per_producer = rcvhwm + 1
         self._ctx = zmq.Context()
         self._spec: Optional[BatchSpec] = None  # direct links hold batches to it by their headers
@@ -178,7 +177,7 @@ class ExactReceiver:
         if self.transport.watch() or changed:
             t = self.transport
             count, _, reason = t.failures()
-            core.stats.set_connections(t.connected(), count, reason, sum(link.reconnects for link in t.live_links()))
+            core.stats.set_connections(t.connected(), count, reason, sum(link.health.reconnects for link in t.live_links()))
 
     def _log_waiting(self, status: Any) -> None:
         """Say (every 10 s) that a producer waits for more trainers: a synchronous job waits for all of them."""
@@ -200,7 +199,7 @@ class ExactReceiver:
     def mode_mismatches(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for link in self.transport.live_links():
-            out.update(link.mode_mismatches)
+            out.update(link.health.mismatches())
         return out
 
     def close(self) -> None:

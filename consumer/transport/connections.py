@@ -156,19 +156,6 @@ class ConnectionWatcher:
             self.close()
             raise
 
-    @property
-    def failures(self) -> HandshakeFailures:
-        return self.health.failures
-
-    @property
-    def mode_mismatches(self) -> dict[str, int]:
-        """Per endpoint, handshakes refused in a row for a mode mismatch (exact vs plain): waiting cannot fix it."""
-        return self.health.mismatches()
-
-    @property
-    def reconnects(self) -> int:
-        return self.health.reconnects
-
     def add(self, address: str) -> None:
         """Connect to one more producer (it joined the pool); zmq.ZMQError if libzmq cannot parse it."""
         if address not in self.addresses:
@@ -211,7 +198,7 @@ class ConnectionWatcher:
                             and value == zmq.PROTOCOL_ERROR_ZMTP_INVALID_METADATA)
                 if self.health.failed(endpoint, explain_handshake_failure(kind, value, self.curve), mismatch,
                                       certain=_is_definitive(kind, value)) == 1:
-                    log.warning("handshake with %s failed: %s", endpoint, self.failures.reason)
+                    log.warning("handshake with %s failed: %s", endpoint, self.health.failures.reason)
             elif kind == zmq.EVENT_DISCONNECTED:
                 self.connected.discard(endpoint)
                 self._disconnected_at[endpoint] = time.monotonic()
@@ -241,7 +228,7 @@ class ConnectionWatcher:
             if now - self._revive_logged_at.get(endpoint, -_REVIVE_LOG_EVERY_S) >= _REVIVE_LOG_EVERY_S:
                 self._revive_logged_at[endpoint] = now
                 log.warning("re-connecting to %s: libzmq dropped it after a protocol error (a failed handshake or a "
-                            "message over max_message_bytes); %d re-connects so far", endpoint, self.reconnects)
+                            "message over max_message_bytes); %d re-connects so far", endpoint, self.health.reconnects)
 
     def close(self) -> None:
         self.sock.disable_monitor()

@@ -66,7 +66,6 @@ def set_curve(sock: zmq.Socket, curve: Optional[CurveClientKeys]) -> None:
 class LibzmqReceiver:
     """See the module doc. ValueError for an address libzmq cannot parse."""
 
-    direct = False
     def __init__(self, pool: ProducerPool, options: "ReceiveOptions") -> None:
         self.pool = pool
         self.limits = limits = options.limits
@@ -142,14 +141,14 @@ class LibzmqReceiver:
         changed = context.follow_pool(self._add, self._watcher.remove)
         if self._watcher.poll() or changed:
             w = self._watcher
-            context.stats.set_connections(w.connected, w.failures.count, w.failures.reason, w.reconnects)
+            count, _, reason = w.health.summary()
+            context.stats.set_connections(w.connected, count, reason, w.health.reconnects)
 
     def failures(self) -> tuple[int, str, str]:
-        f = self._watcher.failures
-        return f.count, f.endpoint, f.reason
+        return self._watcher.health.summary()
 
     def mode_mismatches(self) -> dict[str, int]:
-        return dict(self._watcher.mode_mismatches)
+        return self._watcher.health.mismatches()
 
     def waiting_report(self) -> list[str]:
         return []

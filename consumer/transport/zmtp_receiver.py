@@ -62,7 +62,6 @@ class ZMTPReceiver:
     """See the module doc. ValueError for an address that is not tcp://host:port."""
 
     held_per_producer = 1  # the batch its thread reads into, or holds while waiting for room
-    direct = True
 
     def __init__(self, pool: ProducerPool, options: "ReceiveOptions") -> None:
         self.pool = pool
