@@ -7,11 +7,12 @@ any framework and never imports TensorFlow. Both are imported on first use, so
 
 from typing import Any
 
-from stoker.consumer.errors import BatchMismatchError, InputClosedError, InputError, InputFinished, InputTimeoutError
+from stoker.consumer.errors import (BatchMismatchError, InputClosedError, InputError, InputFinished, InputMismatchError,
+                                   InputTimeoutError)
 from stoker.consumer.receive_stats import InputStats
 
-__all__ = ["BatchMismatchError", "BatchStream", "InputClosedError", "InputError", "InputFinished", "InputStats",
-           "InputTimeoutError", "ZMQInput"]
+__all__ = ["BatchMismatchError", "BatchStream", "InputClosedError", "InputError", "InputFinished", "InputMismatchError",
+           "InputStats", "InputTimeoutError", "ZMQInput"]
 
 
 def __getattr__(name: str) -> Any:

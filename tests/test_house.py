@@ -71,7 +71,8 @@ FORBIDDEN = {
     "consumer/tf/": ("stoker.consumer.exact", "stoker.consumer.transport", "stoker.consumer.train", *FACADES),
     **{f"consumer/{bottom}.py": ("stoker.consumer.transport", "stoker.consumer.exact", "stoker.consumer.tf",
                                   "stoker.consumer.train", *FACADES)
-       for bottom in ("receive_options", "receive_contract", "receive_core", "receive_stats", "errors")},
+       for bottom in ("receive_options", "receive_contract", "receive_core", "receive_stats", "input_diagnosis",
+                      "coverage", "errors")},
 }
 
 
