@@ -6,27 +6,51 @@ Each command imports what it needs when it runs, as every ``stoker`` command doe
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING, Optional, Sequence
 
 from stoker.cli.exit_codes import EXIT_OK
+
+if TYPE_CHECKING:
+    from stoker.producer.dataset.format import LmdbDataset
 
 
 def cmd_lmdb_build(args: argparse.Namespace) -> int:
     from stoker.producer.dataset.build import build_lmdb
 
     report = build_lmdb(args.src, args.out, overwrite=args.overwrite, threads=args.threads, progress=not args.quiet,
-                        jsonl=args.jsonl, image_fields=args.image_field or ["image"], task=args.task)
+                        jsonl=args.jsonl, image_fields=args.image_field or ["image"], task=args.task,
+                        allow_empty_classes=args.allow_empty_classes)
     meta = report.meta
     classes = f" in {len(meta.classes)} classes" if meta.classes else ""
-    for path, reason in report.skipped:
-        print(f"  skipped {path}: {reason}")
+    if args.quiet:  # with the progress bar the build named each one as it found it, once
+        for path, reason in report.skipped:
+            print(f"  skipped {path}: {reason}")
     fields = ", ".join(f"{name} ({kind})" for name, kind in meta.fields.items())
     source = "declared by the build" if report.schema_from == "declared" else f"inferred from {report.schema_from}"
     print(f"fields: {fields} ({source})")
     for warning in report.warnings:
         print(f"warning: {warning}")
+    if meta.class_counts is not None:
+        print(_per_class(meta.classes, meta.class_counts, limit=_BUILD_CLASS_LINES, lmdb=args.out))
+    listed = " (listed above)" if report.skipped else ""
     print(f"wrote {meta.count} records{classes} to {args.out}; skipped {len(report.skipped)} "
-          f"{'lines' if args.jsonl else 'files'}")
+          f"{'lines' if args.jsonl else 'files'}{listed}")
     return EXIT_OK
+
+
+_BUILD_CLASS_LINES = 20  # more classes: the build summary gives the spread, `stoker lmdb info` every class
+
+
+def _per_class(classes: Sequence[str], counts: Sequence[int], limit: Optional[int] = None, lmdb: str = "",
+               title: str = "records per class") -> str:
+    """Records per class, a line each (up to ``limit`` classes; above it min, median and max)."""
+    if limit is not None and len(classes) > limit:
+        order = sorted(range(len(counts)), key=lambda label: (counts[label], label))
+        least, most = order[0], order[-1]
+        return (f"{title}: min {counts[least]} ({classes[least]}), median {sorted(counts)[len(counts) // 2]}, "
+                f"max {counts[most]} ({classes[most]}); `stoker lmdb info {lmdb}` lists every class")
+    width, digits = max(len(name) for name in classes), len(str(max(counts)))
+    return f"{title}:\n" + "\n".join(f"  {name:<{width}}  {count:>{digits}}" for name, count in zip(classes, counts))
 
 
 def cmd_lmdb_synth(args: argparse.Namespace) -> int:
@@ -75,6 +99,43 @@ def _describe_value(value: object) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+def _count_labels(ds: "LmdbDataset") -> tuple[list[int], int]:
+    """Records per class counted by reading every record, and how many records could not be read."""
+    from tqdm import tqdm
+
+    from stoker.producer.dataset.format import RecordError
+
+    counts, unreadable = [0] * len(ds.meta.classes), 0
+    for index in tqdm(range(len(ds)), desc="count", unit="rec", disable=None):  # a bar on terminals only
+        try:
+            label = ds.read(index)["label"]
+        except RecordError:
+            unreadable += 1
+            continue
+        if 0 <= label < len(counts):
+            counts[label] += 1
+        else:
+            unreadable += 1
+    return counts, unreadable
+
+
+def _print_per_class(ds: "LmdbDataset", count: bool) -> None:
+    """The stored per-class counts; for a dataset built without them, counted (``count``) or said unknown."""
+    meta = ds.meta
+    if not meta.classes or getattr(meta.fields.get("label"), "kind", "") != "int":
+        return  # per-class record counts need one int label per record (not so for detection, say)
+    if meta.class_counts is not None:
+        print(_per_class(meta.classes, meta.class_counts))
+    elif count:
+        counts, unreadable = _count_labels(ds)
+        print(_per_class(meta.classes, counts, title="records per class (counted now)"))
+        if unreadable:
+            print(f"  {unreadable} record(s) unreadable or with a label outside the classes")
+    else:
+        print("records per class: unknown (built before Stoker stored them in the metadata); "
+              "--count-classes counts them by reading every record, or rebuild the dataset")
+
+
 def cmd_lmdb_info(args: argparse.Namespace) -> int:
     from stoker.producer.dataset.format import LmdbDataset, RecordError
 
@@ -103,4 +164,5 @@ def cmd_lmdb_info(args: argparse.Namespace) -> int:
                     described += f" ({meta.classes[value]})"
                 fields.append(f"{name}: {described}")
             print(f"  {index:08d}: " + ", ".join(fields))
+        _print_per_class(ds, args.count_classes)
     return EXIT_OK

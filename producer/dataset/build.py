@@ -11,7 +11,11 @@ reason, and counted; the build still publishes the good ones. Checks run on a
 thread pool with bounded read-ahead (the decoders release the GIL).
 
 Sources:
-- a folder ``SRC/<class>/<files>``: records ``{"image", "label"}``, classes in sorted order;
+- a folder ``SRC/<class>/<files>``: records ``{"image", "label"}``, classes in sorted order; files in
+  nested sub-folders of a class folder belong to that class. A class folder with no image that can
+  be stored is refused, naming it, as torchvision's ImageFolder does (``allow_empty_classes`` keeps
+  it as a class with 0 records, with a warning): otherwise a stray or empty folder would silently
+  become a label no record has;
 - a list file of ``path label`` lines: the same fields, classes ``"0"``, ``"1"``, ...;
 - JSON lines (``--jsonl``): one object per line; fields named by ``image_fields`` hold image
   paths (relative to the file's folder) and are stored as the images' bytes, every other
@@ -22,8 +26,11 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
+
+from tqdm import tqdm
 
 from stoker.producer.dataset.writer import DatasetWriter, WriteReport, write_records
 from stoker.producer.images.decode import check_encoded_image  # noqa: F401  (re-exported: the builders' check)
@@ -38,7 +45,7 @@ class SourceError(ValueError):
 def scan_folder(src: Path) -> tuple[list[tuple[Path, int]], list[str], list[tuple[str, str]]]:
     """Items, class names and what was left out of an ImageNet-train-style folder (sorted, deterministic).
 
-    Every regular file under a class folder is an item, whatever its name: its content decides
+    Every regular file under a class folder, at any depth, is an item, whatever its name: its content decides
     (check_encoded_image). Files outside any class folder and entries that are not regular files
     (broken links, sockets) are returned as ``(path, reason)`` so the build reports them.
     """
@@ -81,6 +88,34 @@ def scan_list_file(src: Path) -> tuple[list[tuple[Path, int]], list[str]]:
     return items, [str(c) for c in range(num_classes)]
 
 
+def _check_empty_classes(src: Path, classes: Sequence[str], counts: Sequence[int], report: WriteReport,
+                        allow: bool) -> None:
+    """Refuse (SourceError) or, if ``allow``, warn about class folders of ``src`` that hold 0 records.
+
+    ``counts`` are records per class; ``report.skipped`` says why a folder's files were not stored.
+    """
+    empty = []
+    for name, count in zip(classes, counts):
+        if count:
+            continue
+        folder = src / name
+        skipped = [(p, r) for p, r in report.skipped if Path(p).is_relative_to(folder)]
+        why = "no files" if not skipped else f"{len(skipped)} file(s), none stored: " + "; ".join(
+            f"{Path(p).relative_to(folder)}: {r}" for p, r in skipped[:3]) + ("; ..." if len(skipped) > 3 else "")
+        empty.append((name, f"{folder} ({why})"))
+    if not empty:
+        return
+    if not allow:
+        raise SourceError(
+            f"{len(empty)} class folder(s) hold no image that can be stored, and each would become a class with 0 "
+            f"records (a label no record has): {'; '.join(text for _, text in empty)}. Remove the folder(s) from {src} "
+            "(or put images in them), or pass --allow-empty-classes (allow_empty_classes=True) to keep each as a "
+            "class with 0 records")
+    for name, text in empty:
+        report.warnings.append(f"class {name!r} has 0 records, kept as label {list(classes).index(name)} "
+                               f"(--allow-empty-classes): {text}")
+
+
 def _image_record(path: Path, label: int) -> Callable[[], Mapping[str, Any]]:
     return lambda: {"image": path.read_bytes(), "label": label}
 
@@ -118,8 +153,14 @@ def build_lmdb(
     jsonl: bool = False,
     image_fields: Sequence[str] = ("image",),
     task: str = "",
+    allow_empty_classes: bool = False,
 ) -> WriteReport:
-    """Build ``out`` from a folder, list file or (``jsonl``) JSON-lines file ``src``; see the module doc."""
+    """Build ``out`` from a folder, list file or (``jsonl``) JSON-lines file ``src``; see the module doc.
+
+    With ``progress``, every file or line left out is printed as it is found; the returned report lists
+    them all either way. SourceError names each class folder with no image that can be stored, unless
+    ``allow_empty_classes`` (then each is a class with 0 records and a warning in the report).
+    """
     src = Path(src)
     threads = threads or os.cpu_count() or 1
     classes: list[str] = []
@@ -141,6 +182,11 @@ def build_lmdb(
             raise SourceError(f"{src} does not exist; pass an image folder, a `path label` list file or --jsonl FILE")
         if not paths:
             raise SourceError(f"{src} holds no files in its class folders")
+        if src.is_dir() and not allow_empty_classes:  # folders without a file: refused before any image is read
+            files = Counter(label for _, label in paths)
+            _check_empty_classes(src, classes, [files[label] for label in range(len(classes))], report, allow=False)
+        for position, reason in report.skipped if progress else ():
+            tqdm.write(f"skipped {position}: {reason}")
         items = ((str(path), _image_record(path, label)) for path, label in paths)
         total = len(paths)
         task = task or "classification"
@@ -149,5 +195,8 @@ def build_lmdb(
     with DatasetWriter(out, overwrite=overwrite, schema=schema, kinds=kinds) as writer:
         write_records(writer, items, report, threads, progress, total, check_images=True,
                       label_classes=len(classes))
+        if src.is_dir() and not jsonl:  # folders whose every file was skipped: refused before anything is published
+            _check_empty_classes(src, classes, [writer.label_counts[label] for label in range(len(classes))], report,
+                                allow_empty_classes)
         report.meta = writer.finish(classes=classes, task=task)
     return report

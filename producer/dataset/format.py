@@ -14,6 +14,9 @@ the numeric dtypes of the wire protocol are allowed and every length is checked
 before a byte is used: nothing is ever unpickled (msgpack-numpy is not used for
 the reason docs/decisions.md gives).
 
+The optional metadata ``class_counts`` (records per class, by label) is absent from datasets built
+before Stoker stored it; readers treat that as unknown, never as an error.
+
 Version 1 datasets (``{"label": int, "image": bin}`` records, ``classes`` in the
 metadata) are read as records with an ``image`` and a ``label`` field.
 
@@ -108,6 +111,9 @@ class DatasetMeta:
     task: str = ""
     info: Mapping[str, Any] = field(default_factory=dict)
     version: int = FORMAT_VERSION
+    #: records per class (index = label); None where the metadata does not say (datasets built before
+    #: Stoker stored it, or without an int ``label`` field)
+    class_counts: Optional[tuple[int, ...]] = None
 
 
 V1_FIELDS = {"image": FieldKind("image"), "label": FieldKind("int")}
@@ -272,6 +278,8 @@ def encode_meta(meta: DatasetMeta) -> bytes:
             body["task"] = meta.task
         if meta.info:
             body["info"] = dict(meta.info)
+        if meta.class_counts is not None:
+            body["class_counts"] = list(meta.class_counts)
     body["classes"] = list(meta.classes)
     return msgpack.packb(body, use_bin_type=True)
 
@@ -312,9 +320,14 @@ def decode_meta(path: str | os.PathLike, value: bytes | None) -> DatasetMeta:
         fields = {str(name): FieldKind.parse(kind) for name, kind in raw_fields.items()}
     except (ValueError, TypeError) as exc:
         raise DatasetError(f"{path}: metadata field schema is invalid ({exc})") from None
-    task, info = meta.get("task", ""), meta.get("info", {})
+    task, info, counts = meta.get("task", ""), meta.get("info", {}), meta.get("class_counts")
+    if counts is not None and not (isinstance(counts, list) and len(counts) == len(classes)
+                                   and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts)
+                                   and sum(counts) == count):
+        raise DatasetError(f"{path}: metadata class_counts must be one count >= 0 per class, summing to {count}")
     return DatasetMeta(count=count, fields=fields, classes=tuple(classes), task=task if isinstance(task, str) else "",
-                       info=info if isinstance(info, dict) else {}, version=2)
+                       info=info if isinstance(info, dict) else {}, version=2,
+                       class_counts=tuple(counts) if counts is not None else None)
 
 
 class LmdbDataset:

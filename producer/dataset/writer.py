@@ -24,7 +24,7 @@ import os
 import secrets
 import shutil
 import tempfile
-from collections import deque
+from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
@@ -41,6 +41,7 @@ from stoker.producer.images.decode import check_encoded_image, sniff_format
 _INITIAL_MAP_SIZE = 1 << 30
 _COMMIT_EVERY = 256
 _LOCK_NAME = "building.lock"
+_INT = FieldKind("int")
 
 
 def _lock_new_partial(out: Path) -> tuple[Path, IO[str]]:
@@ -109,6 +110,8 @@ class DatasetWriter:
         self._env = lmdb.open(str(self.partial), map_size=self._map_size, subdir=True, lock=True)
         self._pending: list[tuple[bytes, bytes]] = []
         self.count = 0
+        #: records added per value of an int ``label`` field; finish() stores them as the per-class counts
+        self.label_counts: Counter[int] = Counter()
         self._finished = False
 
     def check(self, record: Mapping[str, Any]) -> dict[str, FieldKind]:
@@ -153,6 +156,8 @@ class DatasetWriter:
         if self.schema is None:
             self.schema_from = position or f"record {self.count}"
         self.schema = schema
+        if schema.get("label") == _INT:
+            self.label_counts[int(record["label"])] += 1
         index = self.count
         self._pending.append((record_key(index), encoded))
         self.count += 1
@@ -178,12 +183,18 @@ class DatasetWriter:
             self._pending = []
 
     def finish(self, classes: Sequence[str] = (), task: str = "", info: Optional[Mapping[str, Any]] = None) -> DatasetMeta:
-        """Write the metadata record last, then rename the directory into place."""
+        """Write the metadata record last, then rename the directory into place.
+
+        With ``classes`` and an int ``label`` field whose every value names one of them, the metadata
+        also holds the records per class (``class_counts``).
+        """
         self._flush()
         if self.schema is None or not self.count:
             raise DatasetError(f"no record was written to {self.out}: nothing to publish")
+        counts = tuple(self.label_counts[label] for label in range(len(classes)))
         meta = DatasetMeta(count=self.count, fields=dict(self.schema), classes=tuple(classes), task=task,
-                           info=dict(info or {}))
+                           info=dict(info or {}),
+                           class_counts=counts if classes and sum(counts) == self.count else None)
         self._put_all([(META_KEY, encode_meta(meta))])
         self._env.sync(True)
         self._env.close()
