@@ -46,6 +46,7 @@ import numpy as np
 from harness import (add_out_argument, benchmark_parser, launch_producer, producer_flags, producers_cpu_now,
                      write_results)
 from stoker.consumer.batch_stream import BatchStream
+from stoker.consumer.coverage import coverage_text
 from stoker.consumer.exact.control_plane import pool_scheduler
 from stoker.producer.process import ProducerProcess, Throttle
 from stoker.producer.dataset.synthetic import build_synthetic
@@ -99,7 +100,8 @@ class Run:
 
 def plain_join(lmdb: Path, args: argparse.Namespace) -> dict[str, Any]:
     """Plain mode: a second producer (fixed shards 0/2 and 1/2) joins a running consumer's pool; its time to
-    the first batch, images/s before and after, and each epoch's coverage as the consumer reports it."""
+    the first batch, images/s before and after, and each shard's epochs' coverage as the consumer reports it
+    (per shard: each plain producer counts its own shard's epochs)."""
     def flags(i: int) -> list[str]:
         return producer_flags(args.batch, args.size, seed=0, shard=f"{i}/2", producer_id=f"plain{i}")
 
@@ -132,7 +134,9 @@ def plain_join(lmdb: Path, args: argparse.Namespace) -> dict[str, Any]:
             pool.remove(producers[0].endpoint)  # scaled down: the consumer goes on with the other
             producers[0].stop()
             out["images_per_s_after_leave"] = images_per_s(args.seconds)
-            out["coverage"] = {str(e): list(c) for e, c in stream.stats.coverage.items()}
+            out["coverage"] = {}  # shard -> epoch -> [distinct records received, records in the shard]
+            for (shard, e), c in stream.stats.coverage.items():
+                out["coverage"].setdefault(shard, {})[str(e)] = list(c)
     finally:
         for producer in producers:
             producer.stop()
@@ -513,8 +517,9 @@ def print_pool(result: dict[str, Any], args: argparse.Namespace) -> None:
     print(f"plain mode (fixed shards 0/2, 1/2): the second producer's first batch {plain['start_to_first_batch_s']:.2f} s "
           f"after its start ({plain['join_to_first_batch_s']:.2f} s after joining); images/s "
           f"{plain['images_per_s_one']:.0f} -> {plain['images_per_s_two']:.0f}, "
-          f"{plain['images_per_s_after_leave']:.0f} after the first left; coverage per epoch (seen, records): "
-          + ", ".join(f"{e}: {s}/{r}" for e, (s, r) in plain["coverage"].items()))
+          f"{plain['images_per_s_after_leave']:.0f} after the first left; records received per shard and epoch: "
+          + coverage_text({(shard, int(e)): (s, r) for shard, epochs in plain["coverage"].items()
+                           for e, (s, r) in epochs.items()}))
 
 
 def main() -> None:

@@ -54,6 +54,9 @@ def test_producer_and_trainer_metrics_are_scraped_and_status_names_the_bottlenec
         assert _value(received, "stoker_trainer_connected_producers") == 1
         assert "stoker_trainer_queue_occupancy[]" in received
         assert _value(received, "stoker_trainer_protocol_errors_total") == 0
+        # Coverage carries its shard (issue 31.1): one producer on shard 0/1 serves the whole dataset, "all";
+        # 160 records received of 96, in order (one worker), so epoch 0 is whole.
+        assert received["stoker_trainer_epoch_coverage[('epoch', '0'), ('shard', 'all')]"] == 1.0
         # Nobody consumes now, so the queue fills: status must call it training-bound.
         deadline = time.monotonic() + 60
         while inp.queue_size() < inp.queue_capacity:

@@ -93,17 +93,61 @@ def _stoker(*args: str, timeout: int = 240) -> subprocess.CompletedProcess:
 
 
 def test_stoker_train_report_opens_in_a_browser_with_every_plot_drawn(synth_lmdb, tmp_path):
-    report = tmp_path / "train.html"
+    report, logdir = tmp_path / "train.html", tmp_path / "tensorboard"
     with ProducerProcess(synth_lmdb, extra_args=ARGS) as producer:
         # More steps than the queue holds: some batches arrive after the timeline starts, so stage times exist.
         out = _stoker("train", "--connect", producer.endpoint, "--model", "small-cnn", "--batch-size", "8",
                       "--image-size", "32", "--classes", "4", "--steps", "30", "--queue-capacity", "4",
-                      "--no-progress", "--report", str(report))
+                      "--no-progress", "--report", str(report), "--logdir", str(logdir))
     assert out.returncode == 0, out.stderr[-3000:]
     charts = _check_in_browser(report, tmp_path)
     assert re.search(r"(input|training)-bound|balanced", charts.verdict), charts.verdict
     step_chart = next(c for c in charts.charts if "Step time" in c["title"])
     assert step_chart["points"] == 30, step_chart  # one point per step
+    # Issue 31.10: the summary says where the report and the TensorBoard logs went ...
+    assert f"report (HTML): {report}\n" in out.stdout and any(logdir.iterdir()), out.stdout
+    assert f"TensorBoard logs: {logdir} (tensorboard --logdir {logdir})\n" in out.stdout, out.stdout
+    # ... and that the records per epoch are what the input received, queued batches too, not what was trained
+    # on (240 records trained on here, more received); one producer on shard 0/1: whole-dataset epochs.
+    received = "records received per epoch (by the input: batches still queued or pre-filled count too, not only " \
+               "those trained on"
+    whole = r"; the latest may be in progress\): epoch 0: 96/96 \(100%\), epoch 1: 96/96"
+    assert re.search(re.escape(received) + whole, out.stdout), out.stdout
+    assert f"<td>{received})</td><td class='value'>epoch 0: 96/96 (100%), epoch 1: 96/96" in report.read_text()
+
+
+def test_the_summary_and_report_give_coverage_per_shard_where_each_producer_counts_its_shards_epochs():
+    from stoker.consumer.receive_stats import InputStats
+    from stoker.consumer.train.loop import TrainReport
+
+    stats = InputStats(coverage={("0/2", 262): (32, 32), ("0/2", 263): (5, 32), ("1/2", 270): (32, 32),
+                                 ("1/2", 271): (1, 32)})
+    report = TrainReport(steps=3, seconds=2.0, images_per_s=12.0, mean_queue_occupancy=0.5, final_loss=1.0,
+                         final_accuracy=0.5, input_stats=stats)
+    lines = report.summary().splitlines()
+    at = lines.index("records received per shard and epoch (each producer counts its own shard's epochs; by the "
+                     "input: batches still queued or pre-filled count too, not only those trained on; each shard's "
+                     "latest epoch may be in progress):")
+    assert lines[at + 1:at + 3] == ["  shard 0/2, epoch 262: 32/32 (100%), epoch 263: 5/32 (16%)",
+                                    "  shard 1/2, epoch 270: 32/32 (100%), epoch 271: 1/32 (3%)"]
+    fact = next(v for k, v in report.facts().items() if k.startswith("records received per epoch (by the input"))
+    assert fact == ("per shard, each producer counting its own shard's epochs: shard 0/2, epoch 262: 32/32 (100%), "
+                    "epoch 263: 5/32 (16%); shard 1/2, epoch 270: 32/32 (100%), epoch 271: 1/32 (3%)")
+    assert report.written() == []  # no report, no TensorBoard logs: nothing to point at
+    report.input_stats.coverage_untracked_batches = 3  # shards past Coverage's bounds: said, not hidden
+    assert "; 3 batch(es) of shards past the number tracked not counted):" in report.summary()
+
+
+def test_doctor_advice_fits_the_device_the_step_ran_on():
+    import tensorflow as tf
+
+    from stoker.consumer.train.throughput import Diagnosis, training_device
+
+    assert training_device() == ("GPU" if tf.config.list_logical_devices("GPU") else "CPU")
+    on_cpu = Diagnosis(900.0, 300.0, 50.0, 2, device="CPU").sentence()
+    assert on_cpu.startswith("training-bound") and "GPU or another accelerator" in on_cpu and "bigger GPU" not in on_cpu
+    assert "a bigger GPU" in Diagnosis(900.0, 300.0, 50.0, 2, device="GPU").sentence()
+    assert "GPU" not in Diagnosis(900.0, 300.0, 50.0, 2).sentence()  # device unknown: no guess
 
 
 def test_stoker_doctor_report_has_the_verdict_and_the_timeline(synth_lmdb, tmp_path):
@@ -114,5 +158,9 @@ def test_stoker_doctor_report_has_the_verdict_and_the_timeline(synth_lmdb, tmp_p
                       "--report", str(report), "--report-steps", "60")
     assert out.returncode == 0, out.stderr[-3000:]
     verdict = next(line for line in out.stdout.splitlines() if line.startswith("verdict: "))
+    device = re.search(r"^trainer: \d+ images/s on constant input \(small-cnn, on the (CPU|GPU)\)$", out.stdout, re.M)
+    assert device, out.stdout
+    if device.group(1) == "CPU":  # issue 31.10: never "a bigger GPU" for a run on the CPU
+        assert "GPU" not in verdict or "train on a GPU or another accelerator" in verdict, verdict
     charts = _check_in_browser(report, tmp_path)
     assert verdict.removeprefix("verdict: ") in " ".join(charts.verdict.split())

@@ -68,8 +68,11 @@ class ZMQInputCollector(Collector):
         yield CounterMetricFamily("stoker_trainer_stall_warnings",
                                   "Fixed shards: warnings that a producer holding this trainer's records sends nothing",
                                   value=s.stall_warnings)
-        coverage = GaugeMetricFamily("stoker_trainer_epoch_coverage", "Distinct records received / records, per epoch",
-                                     labels=["epoch"])
-        for epoch, (seen, records) in s.coverage.items():
-            coverage.add_metric([str(epoch)], seen / records if records else 0.0)
+        coverage = GaugeMetricFamily("stoker_trainer_epoch_coverage",
+                                     "Distinct records the input received (queued batches too) / records in the "
+                                     "shard, per shard and epoch of each shard's last few; shard I/N where each "
+                                     "producer counts its own shard's epochs; all: the whole dataset (a pool, 0/1)",
+                                     labels=["shard", "epoch"])
+        for (shard, epoch), (seen, records) in s.coverage.items():
+            coverage.add_metric([shard, str(epoch)], seen / records if records else 0.0)
         yield coverage

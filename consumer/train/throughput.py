@@ -113,6 +113,16 @@ class Diagnosis:
     link_mb_per_s: float
     producers_seen: int
     producer_stage_pipeline: Optional[float] = None  # images/s of one worker, if the LMDB was given
+    device: Optional[str] = None  # where the step ran ("GPU", "CPU": ``training_device()``); None: not known
+
+    def speed_up_the_step(self) -> str:
+        """How to make the model step faster, for the device it ran on."""
+        if self.device == "CPU":
+            return ("the step ran on the CPU: train on a GPU or another accelerator, or make the step cheaper (a "
+                    "smaller model, fewer or smaller layers, a smaller --image-size)")
+        if self.device == "GPU":
+            return "mixed precision, XLA, a bigger GPU"
+        return "mixed precision, XLA, a faster accelerator"
 
     def sentence(self) -> str:
         link, train = self.link_images_per_s, self.trainer_images_per_s
@@ -126,4 +136,12 @@ class Diagnosis:
             return (f"input-bound: producers deliver {link:.0f} images/s ({self.link_mb_per_s:.0f} MB/s) but the "
                     f"step could take {train:.0f} images/s; {advice}.")
         return (f"training-bound: producers deliver {link:.0f} images/s and the step takes {train:.0f} images/s; "
-                "the input keeps up, so speed up the model step (mixed precision, XLA, a bigger GPU).")
+                f"the input keeps up, so speed up the model step ({self.speed_up_the_step()}).")
+
+
+def training_device() -> str:
+    """Where TensorFlow places a training step by default, as ``measure_constant_step`` runs it: ``"GPU"`` when it
+    sees one, else ``"CPU"``."""
+    import tensorflow as tf
+
+    return "GPU" if tf.config.list_logical_devices("GPU") else "CPU"
