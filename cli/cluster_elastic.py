@@ -6,7 +6,8 @@
   name may have several addresses); the file is rewritten in place (same inode), so a running trainer's
   next lookup sees the change. The folder is removed on close.
 - ``ConsumedWatcher`` reads the trainers' ``--log-consumed`` files as they grow: images/s over each
-  interval, and at the end each epoch's coverage (distinct records seen / records) and records seen twice.
+  interval, and at the end each epoch's coverage (distinct records seen / records) and records seen twice,
+  in summary: one line for the epochs every record of which came exactly once, one line each for the others.
 """
 
 from __future__ import annotations
@@ -75,11 +76,33 @@ class ConsumedWatcher:
         return new
 
     def coverage(self, records: int) -> list[str]:
-        """One line per epoch: distinct records seen of ``records``, and how many came more than once."""
-        lines = []
+        """Each epoch's coverage, summarised: one line for the epochs whose ``records`` all came exactly once
+        ("epochs 0-56, 58 (58 epochs): ..."), then one per other epoch (cut short, or with records seen more than
+        once): distinct records seen, and how many came more than once."""
+        exact: list[int] = []
+        lines: list[str] = []
         for epoch in sorted(self.seen):
             counts = self.seen[epoch]
             twice = sum(1 for n in counts.values() if n > 1)
+            if len(counts) == records and not twice:
+                exact.append(epoch)
+                continue
             lines.append(f"epoch {epoch}: {len(counts)}/{records} records ({100 * len(counts) / records:.1f}%), "
                          f"{twice} seen more than once")
-        return lines
+        if len(exact) == 1:
+            lines.insert(0, f"epoch {exact[0]}: {records}/{records} records (100.0%), none seen more than once")
+        elif exact:
+            lines.insert(0, f"epochs {epoch_ranges(exact)} ({len(exact)} epochs): {records}/{records} records each "
+                            "(100.0%), none seen more than once")
+        return lines or ["no records consumed"]
+
+
+def epoch_ranges(epochs: Sequence[int]) -> str:
+    """Sorted epoch numbers as ranges: ``[0, 1, 2, 5, 7, 8]`` -> ``"0-2, 5, 7-8"``."""
+    runs: list[list[int]] = []
+    for epoch in epochs:
+        if runs and epoch == runs[-1][1] + 1:
+            runs[-1][1] = epoch
+        else:
+            runs.append([epoch, epoch])
+    return ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in runs)

@@ -9,9 +9,9 @@ every trainer joined; each trainer trains until the epochs end and can log what
 it consumed, so coverage across trainers can be checked. With ``add_host_at``/
 ``remove_host_at`` the producers form an elastic pool (``--shard auto``) that trainers find by
 name (``cluster_elastic``): a data host joins and one leaves mid-run, and the harness prints
-images/s over time and each epoch's coverage. Everything is torn down
-when training ends, fails, or is interrupted: producers are stopped, any process
-left in the namespaces is killed, the namespaces deleted. Last, one line per producer
+images/s over time and the epochs' coverage (one line for those every record of which came once, one
+per other epoch). Everything is torn down when training ends, fails, or is interrupted: producers
+are stopped, any process left in the namespaces is killed, the namespaces deleted. Last, one line per producer
 (``producer_lines``): its id, batches, images and images/s, a producer that sent nothing included.
 """
 

@@ -14,10 +14,14 @@ msgpack frame each:
   trainer: ``[epoch, start, end, skip]`` = positions ``start..end-1`` of the epoch's order of the
   whole dataset, less the offsets in ``skip`` (records the trainer already has); ``finished``:
   the trainer has every record of its run and wants nothing more.
+- ``goodbye``: the trainer leaves (its input closed): the producer forgets it at once, what it held
+  is served to the others, and it answers with a status of session 0, which the trainer waits for
+  before it closes the connection. Sent only to a producer whose status says it takes one
+  (``goodbye``): an older producer counts an unknown message type as a bad message.
 
 Producer to trainer: batches (protocol v1 with ``stream`` and ``session`` header
 fields) and ``status``: the stream key, epochs completed, the run's length and
-whether the producer has finished. Every field is validated; anything else raises
+whether the producer has finished, and whether it takes a goodbye. Every field is validated; anything else raises
 ProtocolError naming it. Nothing is unpickled.
 """
 
@@ -75,6 +79,13 @@ class Work:
 
 
 @dataclass
+class Goodbye:
+    """The trainer of ``session`` leaves: its input closed. Best effort: a trainer that dies says nothing."""
+
+    session: int
+
+
+@dataclass
 class Describe:
     """Asks a producer for its status, batch spec included, without joining (no state, no credit)."""
 
@@ -93,6 +104,8 @@ class Status:
     #: it has nothing to serve now: every record of its open epochs is out, and it waits for trainers (this one or
     #: others) to consume them (the one-epoch-ahead window); a fixed-shard trainer does not take it for stuck
     idle: bool = False
+    #: it takes a trainer's ``goodbye`` (a producer of an older release does not: it would count one as a bad message)
+    goodbye: bool = False
 
 
 def _int(value: Any, what: str, low: int = 0, high: int = 2**31) -> int:
@@ -158,7 +171,8 @@ def encode_status(status: Status) -> bytes:
     return msgpack.packb({"t": "status", "stream": status.stream, "producer": status.producer,
                           "completed": status.completed, "epochs": status.epochs, "finished": status.finished,
                           "spec": [[n, d, list(shape)] for n, d, shape in status.spec], "waiting": status.waiting,
-                          "session": status.session, "stranger": status.stranger, "idle": status.idle},
+                          "session": status.session, "stranger": status.stranger, "idle": status.idle,
+                          "goodbye": status.goodbye},
                          use_bin_type=True)
 
 
@@ -192,8 +206,12 @@ def encode_describe() -> bytes:
     return msgpack.packb({"t": "describe", "v": 1}, use_bin_type=True)
 
 
-def decode_trainer_message(frame: Any) -> Hello | Credit | Describe | Work:
-    """A trainer's hello, credit, work or describe; ProtocolError naming what is wrong."""
+def encode_goodbye(goodbye: Goodbye) -> bytes:
+    return msgpack.packb({"t": "goodbye", "session": goodbye.session}, use_bin_type=True)
+
+
+def decode_trainer_message(frame: Any) -> Hello | Credit | Describe | Work | Goodbye:
+    """A trainer's hello, credit, work, describe or goodbye; ProtocolError naming what is wrong."""
     body = _unpack(frame)
     kind = body.get("t")
     if kind == "describe":
@@ -220,7 +238,9 @@ def decode_trainer_message(frame: Any) -> Hello | Credit | Describe | Work:
                       _records(body.get("consumed", []), "credit 'consumed'"))
     if kind == "work":
         return _work(body)
-    raise ProtocolError(f"unknown control message type {kind!r} (expected hello, credit, work or describe)")
+    if kind == "goodbye":
+        return Goodbye(_int(body.get("session"), "goodbye 'session'"))
+    raise ProtocolError(f"unknown control message type {kind!r} (expected hello, credit, work, describe or goodbye)")
 
 
 def decode_status(body: dict) -> Status:
@@ -248,11 +268,11 @@ def decode_status(body: dict) -> Status:
     stranger = body.get("stranger", False)
     if not isinstance(stranger, bool):
         raise ProtocolError("status 'stranger' must be true or false")
-    idle = body.get("idle", False)
-    if not isinstance(idle, bool):
-        raise ProtocolError("status 'idle' must be true or false")
+    idle, goodbye = body.get("idle", False), body.get("goodbye", False)
+    if not isinstance(idle, bool) or not isinstance(goodbye, bool):
+        raise ProtocolError("status 'idle' and 'goodbye' must be true or false")
     return Status(stream, producer, _int(body.get("completed"), "status 'completed'"), epochs, finished, spec, waiting,
-                  session, stranger, idle)
+                  session, stranger, idle, goodbye)
 
 
 def unpack_producer_frame(frame: Any) -> Optional[dict]:

@@ -129,10 +129,35 @@ def test_an_elastic_pool_gains_and_loses_a_data_host_mid_run_and_every_epoch_sta
     assert "data2 joined the pool (3 hosts)" in result.stdout and "data0 left the pool (2 hosts)" in result.stdout
     for name in ("trainer0", "trainer1"):
         assert f"{name}: trained " in result.stdout, f"{name} did not train:\n{result.stdout[-3000:]}"
-    for epoch in (0, 1):
-        assert f"epoch {epoch}: 96/96 records (100.0%), 0 seen more than once" in result.stdout, result.stdout[-3000:]
-    assert "epoch 2:" not in result.stdout
+    # Every epoch's coverage on one line: both complete, every record once.
+    assert "  epochs 0-1 (2 epochs): 96/96 records each (100.0%), none seen more than once\n" in result.stdout, \
+        result.stdout[-3000:]
+    assert "epoch 2" not in result.stdout
     # One line per producer of the pool, the one that joined and the one that left included (whatever each sent).
     assert sorted(_per_producer(_SERVED_RE, result.stdout)) == ["data0#auto", "data1#auto", "data2#auto"], \
         result.stdout[-3000:]
     _assert_its_namespaces_are_gone(result.stdout)
+
+
+def test_coverage_is_one_line_for_the_epochs_consumed_exactly_once_and_one_for_each_other(tmp_path):
+    """A long run on a small dataset has many epochs: those every record of which came once share one line; an
+    epoch cut short or with a record twice is named on its own."""
+    from stoker.cli.cluster_elastic import ConsumedWatcher
+
+    def write(path, steps):
+        path.write_text("".join(json.dumps({"step": n, "epoch": [e] * len(ix), "index": ix}) + "\n"
+                                for n, (e, ix) in enumerate(steps)))
+
+    write(tmp_path / "trainer0.jsonl", [(e, [0, 1]) for e in range(60)])
+    write(tmp_path / "trainer1.jsonl", [(e, [2, 3] if e != 57 else [2]) for e in range(60)] + [(58, [0])])
+    watcher = ConsumedWatcher([tmp_path / "trainer0.jsonl", tmp_path / "trainer1.jsonl"])
+    assert watcher.poll() == 60 * 4 - 1 + 1
+    assert watcher.coverage(4) == [
+        "epochs 0-56, 59 (58 epochs): 4/4 records each (100.0%), none seen more than once",
+        "epoch 57: 3/4 records (75.0%), 0 seen more than once",
+        "epoch 58: 4/4 records (100.0%), 1 seen more than once",
+    ]
+    single = ConsumedWatcher([tmp_path / "trainer0.jsonl"])
+    single.poll()
+    assert single.coverage(2)[:1] == ["epochs 0-59 (60 epochs): 2/2 records each (100.0%), none seen more than once"]
+    assert ConsumedWatcher([tmp_path / "none.jsonl"]).coverage(4) == ["no records consumed"]

@@ -1,6 +1,6 @@
 """Exact epochs through failures and restarts, with real producer and trainer processes and real sockets.
 
-Every test runs finite producers (``--epochs 1``): the run ends when every record has been
+Every test runs finite producers (``--epochs N``): the run ends when every record has been
 consumed, so "each record exactly once" is checked on what the steps actually received,
 with no timing involved.
 """
@@ -8,7 +8,6 @@ with no timing involved.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -17,7 +16,6 @@ import time
 from collections import Counter
 from pathlib import Path
 
-import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -320,3 +318,47 @@ def test_a_trainer_in_an_ordinary_job_is_never_told_it_waits_for_more_trainers(s
             rows = _consume(inp)
     _exactly_once(rows, set(range(RECORDS)))
     assert "more trainer" not in caplog.text
+
+
+def test_an_elastic_pools_completed_epochs_are_logged_in_summary_not_a_line_each(tmp_path, caplog, monkeypatch):
+    """A small dataset completes an epoch a second: the trainer says the first at INFO, then one line per interval
+    for those since (here one interval spans the run, whatever the machine's speed) and the run's last at once;
+    each epoch still has its DEBUG line."""
+    import logging
+
+    from stoker.consumer.batch_stream import BatchStream
+    from stoker.consumer.exact import split_epoch
+
+    monkeypatch.setattr(split_epoch, "SUMMARY_EVERY_S", 1e9)
+    epochs, records = 12, 16
+    build_synthetic(tmp_path / "ds", records, seed=2, num_classes=4, progress=False)
+    caplog.set_level(logging.DEBUG, logger="stoker.consumer")
+    args = ["--shard", "auto", "--workers", "1", "--batch-size", str(BATCH), "--image-size", "16", "--seed", "3",
+            "--epochs", str(epochs)]
+    with ProducerProcess(tmp_path / "ds", extra_args=args) as producer:
+        with BatchStream([producer.endpoint], exact=True, recv_timeout=60) as stream:
+            rows = Counter((e, i) for batch in stream for e, i in zip(batch["epoch"].tolist(), batch["index"].tolist()))
+    assert set(rows) == {(e, i) for e in range(epochs) for i in range(records)} and set(rows.values()) == {1}
+    said = [(r.levelno, r.getMessage().split(":")[0]) for r in caplog.records
+            if "complete: every record" in r.getMessage()]
+    assert [what for level, what in said if level == logging.DEBUG] == [f"epoch {e} complete" for e in range(epochs)]
+    assert [what for level, what in said if level == logging.INFO] == ["epoch 0 complete",
+                                                                       f"epochs 1-{epochs - 1} complete"]
+
+
+def test_the_epoch_log_says_the_first_epoch_then_at_most_a_line_per_interval_and_the_last_at_once(caplog):
+    import logging
+
+    from stoker.consumer.exact.split_epoch import EpochLog
+
+    caplog.set_level(logging.INFO, logger="stoker.consumer")
+    epoch_log = EpochLog(every=60.0)
+    for epoch, now in enumerate([0.0, 1.0, 2.0, 61.0, 62.0]):
+        epoch_log.completed(epoch, now=now)
+    epoch_log.completed(5, last=True, now=63.0)  # a finite run's last epoch: said at once
+    epoch_log.flush()  # nothing pending: nothing said
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == ["epoch 0 complete", "epochs 1-3 complete",
+                                                                      "epochs 4-5 complete"]
+    epoch_log.completed(6, now=64.0)
+    epoch_log.flush(now=65.0)  # the input closes: what is pending is said
+    assert caplog.records[-1].getMessage().startswith("epoch 6 complete")

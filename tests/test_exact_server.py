@@ -274,3 +274,22 @@ def test_a_fixed_shard_batch_keeps_its_rows_but_the_stale_and_a_pools_is_void_on
     assert pool.wanted(made, np.array(made.epochs), rows, mask).tolist() == [True] * 4
     pool.on_hello(b"t", _hello(session=2))  # restarted: it hands out its splits afresh
     assert pool.route(made) == b"t" and pool.wanted(made, np.array(made.epochs), rows, mask) is None
+
+
+def test_a_trainer_that_says_goodbye_is_forgotten_at_once_and_its_records_go_to_the_others():
+    server = ExactServer(KEY, "p", epochs=1, trainer_timeout=600)
+    server.on_hello(b"a", _hello("A"), now=0)
+    server.on_hello(b"b", _hello("B"), now=0)
+    to_a = [server.next_chunk(5) for _ in range(2)]
+    for c in to_a:
+        server.on_sent(b"a", c.epochs, c.indices)
+    _consume(server, b"a", [(to_a[0].epochs, to_a[0].indices)], now=1)  # A consumed one batch, reported it
+    assert server.trainers.leave(b"a", session=2) is None and len(server.trainers) == 2  # not A's session: ignored
+    assert server.trainers.leave(b"a", session=1) == "A"  # long before A's 600 s would run out
+    assert list(server.trainers) == [b"b"] and (server.trainers.goodbyes, server.trainers.lost) == (1, 0)
+    rest = _serve(server, b"b")
+    served_b = sorted(i for _, idx in rest for i in idx)
+    assert served_b == sorted(set(RECORDS) - set(to_a[0].indices))  # what A held, not what it consumed
+    assert server.trainers.leave(b"a", session=1) is None  # a second goodbye finds nobody
+    server.trainers.drop(b"b")
+    assert (server.trainers.goodbyes, server.trainers.lost) == (1, 1)

@@ -22,6 +22,9 @@ with its link by ``ProducerLinks``, which also sends credit, reports and heartbe
   scheduler is made when the first pool producer reports, from what ``configure_pool(spec)`` and
   the constructor gave; a pool producer that reports before ``configure_pool`` joins then.
 - ``finished`` once every producer said it finished its epochs (a pool: once its epochs are consumed).
+- ``close()`` says goodbye to each producer it has a session with (if its status says it takes one),
+  after the last steps' records: the producer serves what this trainer held to the others at once and
+  logs that it left, where a trainer that vanishes is found unreachable or silent (a WARNING).
 - ``check_stalls()`` (every quarter second): a producer holding work that sent nothing new for the
   stall bound while this trainer's queue had room is named. In an elastic pool its splits go to the
   others (``pool_work``); a fixed shard cannot be served by anyone else (``shard_stalls``), so the
@@ -45,7 +48,7 @@ from stoker.protocol.input_state import StreamKey, rows_by_epoch
 from stoker.consumer.exact.ledger import ConsumedLedger
 
 from stoker.consumer.exact.links import Link
-from stoker.consumer.exact.pool_work import PoolWork
+from stoker.consumer.exact.pool_work import PoolWork, serves_pool
 from stoker.consumer.exact.producers import KnownProducer, ProducerLinks
 from stoker.consumer.exact.shard_stalls import ShardStallWatch, open_epochs, shard_waiting
 from stoker.consumer.exact.split_scheduler import SchedulerPlan, SplitScheduler
@@ -113,7 +116,7 @@ class ExactTransport:
         self._spec = spec
         for i in self.live():  # a pool producer that reported before this joins now
             status = self.producers[i].status
-            if status is not None and self._serves_pool(i, status):
+            if status is not None and serves_pool(status, self.producers[i].session):
                 self._join_pool(i, status)
 
     # ---- state ------------------------------------------------------------------------------
@@ -233,7 +236,7 @@ class ExactTransport:
                     # Epochs the producer completed (every trainer consumed them): their bitmaps need not be kept,
                     # so a long run's state stays a few bitmaps, not one per epoch ever trained.
                     self.ledger.state.streams[status.stream].advance(status.completed)
-        if self._serves_pool(i, status):
+        if serves_pool(status, p.session):
             self._join_pool(i, status)
         elif status.stream and self.share[1] > 1 and not self._warned_share:
             self._warned_share = True
@@ -275,11 +278,6 @@ class ExactTransport:
         self.links.give_back(i)
 
     # ---- an elastic pool ---------------------------------------------------------------------
-
-    def _serves_pool(self, i: int, status: Status) -> bool:
-        """Whether ``status`` says producer ``i`` serves an elastic pool under this trainer's current session."""
-        return status.stream.startswith("splits:") and status.session == self.producers[i].session \
-            and status.session > 0
 
     def _join_pool(self, i: int, status: Status) -> None:
         """Producer ``i`` serves an elastic pool: hand it splits (the first such producer defines the pool)."""
@@ -358,8 +356,11 @@ class ExactTransport:
         return self._pool.finished if self._pool is not None else self.links.finished()
 
     def close(self) -> None:
-        # What the last flush queued (a finished pool's "finished", the last steps' records) gets up to 0.5 s to leave.
-        self.links.close(0.5 if self.active else 0.0)
+        """Say goodbye (an active trainer), then close the links: what the last flush queued (a finished pool's
+        "finished", the last steps' records), the goodbyes and the producers' answers get up to 0.5 s."""
+        if self._pool is not None:
+            self._pool.scheduler.epoch_log.flush()  # epochs completed since the last summary line
+        self.links.close(0.5 if self.active else 0.0, goodbye=self.active)
 
 
 def pool_scheduler(transport: ExactTransport) -> Optional[SplitScheduler]:

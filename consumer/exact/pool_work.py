@@ -34,6 +34,11 @@ from stoker.consumer.exact.split_scheduler import SplitScheduler
 log = logging.getLogger("stoker.consumer")
 
 
+def serves_pool(status: Status, session: int) -> bool:
+    """Whether ``status`` says its producer serves an elastic pool under this trainer's current ``session``."""
+    return status.stream.startswith("splits:") and status.session == session and session > 0
+
+
 class PoolWork:
     """See the module doc. ``producers``: the transport's records, by number; ``spec``: the batches pool producers
     must make (None: not checked); ``send(i, frame)`` sends producer ``i`` a message; ``restart(i)`` gives it a new

@@ -7,7 +7,7 @@
   owed to it, and when it was last heard from, sent a batch and was read.
 - ``ProducerLinks``: the records in one list, the ``zmq.Poller`` over their links (ready producers
   least recently read first), and what goes back to them besides hellos: credit, consumed records,
-  heartbeats (``control_plane``'s doc says when).
+  heartbeats (``control_plane``'s doc says when), and a goodbye when the trainer's input closes.
 
 The transport's thread owns both; ``stream``, ``held`` and ``reports`` are also touched by the
 steps (``ExactTransport.record_consumed``), so those are read and written under the transport's lock.
@@ -23,7 +23,9 @@ from typing import Callable, Optional
 import numpy as np
 import zmq
 
-from stoker.protocol.exact_messages import Credit, Records, Status, encode_credit
+from stoker.protocol import ProtocolError
+from stoker.protocol.exact_messages import (Credit, Goodbye, Records, Status, decode_status, encode_credit,
+                                            encode_goodbye)
 from stoker.protocol.input_state import rows_by_epoch
 
 from stoker.consumer.exact.links import Link
@@ -210,11 +212,48 @@ class ProducerLinks:
     def connected(self) -> set[str]:
         return set().union(*(link.connected for link in self.live_links()))
 
-    def close(self, linger_s: float) -> None:
-        """Close every link; what they queued gets up to ``linger_s`` to leave, all links together."""
+    def say_goodbye(self, deadline: float) -> int:
+        """Tell each producer this trainer has a session with that it leaves, after what the steps consumed (sent
+        now): it serves what this trainer held to the others at once. Only to a producer whose status says it
+        takes a goodbye (an older one counts an unknown message as bad), and never with records unreported (it
+        would serve them again). Then wait, until ``deadline`` at most, for each to answer (a status of session 0:
+        it no longer knows this trainer), reading and dropping what else comes: a connection closed with data
+        unread is reset, and a producer writing to it then may lose the goodbye unread. Best effort (a producer
+        that does not answer takes this trainer for gone, as before); how many answered."""
+        self.send_due(time.monotonic(), force=True)
+        waiting = set()
+        for i in self.live():
+            p = self.producers[i]
+            with self._lock:
+                unreported = bool(p.reports)
+            if p.session and p.status is not None and p.status.goodbye and not unreported \
+                    and self.send(i, encode_goodbye(Goodbye(p.session))):
+                waiting.add(i)
+        said = len(waiting)
+        while waiting and (left := deadline - time.monotonic()) > 0:
+            for i in self.poll(max(1, int(left * 1000))):
+                if self._farewell(i):
+                    waiting.discard(i)
+        return said - len(waiting)
+
+    def _farewell(self, i: int) -> bool:
+        """Read one message of producer ``i`` (a leaving trainer drops batches): whether it answers a goodbye."""
+        link = self.producers[i].link
+        assert link is not None
+        try:
+            message = link.receive()
+            return isinstance(message, tuple) and decode_status(message[0]).session == 0
+        except ProtocolError:
+            return False
+
+    def close(self, linger_s: float, goodbye: bool = False) -> None:
+        """Close every link (``goodbye``: ``say_goodbye`` first); what they queued, goodbyes and their answers
+        included, gets up to ``linger_s``, all links together."""
         # A libzmq close returns at once (the context's term waits), a direct link's waits for its own queue, so
         # each gets what is left of one deadline.
         deadline = time.monotonic() + linger_s
+        if goodbye:
+            self.say_goodbye(deadline)
         links = self.live_links()
         for link in links:
             link.close(linger_ms=max(0, int((deadline - time.monotonic()) * 1000)))

@@ -6,15 +6,26 @@ brought it, or it is not this trainer's, or a restored checkpoint consumed it) a
 (consumed, failed, or not this trainer's); per split: how many of its records of the share are still to
 arrive. Vectorised over the batch's rows, so a batch costs the same at a thousand records as at a million.
 Not thread-safe: the scheduler's caller holds the transport's lock.
+
+``EpochLog`` says which epochs completed without a line per epoch (a small dataset completes one a second).
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from collections import deque
+from typing import Optional
 
 import numpy as np
 
 from stoker.protocol.exact_messages import WorkItem
+
+log = logging.getLogger("stoker.consumer")
+
+#: At most one INFO line per this many seconds for the epochs completed since the last one.
+SUMMARY_EVERY_S = 60.0
+_SHARE_DONE = "every record of this trainer's share consumed once"
 
 
 class SplitEpoch:
@@ -86,3 +97,34 @@ class SplitEpoch:
         new = records[~self.done[records]]
         self.done[new] = True
         self.left -= len(new)
+
+
+class EpochLog:
+    """The log of completed epochs, summarised: each epoch at DEBUG; at INFO the first, then at most one line per
+    ``every`` seconds (default ``SUMMARY_EVERY_S``) for those completed since ("epochs 3-57 complete"), said with
+    the next completion once the interval passed, with a finite run's last epoch, or by ``flush()``. Epochs
+    complete in order, so what is pending is one range. Clock-injected (``now``) for tests."""
+
+    def __init__(self, every: Optional[float] = None) -> None:
+        self.every = SUMMARY_EVERY_S if every is None else every
+        self.pending: Optional[tuple[int, int]] = None  # (first, last) completed, not yet said at INFO
+        self._said_at: Optional[float] = None  # the last INFO line (None: none yet)
+
+    def completed(self, epoch: int, last: bool = False, now: Optional[float] = None) -> None:
+        """Epoch ``epoch`` completed (``last``: the run's last epoch)."""
+        now = time.monotonic() if now is None else now
+        log.debug("epoch %d complete: %s", epoch, _SHARE_DONE)
+        self.pending = (self.pending[0] if self.pending is not None else epoch, epoch)
+        if last or self._said_at is None or now - self._said_at >= self.every:
+            self.flush(now)
+
+    def flush(self, now: Optional[float] = None) -> None:
+        """Say the epochs completed since the last INFO line, if any (the input closes)."""
+        if self.pending is None:
+            return
+        first, last = self.pending
+        if first == last:
+            log.info("epoch %d complete: %s", first, _SHARE_DONE)
+        else:
+            log.info("epochs %d-%d complete: %s in each", first, last, _SHARE_DONE)
+        self.pending, self._said_at = None, time.monotonic() if now is None else now

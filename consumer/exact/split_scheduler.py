@@ -27,7 +27,8 @@ data-parallel trainers take disjoint shares, so nothing has to be agreed between
 - ``release(i)``: producer ``i`` left the pool, disconnected or restarted: its unfinished splits
   go back, less what arrived, to be handed to the others.
 - ``consumed(...)`` follows the steps; an epoch whose share is all consumed (or failed) is
-  completed in the input state (its bitmap dropped); ``finished`` after ``epochs`` epochs.
+  completed in the input state (its bitmap dropped) and logged (``EpochLog``: summarised, not a line
+  each); ``finished`` after ``epochs`` epochs.
 
 Exactness follows from the trainer alone: a record is delivered to a step at most once per
 epoch (``arrived``), and every record of the share is asked for until it arrived (``release``,
@@ -38,7 +39,6 @@ dataset is known (the first pool producer's status) from what the trainer was co
 
 from __future__ import annotations
 
-import logging
 import time
 from dataclasses import dataclass
 from typing import Iterator, Optional
@@ -49,10 +49,8 @@ from stoker.protocol.exact_messages import MAX_SPLIT, WorkItem
 from stoker.protocol.input_state import StreamKey, StreamProgress, epoch_order
 
 from stoker.consumer.exact.producer_pace import PoolPace
-from stoker.consumer.exact.split_epoch import SplitEpoch
+from stoker.consumer.exact.split_epoch import EpochLog, SplitEpoch
 from stoker.consumer.receive_options import STALL_AFTER_S
-
-log = logging.getLogger("stoker.consumer")
 
 EPOCHS_AHEAD = 1
 DEFAULT_AHEAD = 2  # unfinished splits each producer holds at least: one being served, one to go on with
@@ -121,6 +119,7 @@ class SplitScheduler:
         self.reserved = 0  # splits handed out again because their producer was stuck
         self.backups = 0  # splits also handed to an idle producer because their holder straggled
         self.stalls_seen = 0  # times a producer was taken for stuck
+        self.epoch_log = EpochLog()  # "epoch N complete", summarised (a small dataset completes one a second)
         self._open_epochs()
 
     # ---- epochs ----------------------------------------------------------------------------
@@ -151,7 +150,7 @@ class SplitScheduler:
             del self.open[e]
             closed = True
             self.progress.advance(e + 1)
-            log.info("epoch %d complete: every record of this trainer's share consumed once", e)
+            self.epoch_log.completed(e, last=e + 1 == self.epochs)
         for e in [e for e in self.open if e < self.progress.completed]:
             del self.open[e]
             closed = True

@@ -1,17 +1,19 @@
 """The daemon's forwarding thread in exact mode: chosen records to workers, batches to trainers with credit.
 
     ServingPolicy --which records--> grant [slot, work] --> worker --ready--> ExactForwarder
-    trainers (DEALER) <--batch [header + stream, session]-- ROUTER <--hello / credit / work-- trainers
+    trainers (DEALER) <--batch [header + stream, session]-- ROUTER <--hello / credit / work / goodbye-- trainers
 
 Like ``SlotForwarder`` (shared-memory slots sent with ``copy=False``, a slot reused
 only once libzmq is done with it), but the trainer-facing socket is a ROUTER:
 each batch goes to one trainer that has credit, so the serving policy (serving_policy.py:
 ``ExactServer`` for a fixed shard, ``SplitServer`` for an elastic pool) knows who
 holds which records. A slot is granted to a worker only with work (records the
-policy chose); with nothing to serve it waits. Trainers' ``hello``, ``credit`` and ``work``
+policy chose); with nothing to serve it waits. Trainers' ``hello``, ``credit``, ``work`` and ``goodbye``
 messages arrive on the same socket; a malformed one, or work for a policy that takes none,
-is counted and logged (rate-limited), never fatal. Status goes to every trainer when an epoch
-completes and when the run has finished. All sockets are used by this thread only.
+is counted and logged (rate-limited), never fatal. A trainer that says goodbye is forgotten at once
+(INFO: it left); one that vanishes without it is a WARNING when found unreachable or silent. Status
+goes to every trainer when an epoch completes and when the run has finished. All sockets are used by
+this thread only.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import zmq
 
 from stoker.protocol import ProtocolError
 from stoker.protocol.batch_codec import with_session
-from stoker.protocol.exact_messages import (Credit, Describe, Hello, Status, Work, decode_trainer_message,
+from stoker.protocol.exact_messages import (Credit, Describe, Goodbye, Hello, Status, Work, decode_trainer_message,
                                             encode_status)
 
 from stoker.producer.serve.batch_slots import GRANT, SlotLayout, SlotState, encode_work, slot_frame
@@ -139,6 +141,20 @@ class ExactForwarder(SlotForwarder):
                 self._unknown(routing_id)
         elif isinstance(body, Describe):
             self._status_to(routing_id)
+        elif isinstance(body, Goodbye):
+            self._on_goodbye(routing_id, body)
+
+    def _on_goodbye(self, routing_id: bytes, goodbye: Goodbye) -> None:
+        """Forget the trainer, and answer with a status (of session 0: it is not known here now); the trainer closes
+        its connection once that came (protocol.md), so this goodbye is read before anything resets it."""
+        trainers = self.policy.trainers
+        trainer = trainers.leave(routing_id, goodbye.session)
+        self._status_to(routing_id)
+        if trainer is None:  # taken for dead or back under a new session meanwhile: nothing of it is left
+            log.debug("a goodbye from a trainer of an old session or unknown here (session %d)", goodbye.session)
+            return
+        log.info("trainer %s (session %d) said goodbye: it left, and the records it held are served again "
+                 "(goodbyes=%d, trainers_lost=%d)", trainer, goodbye.session, trainers.goodbyes, trainers.lost)
 
     def _on_work(self, routing_id: bytes, work: Work) -> None:
         if self._pool is None:
@@ -173,6 +189,7 @@ class ExactForwarder(SlotForwarder):
         status = self.policy.status()
         status.session = self.policy.trainers.session_of(routing_id)  # 0: it has not joined (a describe)
         status.stranger = stranger
+        status.goodbye = True  # this producer takes a trainer's goodbye (_on_goodbye)
         try:
             self.out.send_multipart([routing_id, encode_status(status)], flags=zmq.NOBLOCK)
         except zmq.ZMQError:
@@ -261,3 +278,8 @@ class ExactForwarder(SlotForwarder):
     @property
     def finished(self) -> bool:
         return self.policy.finished and not self._ready and not self._in_flight
+
+    def trainer_counts(self) -> dict[str, int]:
+        """For the daemon's stop summary: trainers that said goodbye, and those lost without one (unreachable or
+        silent past --trainer-timeout)."""
+        return {"goodbyes": self.policy.trainers.goodbyes, "trainers_lost": self.policy.trainers.lost}

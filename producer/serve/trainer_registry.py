@@ -7,7 +7,8 @@ is theirs, given as ``forget``:
   a restart) is forgotten first: what it held or asked for is void;
 - ``heard`` and ``on_credit`` take a message of a trainer's current session (None for an unknown
   trainer or an old session: the forwarder tells it to say hello again), and ``spend`` a batch sent to it;
-- ``expire`` forgets trainers silent for ``timeout`` seconds, ``drop`` one that is unreachable;
+- ``expire`` forgets trainers silent for ``timeout`` seconds, ``drop`` one that is unreachable (``lost``
+  counts both), ``leave`` one that said goodbye (``goodbyes``);
 - ``pick`` chooses round-robin among trainers that are ready (default: those with credit).
 
 Not thread-safe: the forwarding thread alone drives it. Clock-injected (``now``) for tests.
@@ -48,6 +49,8 @@ class TrainerRegistry(Generic[T]):
         self._forget = forget
         self._trainers: dict[bytes, T] = {}
         self._rotation = 0
+        self.goodbyes = 0  # trainers that said goodbye (left of their own accord)
+        self.lost = 0  # trainers forgotten without one: unreachable, or silent for ``timeout``
 
     def join(self, trainer: T) -> None:
         """Register ``trainer`` (from its hello) at its routing id, after forgetting its earlier incarnations."""
@@ -107,6 +110,18 @@ class TrainerRegistry(Generic[T]):
         """Forget the trainer at ``routing_id`` (gone: unreachable or silent); its id."""
         trainer = self._trainers.pop(routing_id)
         self._forget(trainer)
+        self.lost += 1
+        return trainer.id
+
+    def leave(self, routing_id: bytes, session: int) -> Optional[str]:
+        """Forget the trainer at ``routing_id`` that said goodbye under ``session``; its id. None: unknown, or a
+        goodbye of an old session (that incarnation is forgotten already)."""
+        trainer = self._trainers.get(routing_id)
+        if trainer is None or trainer.session != session:
+            return None
+        del self._trainers[routing_id]
+        self._forget(trainer)
+        self.goodbyes += 1
         return trainer.id
 
     def __iter__(self) -> Iterator[bytes]:
