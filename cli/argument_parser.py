@@ -9,12 +9,36 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import re
 import sys
 from typing import Any, NoReturn, Optional, Sequence
 
+_NAMES_A_DEFAULT = re.compile(r"\bdefault\b", re.IGNORECASE)
 
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    pass
+
+def default_text(action: argparse.Action) -> Optional[str]:
+    """An option's default as a user would type it, or None where there is none worth saying: a required option or
+    switch, no default (``None``: unset; the help says what that means), an empty string. A list or tuple is its
+    items joined by commas, never a Python repr."""
+    default = action.default
+    if action.required or action.nargs == 0 or default is None or default is argparse.SUPPRESS or default == "":
+        return None
+    if isinstance(default, (list, tuple)):
+        return ", ".join(str(item) for item in default)
+    return str(default)
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions as written, and each option's default said once: ``(default: 64)`` is added unless the help
+    already names the default in its own words (``(default: random, logged)``) or there is none (``default_text``)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        help_text = action.help or ""
+        text = default_text(action)
+        takes_default = action.option_strings or action.nargs in ("?", "*")  # not a required positional
+        if text is None or not takes_default or _NAMES_A_DEFAULT.search(help_text):
+            return help_text
+        return f"{help_text} (default: {text.replace('%', '%%')})"
 
 
 class StokerArgumentParser(argparse.ArgumentParser):
@@ -25,6 +49,10 @@ class StokerArgumentParser(argparse.ArgumentParser):
     """
 
     _given: Sequence[str] = ()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)  # subcommands' parsers too: they are of this class
+        super().__init__(*args, **kwargs)
 
     def parse_known_args(self, args: Optional[Sequence[str]] = None, namespace: Any = None) -> Any:
         self._given = list(sys.argv[1:] if args is None else args)

@@ -62,7 +62,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from stoker.protocol import ALLOWED_DTYPES
-from stoker.protocol.batch_spec import BOOKKEEPING, LENGTH_SUFFIX, bookkeeping_arrays
+from stoker.protocol.batch_spec import BOOKKEEPING, LENGTH_SUFFIX, bookkeeping_arrays, shape_text
 
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,59}$")  # leaves room for the _len suffix within 64
 BUILTIN = ("imagenet", "detection", "segmentation")
@@ -119,7 +119,7 @@ class Field:
         return tuple(d.max if isinstance(d, UpTo) else d for d in self.shape)
 
     def __str__(self) -> str:
-        return f"{self.name} {self.dtype} {list(self.shape)}"
+        return f"{self.name} {self.dtype} {shape_text(self.shape)}"
 
 
 def _dtype_name(dtype: Any, name: str) -> str:

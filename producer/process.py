@@ -6,8 +6,8 @@ launcher killed outright leaves nothing) and waits until the daemon's status fil
 is serving, with the endpoint it bound (so ``tcp://127.0.0.1:*`` works and the real port
 is known) and its producer id; at the stop it reads the daemon's summary from the same
 file. The status file is the daemon's channel for programs (its format:
-``stoker.producer.serve.daemon``'s docstring); the log is for people, and nothing here
-reads its wording. The daemon is stopped with SIGTERM, escalating to SIGKILL, always
+``stoker.producer.serve.daemon``'s docstring; both ends are here: ``StatusFile`` writes,
+``DaemonStatus`` reads); the log is for people, and nothing here reads its wording. The daemon is stopped with SIGTERM, escalating to SIGKILL, always
 within a bounded time. Its log goes to a file, never a pipe that could fill.
 
 ``produce_flags`` and ``produce_command`` build ``stoker produce`` command lines from
@@ -53,6 +53,33 @@ def produce_flags(*, workers: Optional[int] = None, batch_size: Optional[int] = 
 def produce_command(lmdb_path: str | os.PathLike, bind: str, flags: Sequence[str] = ()) -> list[str]:
     """The argv of ``stoker produce --lmdb LMDB_PATH --bind BIND FLAGS...`` run by this Python interpreter."""
     return [sys.executable, "-m", "stoker.cli.main", "produce", "--lmdb", str(lmdb_path), "--bind", bind, *flags]
+
+
+class StatusFile:
+    """The daemon's end of its JSON-lines channel for programs (format: ``stoker.producer.serve.daemon``'s docstring;
+    ``DaemonStatus`` is the reading end); no-op without a path.
+
+    Opened (truncated) at once, so a path that cannot be written fails before anything starts. Each line is
+    one ``os.write`` on an ``O_APPEND`` descriptor: no buffer to flush, no torn or interleaved lines.
+    """
+
+    def __init__(self, path: Optional[str]) -> None:
+        self._fd: Optional[int] = None
+        if path is not None:
+            try:
+                self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC, 0o644)
+            except OSError as exc:
+                raise ValueError(f"cannot write the status file {path}: {exc.strerror}") from None
+
+    def write(self, event: str, **fields: object) -> None:
+        if self._fd is not None:
+            line = json.dumps({"event": event, "pid": os.getpid(), **fields}) + "\n"
+            os.write(self._fd, line.encode())
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 class DaemonStatus:

@@ -102,7 +102,7 @@ def make_imagenet(mode: str = "train", image_size: int = 224, size: str = "", sc
                   ratio: Pair = RATIO, flip: bool = True, eval_crop: float = EVAL_CROP_FRACTION,
                   fast_dct: bool = False, crop_decoding: bool = CROP_DECODING, image_field: str = "image",
                   label_field: str = "label") -> Pipeline:
-    """ImageNet-style classification: ``images uint8 [H, W, 3]`` (RGB) and ``labels int32 []``."""
+    """ImageNet-style classification: ``images uint8 [H, W, 3]`` (RGB) and ``labels int32 scalar`` (one per image)."""
     train = _mode(mode)
     height, width = parse_size(size, image_size)
     scale_range = parse_range(scale, "scale", 0.0, 1.0)

@@ -32,13 +32,13 @@ says "serving"): ``endpoint`` is the bound address (the real port for ``tcp://HO
 is ``plain``, ``exact`` or ``pool`` (``--shard auto``), ``epochs`` null when endless,
 ``metrics_port`` the Prometheus port or null. ``stopped`` comes once, last, when ``run()`` ends for
 any reason (the figures of the log's "stopped:" line: batches and images the workers made to send,
-records skipped). A daemon killed outright writes no ``stopped``; one that fails before serving
-writes nothing. Readers ignore fields and events they do not know.
+records skipped; exact mode's trainers that said ``goodbyes`` and ``trainers_lost`` without one). A
+daemon killed outright writes no ``stopped``; one that fails before serving writes nothing. Readers
+ignore fields and events they do not know.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import multiprocessing as mp
 import os
@@ -66,6 +66,7 @@ from stoker.producer.serve.exact_server import ExactServer
 from stoker.producer.serve.forwarder import SlotForwarder
 from stoker.producer.measure.metrics import ProducerCollector
 from stoker.producer.pipeline import load_pipeline
+from stoker.producer.process import StatusFile
 from stoker.producer.serve.peer_security import HandshakeFailureLog, RefusalLoggingAuthenticator
 from stoker.producer.serve.serving_policy import ServingPolicy
 from stoker.producer.serve.sharding import ShardSpec
@@ -110,30 +111,25 @@ class BindError(RuntimeError):
     """The --bind address cannot be bound; the message says why and what to try."""
 
 
-class StatusFile:
-    """The daemon's JSON-lines channel for programs (format: the module docstring); no-op without a path.
+def _count(n: int, noun: str, plural: str = "") -> str:
+    """``1 worker``, ``2 workers``: a count with its noun, for lines people read (``plural`` where not noun + s)."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
 
-    Opened (truncated) at once, so a path that cannot be written fails before anything starts. Each line is
-    one ``os.write`` on an ``O_APPEND`` descriptor: no buffer to flush, no torn or interleaved lines.
-    """
 
-    def __init__(self, path: Optional[str]) -> None:
-        self._fd: Optional[int] = None
-        if path is not None:
-            try:
-                self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC, 0o644)
-            except OSError as exc:
-                raise ValueError(f"cannot write the status file {path}: {exc.strerror}") from None
-
-    def write(self, event: str, **fields: object) -> None:
-        if self._fd is not None:
-            line = json.dumps({"event": event, "pid": os.getpid(), **fields}) + "\n"
-            os.write(self._fd, line.encode())
-
-    def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+def _check_shard_size(config: ProducerConfig, records: int) -> None:
+    """ValueError for a shard of fewer records than workers; a warning saying what the batches hold for one of fewer
+    records than a batch (legal: a small dataset still serves, but not the batches one expects)."""
+    said = f"shard {config.shard} of {config.lmdb_path} holds {_count(records, 'record')}"
+    if records < config.workers:
+        raise ValueError(f"{said}, fewer than --workers {config.workers}")
+    if records < config.batch_size and not config.exact:  # each worker's record stream runs on from epoch to epoch
+        log.warning("%s, fewer than --batch-size %d: each batch runs over %d epochs or more, so it holds records more "
+                    "than once (in train mode each time augmented anew)", said, config.batch_size,
+                    -(-config.batch_size // records))
+    elif records < config.batch_size:  # EPOCHS_AHEAD (exact_server, split_scheduler): 2 epochs open at most
+        log.warning("%s, fewer than --batch-size %d: exact mode sends a record once per epoch, so a batch carries at "
+                    "most %s and trainers cut its other rows off as padding (smaller steps)", said,
+                    config.batch_size, _count(records * min(config.epochs or 2, 2), "sample"))
 
 
 @dataclass(frozen=True)
@@ -201,11 +197,8 @@ class ProducerDaemon:
         self.pipeline = load_pipeline(config.pipeline, dict(config.pipeline_args), dict(self.pipeline_standard))
         with LmdbDataset(config.lmdb_path) as dataset:
             self.meta = dataset.meta
-        shard_size = len(config.shard.records(self.meta.count))
-        if shard_size < config.workers:
-            raise ValueError(
-                f"shard {config.shard} of {config.lmdb_path} holds {shard_size} records, fewer than --workers {config.workers}"
-            )
+        self.records = len(config.shard.records(self.meta.count))  # the shard's (a pool's: the dataset's)
+        _check_shard_size(config, self.records)
         self.seed = config.seed if config.seed is not None else secrets.randbits(31)
         self.status = StatusFile(config.status_file)
         self._ctx = zmq.Context()
@@ -283,7 +276,7 @@ class ProducerDaemon:
             _join_or_kill(procs)
             sender.join(1.0)
             self._close(control, ipc_dir)
-            self._report_stopped()
+            self._report_stopped(exact)
 
     def _forwarder(self, control: zmq.Socket,
                    buffers: list) -> tuple[SlotForwarder, Optional[ExactForwarder]]:
@@ -325,18 +318,17 @@ class ProducerDaemon:
     def _announce(self, metrics: Optional[MetricsServer]) -> None:
         """Bound, workers started: the "serving" log line for people, then the status line for programs."""
         cfg = self.config
-        records = len(cfg.shard.records(self.meta.count))
-        exact = (f"exact, {cfg.epochs} epochs" if cfg.epochs else "exact, endless") if cfg.exact else "plain"
+        exact = "plain" if not cfg.exact else f"exact, {_count(cfg.epochs, 'epoch')}" if cfg.epochs else "exact, endless"
         log.info(
-            "serving %s on %s: %d records in shard %s of %d, pipeline %s (%s mode): batches of %d x {%s}, "
-            "%d workers, seed %d, %s (stream %s), producer_id=%s",
-            cfg.lmdb_path, self.endpoint, records, cfg.shard, self.meta.count,
-            self.pipeline.name, cfg.mode, cfg.batch_size, self.pipeline.describe(), cfg.workers, self.seed, exact,
-            self.stream, self.producer_id,
+            "serving %s on %s: %s in shard %s of %d, pipeline %s (%s mode): batches of %d x {%s}, "
+            "%s, seed %d, %s (stream %s), producer_id=%s",
+            cfg.lmdb_path, self.endpoint, _count(self.records, "record"), cfg.shard, self.meta.count,
+            self.pipeline.name, cfg.mode, cfg.batch_size, self.pipeline.describe(), _count(cfg.workers, "worker"),
+            self.seed, exact, self.stream, self.producer_id,
         )
         self.status.write("serving", endpoint=self.endpoint, producer_id=self.producer_id,
                           mode="pool" if cfg.shard.auto else "exact" if cfg.exact else "plain", epochs=cfg.epochs,
-                          shard=str(cfg.shard), records=records, seed=self.seed, workers=cfg.workers,
+                          shard=str(cfg.shard), records=self.records, seed=self.seed, workers=cfg.workers,
                           metrics_port=metrics.port if metrics is not None else None)
 
     def _serve(self, stop: threading.Event, exact: Optional[ExactForwarder],
@@ -348,7 +340,7 @@ class ProducerDaemon:
         while not stop.wait(min(0.5, cfg.log_interval)):
             self.handshakes.drain()
             if exact is not None and exact.finished:
-                log.info("finished: %d exact epochs of shard %s consumed; %s", cfg.epochs, cfg.shard,
+                log.info("finished: %s of shard %s consumed; %s", _count(cfg.epochs, "exact epoch"), cfg.shard,
                          exact.policy.summary())
                 time.sleep(0.5)  # the forwarder's last status reaches the trainers
                 self._out.setsockopt(zmq.LINGER, 1000)
@@ -375,12 +367,14 @@ class ProducerDaemon:
         if ipc_dir is not None:
             shutil.rmtree(ipc_dir, ignore_errors=True)
 
-    def _report_stopped(self) -> None:
+    def _report_stopped(self, exact: Optional[ExactForwarder] = None) -> None:
         """The "stopped:" log line and the status file's last line, with the same figures."""
         totals = self.stats.totals()
         batches, images, skipped = (int(totals[k]) for k in ("batches", "images", "skipped"))
-        log.info("stopped: %d batches, %d images sent, %d records skipped", batches, images, skipped)
-        self.status.write("stopped", batches=batches, images=images, skipped=skipped)
+        trainers = exact.trainer_counts() if exact is not None else {}
+        log.info("stopped: %s, %s sent, %s skipped%s", _count(batches, "batch", "batches"), _count(images, "image"),
+                 _count(skipped, "record"), "".join(f", {k}={v}" for k, v in trainers.items()))
+        self.status.write("stopped", batches=batches, images=images, skipped=skipped, **trainers)
         self.status.close()
 
 
