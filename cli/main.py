@@ -145,18 +145,19 @@ def cmd_train(args: argparse.Namespace) -> int:
         discover_every=args.discover_every, share=args.share, stall_after=args.stall_after,
         stall_limit=args.stall_limit,
     )
-    from stoker.consumer import InputError
+    from stoker.consumer import InputError, InputMismatchError
     from stoker.consumer.tf.summaries import TensorBoardNotInstalledError
+    from stoker.consumer.train.models import ClassCountError
 
     try:
         report = train(config)
-    except TensorBoardNotInstalledError as exc:
+    except (TensorBoardNotInstalledError, InputMismatchError, ClassCountError) as exc:  # a flag to change, named
         print(f"stoker train: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except InputError as exc:
         print(f"stoker train: error: {exc}", file=sys.stderr)
         return EXIT_FAILURE
-    print(report.summary())
+    print("\n".join([report.summary(), *report.written()]))
     return EXIT_OK
 
 
@@ -215,13 +216,14 @@ def cmd_bench_trainer(args: argparse.Namespace) -> int:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     _quiet_tensorflow()
-    from stoker.consumer.train.throughput import Diagnosis, measure_constant_step, measure_link
+    from stoker.consumer.train.throughput import Diagnosis, measure_constant_step, measure_link, training_device
 
     link = measure_link(_addresses(args.connect), seconds=args.seconds)
     print(f"input:   {link.images_per_s:.0f} images/s arriving ({link.mb_per_s:.0f} MB/s) from "
           f"{len(link.per_producer)} producer(s)")
     train = measure_constant_step(args.model, args.batch_size, args.image_size, args.classes, steps=args.steps)
-    print(f"trainer: {train:.0f} images/s on constant input ({args.model})")
+    device = training_device()
+    print(f"trainer: {train:.0f} images/s on constant input ({args.model}, on the {device})")
     pipeline = None
     if args.lmdb:
         from stoker.producer.measure.stage_bench import measure_stages
@@ -229,7 +231,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         rates = measure_stages(args.lmdb, image_size=args.image_size, batch_size=args.batch_size)
         print(rates.table())
         pipeline = rates.pipeline
-    verdict = Diagnosis(link.images_per_s, train, link.mb_per_s, len(link.per_producer), pipeline).sentence()
+    verdict = Diagnosis(link.images_per_s, train, link.mb_per_s, len(link.per_producer), pipeline, device).sentence()
     print("verdict: " + verdict)
     if args.report:
         from stoker.consumer.train.report import write_report
@@ -247,7 +249,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             print(f"stoker doctor: error: the run for the report failed: {exc}", file=sys.stderr)
             return EXIT_FAILURE
         facts = {"input arriving (bare receive)": f"{link.images_per_s:.0f} images/s, {link.mb_per_s:.0f} MB/s",
-                 "trainer on constant input": f"{train:.0f} images/s ({args.model})", **run.facts()}
+                 "trainer on constant input": f"{train:.0f} images/s ({args.model}, on the {device})", **run.facts()}
         if pipeline:
             facts["one producer worker (this host, stage bench)"] = f"{pipeline:.0f} images/s"
         write_report(args.report, f"stoker doctor: {args.model}", f"{verdict} During the run: {run.bottleneck()}.",

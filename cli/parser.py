@@ -69,12 +69,12 @@ def _add_lmdb(sub: Subcommands, common: argparse.ArgumentParser, handlers: Handl
                           description="Build and inspect datasets in the Stoker LMDB format (docs/format.md).")
     lsub = lmdb.add_subparsers(dest="lmdb_command", required=True, metavar="ACTION")
     b = lsub.add_parser("build", parents=[common], formatter_class=HelpFormatter, help="build an LMDB from an image folder or list file",
-                        description="Build an LMDB from SRC: a folder with one sub-folder per class (ImageNet train "
-                        "layout) or a list file of `path label` lines. Images are recognised by content (JPEG, PNG, "
-                        "WebP, BMP, GIF, TIFF) and stored as they are, after a check with the producers' decoder. "
-                        "Every file not stored (not an image, over 8192x8192 pixels, corrupt, unreadable, outside a "
-                        "class folder) is listed by path with the reason, and counted. The result appears at OUT "
-                        "only when complete.")
+                        description="Build an LMDB from SRC: a folder with one sub-folder per class (ImageNet train layout; files in "
+                        "nested sub-folders of a class folder belong to that class) or a list file of `path label` lines. Images are "
+                        "recognised by content (JPEG, PNG, WebP, BMP, GIF, TIFF) and stored as they are, after a check with the producers' "
+                        "decoder. Every file not stored (not an image, over 8192x8192 pixels, corrupt, unreadable, outside a class folder) "
+                        "is named once, by path, with the reason, and counted. A class folder left with no image is an error that names "
+                        "it (see --allow-empty-classes). Ends with the records per class. The result appears at OUT only when complete.")
     b.add_argument("src", help="image folder (SRC/<class>/<files>), list file, or with --jsonl a JSON-lines file")
     b.add_argument("out", help="output LMDB directory")
     b.add_argument("--jsonl", action="store_true",
@@ -87,6 +87,8 @@ def _add_lmdb(sub: Subcommands, common: argparse.ArgumentParser, handlers: Handl
     b.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     b.add_argument("--threads", type=_positive_int, default=None, help="threads that verify images (default: CPU count)")
     b.add_argument("--quiet", action="store_true", help="no progress bar")
+    b.add_argument("--allow-empty-classes", action="store_true", help="keep a class folder with no image (empty, or every file "
+                   "skipped) as a class with 0 records, with a warning, instead of refusing the build; without it, remove the folder")
     b.set_defaults(func=handlers["lmdb_build"])
     s = lsub.add_parser("synth", parents=[common], formatter_class=HelpFormatter, help="make a deterministic synthetic JPEG dataset",
                         description="Write COUNT photo-like synthetic records (JPEGs of 300-500 px) for demos, tests "
@@ -103,9 +105,10 @@ def _add_lmdb(sub: Subcommands, common: argparse.ArgumentParser, handlers: Handl
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=handlers["lmdb_synth"])
     i = lsub.add_parser("info", parents=[common], formatter_class=HelpFormatter, help="describe an LMDB",
-                        description="Print record count, classes, format version, size and a few sample records.")
+                        description="Print record count, classes, format version, size, a few sample records and the records per class.")
     i.add_argument("path", help="LMDB directory")
     i.add_argument("--samples", type=int, default=5, help="sample records to show")
+    i.add_argument("--count-classes", action="store_true", help="for a dataset built without per-class counts: read every record to count them")
     i.set_defaults(func=handlers["lmdb_info"])
 
 
@@ -140,7 +143,7 @@ def _add_produce(sub: Subcommands, common: argparse.ArgumentParser, handlers: Ha
     p.add_argument("--shard", default="0/1",
                    help="serve shard I of N (records with index %% N == I); auto: join an elastic pool, where the "
                    "trainers hand out splits of each epoch to whichever producers are up, so producers may join and "
-                   "leave a running job (implies --exact; every producer of a pool needs the same --seed, default 0)")
+                   "leave a running job (implies --exact; every producer of a pool needs the same --seed)")
     p.add_argument("--exact", action="store_true",
                    help="exact epochs: each record once per epoch through producer crashes and trainer restarts "
                    "(trainers must use ZMQInput(..., exact=True) / stoker train --exact; see README)")
@@ -152,7 +155,8 @@ def _add_produce(sub: Subcommands, common: argparse.ArgumentParser, handlers: Ha
     p.add_argument("--trainer-timeout", type=float, default=10.0,
                    help="exact mode: seconds without a message before a trainer is taken for dead and the records "
                    "it held are served again")
-    p.add_argument("--seed", type=int, default=None, help="seed for epoch order and augmentation (default: random, logged)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="seed for epoch order and augmentation (default: random, logged; with --shard auto: 0)")
     p.add_argument("--sndhwm", type=_positive_int, default=2,
                    help="batches queued on the trainer-facing socket before backpressure; each worker decodes into "
                    "SNDHWM+1 shared-memory batch slots, so memory ~ workers x (SNDHWM+1) x batch bytes")
@@ -163,8 +167,7 @@ def _add_produce(sub: Subcommands, common: argparse.ArgumentParser, handlers: Ha
     p.add_argument("--parent-pid", type=_positive_int, default=None, metavar="PID",
                    help="shut down when process PID exits (for launchers: a test run or a harness killed outright "
                    "leaves no producer behind); none: run until SIGTERM/SIGINT")
-    p.add_argument("--metrics-port", type=int, default=None,
-                   help="serve Prometheus metrics on this port (none: off)")
+    p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port (none: off)")
     p.add_argument("--repeat-batches", type=int, default=0, metavar="K",
                    help="benchmarking only: each worker makes K real batches, then re-sends them as fast as the "
                    "network takes them (isolates transport and trainer from decoding); 0: off")
@@ -190,7 +193,7 @@ def _add_train(sub: Subcommands, common: argparse.ArgumentParser, handlers: Hand
                    "headless Service: tcp://stoker-producer.NAMESPACE.svc:5555 follows kubectl scale)")
     t.add_argument("--discover-every", type=float, default=5.0, metavar="S",
                    help="seconds between re-resolving producer names (0: resolve once)")
-    t.add_argument("--share", type=_share, default=(0, 1), metavar="RANK/WORLD",
+    t.add_argument("--share", type=_share, default="0/1", metavar="RANK/WORLD",
                    help="exact mode with an elastic pool (producers --shard auto): this trainer's share of each "
                    "epoch's splits, for data-parallel trainers")
     t.add_argument("--stall-after", type=float, default=10.0, metavar="S",
@@ -204,13 +207,14 @@ def _add_train(sub: Subcommands, common: argparse.ArgumentParser, handlers: Hand
     t.add_argument("--steps", type=_positive_int, default=1000, help="training steps")
     t.add_argument("--batch-size", type=_positive_int, default=64, help="batch size the producers send")
     t.add_argument("--image-size", type=_positive_int, default=224, help="image size the producers send")
-    t.add_argument("--classes", type=_positive_int, default=1000, help="number of classes (labels must be below it)")
+    t.add_argument("--classes", type=_positive_int, default=None,
+                   help="classes of the model (labels must be below it); default: the producers' dataset's, which "
+                        "their batch headers name (1000 if they do not); a value below the dataset's is refused")
     t.add_argument("--queue-capacity", type=_positive_int, default=50, help="FIFOQueue capacity in batches")
     t.add_argument("--recv-timeout", type=float, default=60.0, help="seconds without any batch before training fails")
     t.add_argument("--logdir", default=None, help="TensorBoard log directory (none: no summaries)")
     t.add_argument("--log-every", type=_positive_int, default=50, help="steps between occupancy log lines/summaries")
-    t.add_argument("--metrics-port", type=int, default=None,
-                   help="serve Prometheus metrics on this port (none: off)")
+    t.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port (none: off)")
     t.add_argument("--no-progress", action="store_true", help="log lines instead of a progress bar")
     t.add_argument("--exact", action="store_true",
                    help="exact epochs (producers run --exact or --epochs N); training ends early when a finite run "

@@ -34,6 +34,14 @@ class InputTimeoutError(InputError):
     """No batch arrived from any producer within ``recv_timeout`` seconds."""
 
 
+class InputMismatchError(InputError):
+    """Every producer that sent batches sends arrays this trainer cannot take (batch size, image size, fields).
+
+    Waiting cannot fix it (a producer's spec does not change while it runs), so the input fails at once instead of
+    after ``recv_timeout``; the message quotes the producer's spec, this trainer's, and the flag to change.
+    """
+
+
 class InputClosedError(InputError):
     """The ZMQInput was closed (``close()``, Ctrl-C) while a step waited for data."""
 
@@ -46,4 +54,5 @@ class InputFinished(InputError):
     """
 
 
-__all__ = ["BatchMismatchError", "InputClosedError", "InputError", "InputFinished", "InputTimeoutError"]
+__all__ = ["BatchMismatchError", "InputClosedError", "InputError", "InputFinished", "InputMismatchError",
+           "InputTimeoutError"]

@@ -12,7 +12,9 @@ sockets nor frameworks: it resolves the batch spec (declared, learned from the f
 or described by exact-mode producers), runs the receiver on one thread, and fails the input
 with one error that says why when no acceptable batch arrived for ``recv_timeout`` seconds,
 or at once when every producer refused the handshake because one side runs exact mode and
-the other does not (a mismatch that waiting cannot fix). When nothing was delivered for
+the other does not (a mismatch that waiting cannot fix), and when, before any batch was accepted, every
+producer sent ``MISMATCH_BATCHES`` batches that can never match the spec (later ones are only counted).
+A few seconds in it warns once about addresses it cannot reach (``UNREACHABLE_WARN_S``). When nothing was delivered for
 ``stall_after`` seconds while the sink had room (the step waits for data), it logs once what it
 waits for: the pool, each producer's connection and last batch, and the receiver's own
 ``waiting_report()`` (exact mode: sessions, held work, open epochs). ``close()`` is bounded (about 2 s).
@@ -33,6 +35,7 @@ from stoker.protocol.batch_codec import Batch
 from stoker.protocol.batch_spec import BatchSpec
 
 from stoker.consumer.errors import InputClosedError, InputError, InputTimeoutError
+from stoker.consumer.input_diagnosis import InputDiagnosis
 from stoker.consumer.receive_contract import POLL_S, BatchSink, Receiver, SinkClosed, aligned_empty
 from stoker.consumer.receive_stats import ReceiveStats
 
@@ -44,6 +47,11 @@ log = logging.getLogger("stoker.consumer")
 SAMPLE_EVERY_S = 0.05
 #: Refused handshakes per producer, all for a mode mismatch, after which waiting longer cannot help.
 MISMATCH_REFUSALS = 3
+#: Batches that can never match the spec, from each producer of the pool and before any acceptable batch, after
+#: which waiting longer cannot help (a producer's batches do not change while it runs).
+MISMATCH_BATCHES = 3
+#: After this long (a quarter of ``recv_timeout`` if shorter), warn once about producers that cannot be reached.
+UNREACHABLE_WARN_S = 3.0
 
 
 class ReceiveCore:
@@ -65,6 +73,7 @@ class ReceiveCore:
         self._delivered_at = time.monotonic()
         self._stall_reported = False
         self.stats = ReceiveStats()
+        self.diagnosis = InputDiagnosis(receiver, self.stats, options.recv_timeout)
         self.stats.pool_changed([], [], len(self.pool.endpoints))
         self.error: Optional[InputError] = None
         self.finished = False
@@ -83,6 +92,8 @@ class ReceiveCore:
         self._receiver_ended = True
         self._abandoned = False
         self._closed_sockets = False
+        self._started_at = time.monotonic()
+        self._unreachable_warned = False
         try:
             self.spec = receiver.resolve_spec(options.spec, self)
         except BaseException:
@@ -101,6 +112,7 @@ class ReceiveCore:
             failure = self.failure(time.monotonic() - started, f"; no batch spec was given, so the trainer {how}")
             if failure is not None:
                 raise failure
+            self._warn_unreachable()
 
     def follow_pool(self, join: Callable[[str], object], leave: Callable[[str], object]) -> bool:
         """Re-resolve the producer pool when due and apply the change: ``leave(endpoint)`` for each producer
@@ -176,8 +188,22 @@ class ReceiveCore:
         if failure is not None:
             self.fail(failure)
             return False
+        self._warn_unreachable()
         self._report_stall()
         return True
+
+    def _warn_unreachable(self) -> None:
+        """Once, ``UNREACHABLE_WARN_S`` after the start: name each producer address that cannot be reached and why
+        (refused, a name with no address behind it), well before ``recv_timeout`` ends the wait."""
+        waited = time.monotonic() - self._started_at
+        if self._unreachable_warned or waited < min(UNREACHABLE_WARN_S, self.recv_timeout / 4):
+            return
+        self._unreachable_warned = True  # judged once; later silence is the stall report's
+        causes = self.diagnosis.unreachable()
+        if causes:
+            log.warning("cannot reach producers after %.0f s (still trying until recv_timeout=%gs): %s; check that "
+                        "`stoker produce` runs at each address and that this host can reach it", waited,
+                        self.recv_timeout, "; ".join(causes))
 
     def _report_stall(self) -> None:
         """Log once, after ``stall_after`` s without a delivery while the step waits, what the input waits for."""
@@ -193,54 +219,20 @@ class ReceiveCore:
                     "\n  ".join(self.waiting_for()))
 
     def waiting_for(self) -> list[str]:
-        """What the input waits for, a line each: the pool, connections, each producer's last batch, and what the
-        receiver knows (``waiting_report``, exact mode)."""
-        stats = self.stats.snapshot()
-        lines = [f"producers at {self.sources}: {len(self.pool.endpoints)} address(es), "
-                 f"{stats.connected_producers} connected ({', '.join(stats.connected_endpoints) or 'none'})"]
-        lines += [f"cannot receive from {endpoint}: {reason}" for endpoint, reason in self.stats.endpoint_errors()]
-        lines += [f"producer {p}: {stats.per_producer.get(p, 0)} batch(es), the last {age:.1f} s ago"
-                  for p, age in self.stats.last_batch_ages().items()]
-        if self.stats.rejected_since_batch:
-            lines.append(f"{self.stats.rejected_since_batch} message(s) rejected since the last batch: "
-                         f"{stats.last_error}")
-        return lines + self.receiver.waiting_report()
+        """What the input waits for, a line each (``InputDiagnosis.waiting_for``)."""
+        return self.diagnosis.waiting_for()
 
     def failure(self, silent: float, waiting_for: str = "") -> Optional[InputError]:
-        """The error to fail with now, if any: a certain mode mismatch, or ``silent`` past ``recv_timeout``."""
-        mismatches = self.receiver.mode_mismatches()
-        # Counted per endpoint as the transport names it (libzmq may spell an address its own way).
-        endpoints = self.pool.endpoints
-        if endpoints and sum(mismatches.get(e, 0) >= MISMATCH_REFUSALS for e in endpoints) >= len(endpoints):
-            return InputError(f"every producer at {self.sources} refused the connection "
-                              f"{MISMATCH_REFUSALS} times in a row: {self.receiver.failures()[2]}")
+        """The error to fail with now, if any: every producer refused the handshake for a mode mismatch, or sent
+        only batches that can never match the spec (``MISMATCH_BATCHES`` each), or ``silent`` past ``recv_timeout``."""
+        failure = self.diagnosis.mode_refused(MISMATCH_REFUSALS) or self.diagnosis.certain_mismatch(
+            MISMATCH_BATCHES)
+        if failure is not None:
+            return failure
         if silent > self.recv_timeout:
-            return InputTimeoutError(self.timeout_message(silent) + waiting_for)
+            return InputTimeoutError(self.diagnosis.timeout_message(silent, self._handshake_failures_at_batch)
+                                     + waiting_for)
         return None
-
-    def timeout_message(self, silent: float) -> str:
-        """Why no acceptable batch arrived: rejected batches, failed handshakes, or silence."""
-        message = (f"no acceptable batch from any producer at {self.sources} for {silent:.0f} s "
-                   f"(recv_timeout={self.recv_timeout:g})")
-        causes = []
-        rejected = self.stats.rejected_since_batch
-        if rejected:
-            causes.append(f"{rejected} message(s) arrived and were rejected, the last one because: "
-                          f"{self.stats.last_error}")
-        count, endpoint, reason = self.receiver.failures()
-        handshakes = count - self._handshake_failures_at_batch
-        if handshakes:
-            causes.append(f"{handshakes} connection handshake(s) failed, the last with {endpoint}: {reason}")
-        talked = bool(causes)
-        for endpoint, reason in self.stats.endpoint_errors():
-            causes.append(f"cannot receive from {endpoint}: {reason}")
-        if not self.pool.endpoints:
-            causes.append(f"{self.sources} named no producer (a name that resolves to nothing: is any producer "
-                          "running and ready?)")
-        elif not talked:
-            causes.append("nothing arrived: check the producers run (`stoker produce`) and that this host can reach "
-                          "those addresses")
-        return message + "; " + "; ".join(causes)
 
     def finish(self) -> None:
         """Every producer finished its epochs: the sink ends after what it holds."""

@@ -19,6 +19,7 @@ from typing import Any, Optional, Protocol, Sequence
 
 import numpy as np
 
+from stoker.consumer.coverage import Coverage
 from stoker.protocol import ProtocolError
 from stoker.protocol.batch_codec import place_of
 from stoker.protocol.batch_spec import BatchMismatchError
@@ -27,55 +28,7 @@ from stoker.protocol.input_state import StreamKey
 log = logging.getLogger("stoker.consumer")
 
 _REJECT_LOG_EVERY_S = 10.0
-COVERAGE_EPOCHS = 4
-MAX_COVERAGE_RECORDS = 1 << 28  # one byte per record and epoch tracked: 256 MiB per epoch at most
-
-
-class Coverage:
-    """Which records of each epoch arrived (plain and exact mode alike): a bitmap per recent epoch.
-
-    The dataset's size comes from the stream in the batch headers; batches of streams that name another
-    size are not counted (two datasets in one job have no single coverage). Not thread-safe: the caller locks.
-    """
-
-    def __init__(self) -> None:
-        self.records = 0
-        self._seen: dict[int, np.ndarray] = {}
-        self._count: dict[int, int] = {}
-
-    def add(self, stream: str, epochs: np.ndarray, indices: np.ndarray, rows: np.ndarray) -> None:
-        if not stream:
-            return
-        try:
-            records = StreamKey.parse(stream).records
-        except ValueError:
-            return
-        if not self.records:
-            if not 0 < records <= MAX_COVERAGE_RECORDS:
-                return
-            self.records = records
-        if records != self.records:
-            return
-        epochs, indices = epochs[rows], indices[rows]
-        ok = (indices >= 0) & (indices < records) & (epochs >= 0)
-        epochs, indices = epochs[ok], indices[ok]
-        for e in np.unique(epochs).tolist():
-            if e not in self._seen:
-                if self._seen and e < min(self._seen) and len(self._seen) >= COVERAGE_EPOCHS:
-                    continue  # older than anything kept
-                self._seen[e], self._count[e] = np.zeros(records, bool), 0
-                while len(self._seen) > COVERAGE_EPOCHS:
-                    oldest = min(self._seen)
-                    del self._seen[oldest], self._count[oldest]
-            if e not in self._seen:
-                continue
-            bitmap = self._seen[e]
-            fresh = np.unique(indices[epochs == e])
-            self._count[e] += int((~bitmap[fresh]).sum())
-            bitmap[fresh] = True
-
-    def snapshot(self) -> dict[int, tuple[int, int]]:
-        return {e: (n, self.records) for e, n in sorted(self._count.items())}
+MAX_MISMATCHED_PRODUCERS = 1024  # producer names tracked for ``misconfigured_producers`` (names are the sender's)
 
 
 @dataclass
@@ -100,6 +53,9 @@ class InputStats:
     occupancy_samples: int = 0
     #: producer -> the stream it serves (``I/N:records:seed``), from its batch headers
     producer_streams: dict[str, str] = field(default_factory=dict)
+    #: the most classes any producer's dataset names in its batch headers (0: none said); ``stoker train`` checks
+    #: its model's class count against it
+    dataset_classes: int = 0
     #: pairs of producers whose shards overlap (each pair counted once), and what the latest said
     shard_conflicts: int = 0
     last_shard_conflict: str = ""
@@ -122,9 +78,13 @@ class InputStats:
     producers_stuck: int = 0
     #: fixed-shard exact mode: warnings that a producer holding this trainer's records sends nothing
     stall_warnings: int = 0
-    #: epoch -> (distinct records received, records in the dataset), from the batches' ``index``/``epoch`` rows and
-    #: the dataset size their headers' streams name; the last ``COVERAGE_EPOCHS`` epochs seen
-    coverage: dict[int, tuple[int, int]] = field(default_factory=dict)
+    #: (shard, epoch) -> (distinct records the input received, records in that shard), from the batches'
+    #: ``index``/``epoch`` rows and the stream their headers name (``consumer/coverage.py``): shard ``"I/N"`` where
+    #: each producer counts its own shard's epochs, ``"all"`` for the whole dataset (an elastic pool, shard 0/1);
+    #: the last ``COVERAGE_EPOCHS`` epochs of each shard. Received, not trained on: queued batches count too.
+    coverage: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
+    #: batches of shards past ``Coverage``'s bounds (too many shards), not in ``coverage``
+    coverage_untracked_batches: int = 0
 
     @property
     def mean_queue_occupancy(self) -> float:
@@ -197,6 +157,8 @@ class ReceiveStats:
         self._unlogged_rejects = 0
         self._conflicting: set[frozenset[str]] = set()
         self._endpoint_errors: dict[str, str] = {}  # endpoint -> why it is not connected (direct receive)
+        # producer that never sent an acceptable batch -> (batches refused as BatchMismatchError, the latest why)
+        self._mismatched: dict[str, tuple[int, str]] = {}
         self._coverage = Coverage()
         self._last_batch_at: dict[str, float] = {}  # producer -> when its last batch was accepted (monotonic)
 
@@ -205,7 +167,8 @@ class ReceiveStats:
             s = self._stats
             return replace(s, per_producer=dict(s.per_producer), samples_per_producer=dict(s.samples_per_producer),
                            stage_seconds={p: dict(t) for p, t in s.stage_seconds.items()},
-                           producer_streams=dict(s.producer_streams), coverage=self._coverage.snapshot())
+                           producer_streams=dict(s.producer_streams), coverage=self._coverage.snapshot(),
+                           coverage_untracked_batches=self._coverage.untracked_batches)
 
     def accepted(self, batch: Any, arrays: Sequence[np.ndarray]) -> Optional[str]:
         """Count a batch the input took; returns a shard conflict it reveals for the first time, else None."""
@@ -217,6 +180,7 @@ class ReceiveStats:
         with self._lock:
             stats = self._stats
             self.rejected_since_batch = 0
+            self._mismatched.pop(producer, None)  # a producer that sent an acceptable batch is not misconfigured
             stats.batches += 1
             stats.bytes += sum(a.nbytes for a in arrays)
             stats.per_producer[producer] = stats.per_producer.get(producer, 0) + 1
@@ -229,6 +193,7 @@ class ReceiveStats:
             if "index" in batch.arrays and "epoch" in batch.arrays:
                 rows = batch["mask"].astype(bool) if "mask" in batch.arrays else slice(None)
                 self._coverage.add(header.stream, np.asarray(batch["epoch"]), np.asarray(batch["index"]), rows)
+            stats.dataset_classes = max(stats.dataset_classes, header.classes)
             if header.stream and stats.producer_streams.get(producer) != header.stream:
                 stats.producer_streams[producer] = header.stream
                 conflict = self._check_streams(producer, header.stream)
@@ -255,6 +220,9 @@ class ReceiveStats:
         with self._lock:
             if isinstance(exc, BatchMismatchError):
                 self._stats.mismatched_batches += 1
+                if exc.producer and exc.producer not in self._stats.per_producer and (
+                        exc.producer in self._mismatched or len(self._mismatched) < MAX_MISMATCHED_PRODUCERS):
+                    self._mismatched[exc.producer] = (self._mismatched.get(exc.producer, (0, ""))[0] + 1, str(exc))
             else:
                 self._stats.protocol_errors += 1
             count = self._stats.protocol_errors + self._stats.mismatched_batches
@@ -321,6 +289,20 @@ class ReceiveStats:
         now = time.monotonic()
         with self._lock:
             return {p: now - t for p, t in sorted(self._last_batch_at.items())}
+
+    def misconfigured_producers(self, refused: int) -> dict[str, str]:
+        """Before the input accepted any batch: the producers that sent at least ``refused`` batches that cannot
+        match its spec and none that could, each with the latest reason; ``{}`` once a batch was accepted (from then
+        on a mismatch is only counted: bad messages among good ones never fail the input)."""
+        with self._lock:
+            if self._stats.batches:
+                return {}
+            return {p: why for p, (count, why) in self._mismatched.items() if count >= refused}
+
+    def connected_count(self) -> int:
+        """Producer endpoints connected now (``InputStats.connected_producers``) without copying the stats."""
+        with self._lock:
+            return self._stats.connected_producers
 
     def endpoint_errors(self) -> list[tuple[str, str]]:
         with self._lock:

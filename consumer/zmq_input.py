@@ -205,6 +205,11 @@ class ZMQInput(InputBase, tf.train.experimental.PythonState):
         if self._metrics is not None:
             self._metrics.close()
 
+    def activate(self) -> None:
+        """Exact mode: receive from now on rather than from the first ``get()`` (a restore is refused after this,
+        so call it once any checkpoint is restored). Plain mode receives from the start: nothing to do."""
+        self._activate()
+
     def _activate(self) -> None:
         if self._ledger is not None:
             self._ledger.activate()  # the receive thread says hello on every connection from now on

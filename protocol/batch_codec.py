@@ -121,6 +121,7 @@ class BatchHeader:
     stream: str = ""  # exact mode: the stream (shard) the batch belongs to
     session: int = -1  # exact mode: the receiving trainer's session it was sent under
     stages: dict[str, float] = field(default_factory=dict)  # seconds the producer spent per stage on it
+    classes: int = 0  # classes the producer's dataset names (0: not said), so a trainer can check its own
 
 
 @dataclass
@@ -152,6 +153,13 @@ def _stream_ok(stream: Any) -> bool:
     return isinstance(stream, str) and len(stream) <= MAX_STREAM_CHARS
 
 
+MAX_CLASSES = 10**7
+
+
+def _classes_ok(classes: Any) -> bool:
+    return _is_int(classes) and 0 <= classes <= MAX_CLASSES
+
+
 def _session_ok(session: Any) -> bool:
     return _is_int(session) and -1 <= session < 2**31
 
@@ -164,6 +172,7 @@ def encode_batch(
     worker: int = 0,
     stages: Mapping[str, float] | None = None,
     stream: str = "",
+    classes: int = 0,
 ) -> list[Any]:
     """Return the frames of one batch message: ``[header, array0, array1, ...]``.
 
@@ -172,7 +181,8 @@ def encode_batch(
     arrays until ZMQ is done with them. Non-contiguous or big-endian arrays are
     converted (that one case copies). ``stages``: seconds spent making the batch, per
     stage (``STAGES``), for the trainer's bottleneck report. ``stream``: the shard the batch
-    belongs to (``I/N:records:seed``), so a trainer sees producers whose shards overlap. Raises ProtocolError for a
+    belongs to (``I/N:records:seed``), so a trainer sees producers whose shards overlap. ``classes``: the classes
+    the dataset names (0: not said), so a trainer checks its model against them. Raises ProtocolError for a
     dtype outside ALLOWED_DTYPES, an invalid name or invalid stage times, so a sender
     never emits what a receiver would refuse.
     """
@@ -205,6 +215,10 @@ def encode_batch(
         if not _stream_ok(stream):
             raise ProtocolError(f"stream {stream!r} must be at most {MAX_STREAM_CHARS} characters")
         header["stream"] = stream
+    if classes:
+        if not _classes_ok(classes):
+            raise ProtocolError(f"classes must be an integer in [0, {MAX_CLASSES}], got {classes!r}")
+        header["classes"] = int(classes)
     if stages:
         if not _stages_ok(dict(stages)):
             raise ProtocolError(f"{_STAGES_RULE}, got {dict(stages)!r}")
@@ -285,6 +299,8 @@ def decode_header(frame: Any, limits: DecodeLimits = DecodeLimits()) -> BatchHea
     _require(_session_ok(session), f"header field 'session' must be an integer, got {session!r}")
     stages = header.get("stages", {})
     _require(_stages_ok(stages), _STAGES_RULE)
+    classes = header.get("classes", 0)
+    _require(_classes_ok(classes), f"header field 'classes' must be an integer in [0, {MAX_CLASSES}], got {classes!r}")
     specs_raw = header.get("arrays")
     _require(isinstance(specs_raw, list), "header field 'arrays' is missing or not a list")
     _require(len(specs_raw) <= limits.max_arrays, f"header lists {len(specs_raw)} arrays, more than the {limits.max_arrays} allowed")
@@ -302,7 +318,7 @@ def decode_header(frame: Any, limits: DecodeLimits = DecodeLimits()) -> BatchHea
         specs.append(ArraySpec(name=name, dtype=dtype, shape=tuple(shape)))
     return BatchHeader(version=version, producer=producer, seq=seq, arrays=tuple(specs), worker=worker,
                        sent_at=float(sent_at), stream=stream, session=session,
-                       stages={k: float(v) for k, v in stages.items()})
+                       stages={k: float(v) for k, v in stages.items()}, classes=classes)
 
 
 def decode_batch(frames: Sequence[Any], limits: DecodeLimits = DecodeLimits()) -> Batch:

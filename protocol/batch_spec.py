@@ -34,8 +34,22 @@ def bookkeeping_arrays(exact: bool) -> tuple[tuple[str, str], ...]:
     return (*BOOKKEEPING_ARRAYS, EXACT_MASK) if exact else BOOKKEEPING_ARRAYS
 
 
+def shape_text(shape: Sequence[object]) -> str:
+    """A shape for people: ``[224, 224, 3]``, and ``scalar`` for ``()`` (one value: per sample in a pipeline's
+    fields, where ``[]`` read as "empty")."""
+    return str(list(shape)) if len(shape) else "scalar"
+
+
 class BatchMismatchError(ProtocolError):
-    """A well-formed batch whose arrays do not match what the trainer expects."""
+    """A well-formed batch whose arrays do not match what the trainer expects.
+
+    ``producer`` names the producer that sent it ("" if unknown): a producer's spec does not change while it
+    runs, so each of its batches will be refused the same way (the trainer fails once every producer did).
+    """
+
+    def __init__(self, message: str, producer: str = "") -> None:
+        super().__init__(message)
+        self.producer = producer
 
 
 @dataclass(frozen=True)
@@ -47,7 +61,7 @@ class ArrayShape:
     shape: tuple[int, ...]
 
     def __str__(self) -> str:
-        return f"{self.name} {self.dtype} {list(self.shape)}"
+        return f"{self.name} {self.dtype} {shape_text(self.shape)}"
 
 
 @dataclass(frozen=True)
@@ -121,7 +135,7 @@ class BatchSpec:
             else:
                 return out
         raise BatchMismatchError(self._mismatch(batch.header.producer, [
-            ArrayShape(name, a.dtype.name, tuple(a.shape)) for name, a in arrays.items()]))
+            ArrayShape(name, a.dtype.name, tuple(a.shape)) for name, a in arrays.items()]), batch.header.producer)
 
     def check_declared(self, producer: str, declared: Sequence[tuple[str, str, Sequence[int]]]) -> None:
         """Hold a batch to this spec by its header alone (name, dtype name, shape of each array), before
@@ -130,7 +144,8 @@ class BatchSpec:
             by_name = {name: (dtype, tuple(shape)) for name, dtype, shape in declared}
             if all(by_name.get(a.name) == (a.dtype, a.shape) for a in self.arrays):
                 return
-        raise BatchMismatchError(self._mismatch(producer, [ArrayShape(n, d, tuple(s)) for n, d, s in declared]))
+        raise BatchMismatchError(self._mismatch(producer, [ArrayShape(n, d, tuple(s)) for n, d, s in declared]),
+                                 producer)
 
     def _mismatch(self, producer: str, sent_arrays: Sequence[ArrayShape]) -> str:
         try:
@@ -153,11 +168,15 @@ def _hint(sent: BatchSpec, want: BatchSpec) -> str:
     hints = []
     if sent.batch_size != want.batch_size:
         hints.append(f"start the producers with --batch-size {want.batch_size}, or the trainer with "
-                     f"batch_size={sent.batch_size}")
+                     f"batch_size={sent.batch_size} (stoker train: --batch-size {sent.batch_size})")
     if "images" in want and sent["images"].shape[1:] != want["images"].shape[1:]:
         image = want["images"].shape[1:3]
+        sent_image = sent["images"].shape[1:3]
+        square = len(sent_image) == 2 and sent_image[0] == sent_image[1]
+        cli = (f" (stoker train: --image-size {sent_image[0]})"
+               if square and sent["images"].shape[3:] == want["images"].shape[3:] else "")
         hints.append(f"start the producers with --image-size {image[0] if image[0] == image[1] else image}, or the "
-                     f"trainer with image_shape={tuple(sent['images'].shape[1:])}")
+                     f"trainer with image_shape={tuple(sent['images'].shape[1:])}{cli}")
     return "; " + "; ".join(hints) if hints else ""
 
 

@@ -7,10 +7,16 @@ own timeout, so a fall-back to the timeout fails the test instead of passing slo
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import sys
+import time
+
 import pytest
 
-from stoker.consumer import InputError, InputTimeoutError, ZMQInput
+from stoker.consumer import InputError, InputMismatchError, InputTimeoutError, ZMQInput
 from stoker.producer.process import ProducerProcess
+from conftest import SYNTH_CLASSES
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -95,3 +101,105 @@ def test_exact_mode_refuses_producers_whose_shards_overlap(synth_lmdb):
                                              "disagree"):
             for _ in range(400):  # until both producers' batches arrived; bounded by steps
                 inp.get()
+
+
+@pytest.mark.parametrize("receive", ["auto", "libzmq"])
+def test_producers_at_another_batch_size_fail_at_once_naming_the_flags(synth_lmdb, receive):
+    with _producer(synth_lmdb, "--shard", "0/2") as a, _producer(synth_lmdb, "--shard", "1/2") as b, \
+            ZMQInput([a.endpoint, b.endpoint], batch_size=2 * BATCH, image_shape=(SIZE, SIZE, 3), recv_timeout=NEVER,
+                     receive=receive) as inp:
+        with pytest.raises(InputMismatchError) as failure:
+            inp.get()
+        stats = inp.stats
+    message = str(failure.value)
+    assert f"every producer at {a.endpoint}, {b.endpoint}" in message and "(2 producer(s), 3 or more" in message
+    assert f"start the producers with --batch-size {2 * BATCH}" in message
+    assert f"(stoker train: --batch-size {BATCH})" in message
+    assert stats.batches == 0 and stats.mismatched_batches >= 2
+
+
+def test_one_producer_at_another_image_size_does_not_stop_a_pool_that_delivers(synth_lmdb):
+    with _producer(synth_lmdb, "--shard", "0/2") as good, \
+            ProducerProcess(synth_lmdb, extra_args=["--workers", "1", "--batch-size", str(BATCH), "--image-size",
+                                                    str(SIZE // 2), "--shard", "1/2"]) as bad, \
+            ZMQInput([good.endpoint, bad.endpoint], batch_size=BATCH, image_shape=(SIZE, SIZE, 3),
+                     recv_timeout=NEVER) as inp:
+        for _ in range(400):  # bounded by steps: until the wrong producer's batches were refused
+            inp.get()
+            if inp.stats.mismatched_batches:
+                break
+        for _ in range(20):  # the good producer's batches still arrive
+            inp.get()
+        stats = inp.stats
+    assert stats.mismatched_batches >= 1 and stats.batches >= 20
+    assert f"(stoker train: --image-size {SIZE // 2})" in stats.last_error
+
+
+def _closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for_log(caplog, text: str, bound_s: float = 100.0) -> str:
+    deadline = time.monotonic() + bound_s  # a bound against hanging, far beyond when the warning is due
+    while time.monotonic() < deadline:
+        found = [r.getMessage() for r in caplog.records if text in r.getMessage()]
+        if found:
+            return found[0]
+        time.sleep(0.05)
+    raise AssertionError(f"no log line with {text!r}")
+
+
+@pytest.mark.parametrize("receive", ["auto", "libzmq"])
+def test_a_trainer_warns_early_naming_an_address_nothing_listens_on(caplog, receive):
+    address = f"tcp://127.0.0.1:{_closed_port()}"
+    with ZMQInput([address], batch_size=BATCH, image_shape=(SIZE, SIZE, 3), recv_timeout=NEVER, receive=receive):
+        line = _wait_for_log(caplog, "cannot reach producers")
+    assert address in line and "stoker produce" in line
+    assert receive == "libzmq" or "refused" in line.lower()
+
+
+def test_a_trainer_warns_early_naming_a_name_that_does_not_resolve(caplog):
+    with ZMQInput(["tcp://no-such-producer.invalid:5555"], batch_size=BATCH, image_shape=(SIZE, SIZE, 3),
+                  recv_timeout=NEVER):
+        line = _wait_for_log(caplog, "cannot reach producers")
+    assert "no-such-producer.invalid" in line and "does not resolve" in line
+
+
+def test_stoker_train_against_producers_at_another_batch_size_exits_at_once_naming_its_flag(synth_lmdb):
+    with _producer(synth_lmdb) as producer:
+        out = subprocess.run([sys.executable, "-m", "stoker.cli.main", "train", "--connect", producer.endpoint,
+                              "--batch-size", str(2 * BATCH), "--image-size", str(SIZE), "--steps", "5",
+                              "--model", "small-cnn", "--recv-timeout", str(NEVER), "--no-progress"],
+                             capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert f"(stoker train: --batch-size {BATCH})" in out.stderr and "can never take" in out.stderr
+
+
+def _train(endpoint: str, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "stoker.cli.main", "train", "--connect", endpoint,
+                           "--batch-size", str(BATCH), "--image-size", str(SIZE), "--steps", "3", "--model",
+                           "small-cnn", "--recv-timeout", "60", "--no-progress", *extra],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_stoker_train_refuses_fewer_classes_than_the_dataset_names_saying_which_to_pass(synth_lmdb):
+    with _producer(synth_lmdb) as producer:
+        refused = _train(producer.endpoint, "--classes", str(SYNTH_CLASSES - 1))
+        taken = _train(producer.endpoint)  # no --classes: the dataset's
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    assert f"pass --classes {SYNTH_CLASSES}" in refused.stderr and "Traceback" not in refused.stderr
+    assert taken.returncode == 0, taken.stderr[-2000:]
+    assert f"with {SYNTH_CLASSES} classes (the producers' dataset's" in taken.stderr
+
+
+def test_stoker_train_names_the_flag_when_a_pipeline_makes_labels_beyond_the_model(synth_lmdb):
+    with ProducerProcess(synth_lmdb, extra_args=[
+            "--workers", "1", "--batch-size", str(BATCH), "--pipeline", "tests/pipelines/shifted_labels.py:make_pipeline",
+            "--pipeline-arg", f"size={SIZE}", "--pipeline-arg", f"shift={SYNTH_CLASSES}"]) as producer:
+        out = _train(producer.endpoint)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert f"at or above the model's {SYNTH_CLASSES} classes: pass --classes" in out.stderr
+    assert "Traceback" not in out.stderr

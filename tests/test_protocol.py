@@ -108,6 +108,10 @@ def test_random_msgpack_headers_raise_protocol_error(header):
         (_header(stages={"decode": "fast"}), [b"\x00" * 6], "'stages'"),
         (_header(stages={"parse": 1.0}), [b"\x00" * 6], "'stages'"),
         (_header(stages={"send": float("nan")}), [b"\x00" * 6], "'stages'"),
+        (_header(classes=-1), [b"\x00" * 6], "'classes'"),
+        (_header(classes=True), [b"\x00" * 6], "'classes'"),
+        (_header(classes=10**7 + 1), [b"\x00" * 6], "'classes'"),
+        (_header(classes="4"), [b"\x00" * 6], "'classes'"),
         (msgpack.packb([1, 2, 3]), [], "must be a msgpack map"),
         (b"\xc1garbage", [], "not valid msgpack"),
         (b"\x00" * (64 * 1024 + 1), [], "header frame is"),
@@ -125,6 +129,14 @@ def test_stage_times_travel_in_the_header():
     assert decode_batch(encode_batch({"x": np.zeros(4, np.uint8)}, producer="p", seq=0)).header.stages == {}
     with pytest.raises(ProtocolError, match="'stages'"):  # a sender never emits what a receiver refuses
         encode_batch({"x": np.zeros(4, np.uint8)}, producer="p", seq=0, stages={"decode": -0.5})
+
+
+def test_the_dataset_class_count_travels_in_the_header():
+    frames = encode_batch({"x": np.zeros(4, np.uint8)}, producer="p", seq=0, classes=4)
+    assert decode_batch(frames).header.classes == 4
+    assert decode_batch(encode_batch({"x": np.zeros(4, np.uint8)}, producer="p", seq=0)).header.classes == 0
+    with pytest.raises(ProtocolError, match="classes"):  # a sender never emits what a receiver refuses
+        encode_batch({"x": np.zeros(4, np.uint8)}, producer="p", seq=0, classes=-2)
 
 
 def test_message_size_limit_is_enforced_before_decoding():
@@ -205,3 +217,75 @@ def test_the_bookkeeping_arrays_are_one_definition_for_producers_and_trainers():
     assert BOOKKEEPING == ("index", "epoch", "mask")
     spec = BatchSpec.classification(8, (4, 4, 3))
     assert [(a.name, a.dtype, a.shape) for a in spec.arrays[2:]] == [("index", "int64", (8,)), ("epoch", "int32", (8,))]
+
+
+# ---- exact mode's control messages (docs/protocol.md, "Exact mode") ---------------------------------------------
+
+def test_a_goodbye_round_trips_and_a_status_says_whether_its_producer_takes_one():
+    from stoker.protocol.exact_messages import (Goodbye, Status, decode_status, decode_trainer_message,
+                                                encode_goodbye, encode_status)
+
+    assert decode_trainer_message(encode_goodbye(Goodbye(7))) == Goodbye(7)
+    announcing = Status("0/1:10:0", "p", 0, None, False, session=7, goodbye=True)
+    assert decode_status(msgpack.unpackb(encode_status(announcing))).goodbye is True
+    # A producer of an older release sends no such field: it takes no goodbye, and a trainer sends it none.
+    older = {"t": "status", "stream": "0/1:10:0", "producer": "p", "completed": 0, "epochs": None, "finished": False}
+    assert decode_status(older).goodbye is False
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"t": "goodbye"}, "goodbye 'session'"),
+    ({"t": "goodbye", "session": -1}, "goodbye 'session'"),
+    ({"t": "goodbye", "session": True}, "goodbye 'session'"),
+    ({"t": "goodbye", "session": "1"}, "goodbye 'session'"),
+    ({"t": "goodbye", "session": 2**31}, "goodbye 'session'"),
+    ({"t": "farewell", "session": 1}, "unknown control message type 'farewell'"),
+])
+def test_malformed_goodbyes_and_unknown_types_name_what_is_wrong(body, message):
+    from stoker.protocol.exact_messages import decode_trainer_message
+
+    with pytest.raises(ProtocolError, match=message):
+        decode_trainer_message(msgpack.packb(body))
+
+
+def test_a_status_whose_goodbye_is_not_true_or_false_is_refused():
+    from stoker.protocol.exact_messages import decode_status
+
+    body = {"t": "status", "stream": "0/1:10:0", "producer": "p", "completed": 0, "epochs": None, "finished": False,
+            "goodbye": "yes"}
+    with pytest.raises(ProtocolError, match="'goodbye'"):
+        decode_status(body)
+
+
+_control_values = st.one_of(st.integers(-(2**63), 2**64 - 1), st.booleans(), st.none(), st.text(max_size=8),
+                            st.binary(max_size=8), st.lists(st.integers(-2, 2**31), max_size=3),
+                            st.dictionaries(st.text(max_size=4), st.integers(-(2**63), 2**64 - 1), max_size=2))
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.sampled_from(["hello", "credit", "work", "describe", "goodbye", "other", None]),
+       st.dictionaries(st.sampled_from(["v", "session", "trainer", "credit", "state", "held", "n", "consumed",
+                                        "items", "finished"]), _control_values, max_size=6))
+def test_random_trainer_messages_decode_or_raise_protocol_error_and_nothing_else(kind, fields):
+    """What a producer reads from any peer: a message of a known type, whole and checked, or a ProtocolError."""
+    from stoker.protocol.exact_messages import Credit, Describe, Goodbye, Hello, Work, decode_trainer_message
+
+    body = {**fields, "t": kind} if kind is not None else fields
+    try:
+        message = decode_trainer_message(msgpack.packb(body, use_bin_type=True))
+    except ProtocolError:
+        return
+    assert isinstance(message, (Hello, Credit, Work, Describe, Goodbye))
+    if isinstance(message, Goodbye):
+        assert type(message.session) is int and 0 <= message.session < 2**31
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=64))
+def test_random_bytes_as_a_trainer_message_raise_protocol_error_and_nothing_else(frame):
+    from stoker.protocol.exact_messages import decode_trainer_message
+
+    try:
+        decode_trainer_message(frame)
+    except ProtocolError:
+        pass

@@ -19,8 +19,9 @@ from tqdm import tqdm
 
 from stoker.protocol.curve import CurveClientKeys
 
+from stoker.consumer.coverage import WHOLE_DATASET, coverage_lines, coverage_text
 from stoker.consumer.train.interrupts import close_on_signal
-from stoker.consumer.train.models import build_model
+from stoker.consumer.train.models import ClassCountError, build_model, model_classes
 from stoker.consumer.receive_stats import ProducerTally, producer_tallies, silent_producers
 from stoker.consumer.train.report import write_report
 from stoker.consumer.tf.summaries import require_tensorboard
@@ -44,7 +45,7 @@ class TrainConfig:
     steps: int = 1000
     batch_size: int = 64
     image_size: int = 224
-    num_classes: int = 1000
+    num_classes: Optional[int] = None  # None: the producers' dataset's (``models.model_classes``)
     queue_capacity: int = 50
     recv_timeout: float = 60.0
     logdir: Optional[str] = None
@@ -77,10 +78,32 @@ def liveness_text(s: InputStats) -> str:
             f"never a duplicate), {s.stall_warnings} warning(s) of a fixed-shard producer sending nothing")
 
 
-def coverage_text(coverage: dict[int, tuple[int, int]]) -> str:
-    """``epoch 3: 1,200/1,200 (100%), ...``: distinct records received per epoch, the last few epochs."""
-    return ", ".join(f"epoch {e}: {seen:,}/{records:,} ({100 * seen / records:.0f}%)"
-                     for e, (seen, records) in sorted(coverage.items()) if records)
+#: what the coverage figures count: what arrived, not what the steps took
+RECEIVED_NOT_TRAINED = "by the input: batches still queued or pre-filled count too, not only those trained on"
+
+
+def per_shard(s: InputStats) -> bool:
+    """Whether coverage is per shard: producers on fixed shards, each counting its own shard's epochs."""
+    return any(label != WHOLE_DATASET for label, _ in s.coverage)
+
+
+def untracked_text(s: InputStats) -> str:
+    return (f"; {s.coverage_untracked_batches:,} batch(es) of shards past the number tracked not counted"
+            if s.coverage_untracked_batches else "")
+
+
+def coverage_summary(s: InputStats) -> list[str]:
+    """The summary's lines on coverage (none if unknown): per shard where epochs are per shard, and saying what
+    was counted: ``records received per epoch (...): epoch 3: 1,200/1,200 (100%), ...``."""
+    lines = coverage_lines(s.coverage)
+    if not lines:
+        return []
+    if not per_shard(s):
+        return [f"records received per epoch ({RECEIVED_NOT_TRAINED}; the latest may be in progress"
+                f"{untracked_text(s)}): {lines[0]}"]
+    return [f"records received per shard and epoch (each producer counts its own shard's epochs; "
+            f"{RECEIVED_NOT_TRAINED}; each shard's latest epoch may be in progress{untracked_text(s)}):",
+            *(f"  {line}" for line in lines)]
 
 
 @dataclass
@@ -103,6 +126,8 @@ class TrainReport:
     timeline: Optional[Timeline] = None
     includes_warmup: bool = False
     stats_at_start: InputStats = field(default_factory=InputStats)
+    report_path: Optional[str] = None  # where the HTML report was written, if it was
+    logdir: Optional[str] = None  # where the TensorBoard logs went, if anywhere
 
     @property
     def rate_label(self) -> str:
@@ -143,7 +168,10 @@ class TrainReport:
                 "producers whose shards overlap": (f"{s.shard_conflicts} pair(s): {s.last_shard_conflict}"
                                                    if s.shard_conflicts else "none"),
                 "stuck or slow producers": liveness_text(s) if has_liveness_events(s) else "none",
-                "records received per epoch": coverage_text(s.coverage) or "not known (no stream in the headers)",
+                f"records received per epoch ({RECEIVED_NOT_TRAINED})":
+                    (("per shard, each producer counting its own shard's epochs: " if per_shard(s) else "")
+                     + coverage_text(s.coverage) + untracked_text(s)) if s.coverage
+                    else "not known (no stream in the headers)",
                 "final loss / accuracy": f"{self.final_loss:.3f} / {self.final_accuracy:.2f}",
                 "how step times were taken": "waiting for each step's result (a sync per step; staging still "
                                              "runs ahead, a step's dispatch no longer overlaps the previous one)"}
@@ -164,10 +192,14 @@ class TrainReport:
             *([f"producer pool: {s.pool_size} now, {s.producers_joined} joined and {s.producers_left} left during "
                "the run"] if s.producers_joined or s.producers_left else []),
             *([f"stuck or slow producers: {liveness_text(s)}"] if has_liveness_events(s) else []),
-            *([f"records received per epoch (the latest still in progress): {coverage_text(s.coverage)}"]
-              if s.coverage else []),
+            *coverage_summary(s),
             f"bottleneck: {self.bottleneck()}",
         ])
+
+    def written(self) -> list[str]:
+        """Where the run's outputs went, one line each: the HTML report and the TensorBoard logs, if written."""
+        return ([f"report (HTML): {self.report_path}"] if self.report_path else []) + (
+            [f"TensorBoard logs: {self.logdir} (tensorboard --logdir {self.logdir})"] if self.logdir else [])
 
 
 def _open_input(config: TrainConfig, stack: contextlib.ExitStack) -> ZMQInput:
@@ -184,12 +216,30 @@ def _open_input(config: TrainConfig, stack: contextlib.ExitStack) -> ZMQInput:
     return inp
 
 
-def _train_step(inp: ZMQInput, model: Any, optimizer: Any, loss_fn: Any) -> Callable[[], tuple[tf.Tensor, ...]]:
-    """One training step on the input's next batch: ``(loss, accuracy, index, epoch)``."""
+#: In the message of a step whose batch holds a label the model has no class for.
+LABEL_OUTSIDE = "stoker: a label is outside the classes of the model"
+
+
+def _dataset_classes(inp: ZMQInput) -> int:
+    """The classes the producers' dataset names, read from the first batch's header (0: not said). Waits for that
+    batch; bounded by the input's ``recv_timeout`` (the input fails then) and ended by ``close()`` or Ctrl-C. Exact
+    mode receives from here on (this loop restores no checkpoint)."""
+    inp.activate()
+    while not inp.stats.batches and not inp.finished:
+        inp.raise_if_failed()
+        time.sleep(0.02)
+    return inp.stats.dataset_classes
+
+
+def _train_step(inp: ZMQInput, model: Any, optimizer: Any, loss_fn: Any,
+                classes: int) -> Callable[[], tuple[tf.Tensor, ...]]:
+    """One training step on the input's next batch: ``(loss, accuracy, index, epoch)``; a label outside the model's
+    ``classes`` fails the step with ``LABEL_OUTSIDE`` in its message (``_run_steps`` says which flag to change)."""
     @tf.function
     def step() -> tuple[tf.Tensor, ...]:
         batch = inp.get()
         images, labels = batch["images"], batch["labels"]
+        tf.debugging.assert_less(labels, classes, message=LABEL_OUTSIDE)
         with tf.GradientTape() as tape:
             logits = model(images, training=True)
             loss = loss_fn(labels, logits)
@@ -270,11 +320,12 @@ def train(config: TrainConfig) -> TrainReport:
 
     Raises TensorBoardNotInstalledError before anything starts if ``logdir`` is set and
     TensorBoard is missing; InputTimeoutError if producers are silent for ``recv_timeout``;
-    KeyboardInterrupt on Ctrl-C/SIGTERM, after closing the input promptly.
+    ClassCountError when ``num_classes`` is below the classes the producers' dataset names (checked on the first
+    batch, before the model is built) or a label falls outside the model; KeyboardInterrupt on Ctrl-C/SIGTERM,
+    after closing the input promptly.
     """
     require_tensorboard(config.logdir, "training with a log directory (stoker train --logdir)")
     keras = tf.keras
-    model = build_model(config.model, config.image_size, config.num_classes)
     optimizer = keras.optimizers.Adam(config.learning_rate)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     writer = tf.summary.create_file_writer(config.logdir) if config.logdir else tf.summary.create_noop_writer()
@@ -282,15 +333,26 @@ def train(config: TrainConfig) -> TrainReport:
     with contextlib.ExitStack() as stack:
         consumed_log = stack.enter_context(open(config.consumed_log, "w")) if config.consumed_log else None
         inp = _open_input(config, stack)
-        step = _train_step(inp, model, optimizer, loss_fn)
         log.info("waiting for the first batches from %s (pre-filling the queue)", ", ".join(config.addresses))
+        classes = model_classes(config.num_classes, _dataset_classes(inp))
+        log.info("model %s with %d classes%s", config.model, classes,
+                 "" if config.num_classes else " (the producers' dataset's; --classes sets another)")
+        model = build_model(config.model, config.image_size, classes)
+        step = _train_step(inp, model, optimizer, loss_fn, classes)
         timeline = Timeline(inp).start() if config.report or config.timeline else None
         if timeline is not None:
             stack.callback(timeline.stop)  # also on errors; a second stop() does nothing
         progress = _Progress(config, inp, consumed_log)
         with writer.as_default():
-            steps_run, t_start, stats_start, final_loss, final_accuracy = _run_steps(
-                config, inp, step, progress, timeline, warmup)
+            try:
+                steps_run, t_start, stats_start, final_loss, final_accuracy = _run_steps(
+                    config, inp, step, progress, timeline, warmup)
+            except tf.errors.InvalidArgumentError as exc:
+                if LABEL_OUTSIDE not in str(exc):
+                    raise
+                raise ClassCountError(f"a batch holds a label at or above the model's {classes} classes: pass "
+                                      "--classes above the largest label the producers' pipeline makes (`stoker "
+                                      "lmdb info DATASET` lists the dataset's classes)") from None
         progress.close()
         writer.flush()
         if timeline is not None:
@@ -305,9 +367,10 @@ def train(config: TrainConfig) -> TrainReport:
         result = TrainReport(steps=steps_run, seconds=seconds, images_per_s=measured * config.batch_size / seconds,
                              mean_queue_occupancy=mean_occ, final_loss=final_loss, final_accuracy=final_accuracy,
                              input_stats=stats_end, timeline=timeline, includes_warmup=includes_warmup,
-                             stats_at_start=stats_start)
+                             stats_at_start=stats_start, logdir=config.logdir)
         if config.report and timeline is not None:
             write_report(config.report, f"stoker train: {config.model}", result.bottleneck(), timeline,
                          result.facts())
+            result.report_path = config.report
             log.info("wrote the bottleneck report to %s", config.report)
         return result

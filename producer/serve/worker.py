@@ -228,14 +228,15 @@ class _BatchMaker:
 class _HandOff:
     """Tells the daemon a slot holds a finished batch: only its header crosses the ipc socket."""
 
-    def __init__(self, sock: zmq.Socket, worker: int, config: WorkerConfig, stream_key: str) -> None:
+    def __init__(self, sock: zmq.Socket, worker: int, config: WorkerConfig, stream_key: str, classes: int) -> None:
         self.sock, self.worker, self.config, self.stream_key = sock, worker, config, stream_key
+        self.classes = classes
 
     def __call__(self, slot: int, arrays: dict[str, np.ndarray], batch_no: int,
                  stages: Optional[dict[str, float]] = None) -> None:
         header = encode_batch(arrays, producer=self.config.producer_id,
                               seq=batch_no * self.config.workers + self.worker, worker=self.worker, stages=stages,
-                              stream=self.stream_key)[0]
+                              stream=self.stream_key, classes=self.classes)[0]
         self.sock.send_multipart([READY, slot_frame(slot), header])
 
 
@@ -277,7 +278,8 @@ def run_worker(worker: int, config: WorkerConfig, stats: StageStats, stop: Any, 
     sock.connect(config.endpoint)
     sock.send(HELLO)
     pool = _SlotPool(sock, config.slots, stop, parent_pid, config.batch_size)
-    hand_off = _HandOff(sock, worker, config, stream_key)
+    # The dataset's class count rides in every header too, so a trainer checks its model against it.
+    hand_off = _HandOff(sock, worker, config, stream_key, len(dataset.meta.classes))
     batch_no = 0
     try:
         while not stop.is_set() and os.getppid() == parent_pid:
