@@ -1,8 +1,9 @@
 """Trainer side of Stoker.
 
 ``ZMQInput`` feeds TensorFlow (requires tensorflow); ``BatchStream`` yields dicts of NumPy arrays for
-any framework and never imports TensorFlow. Both are imported on first use, so
-``from stoker.consumer import BatchStream`` works where TensorFlow is not installed.
+any framework and never imports TensorFlow; ``TorchInput`` yields dicts of ``torch.Tensor`` (requires torch,
+the ``stoker[torch]`` extra) and never imports TensorFlow. Each is imported on first use, so
+``from stoker.consumer import BatchStream`` works where neither TensorFlow nor PyTorch is installed.
 """
 
 from typing import Any
@@ -12,7 +13,7 @@ from stoker.consumer.errors import (BatchMismatchError, InputClosedError, InputE
 from stoker.consumer.receive_stats import InputStats
 
 __all__ = ["BatchMismatchError", "BatchStream", "InputClosedError", "InputError", "InputFinished", "InputMismatchError",
-           "InputStats", "InputTimeoutError", "ZMQInput"]
+           "InputStats", "InputTimeoutError", "TorchInput", "ZMQInput"]
 
 
 def __getattr__(name: str) -> Any:
@@ -24,4 +25,8 @@ def __getattr__(name: str) -> Any:
         from stoker.consumer.batch_stream import BatchStream
 
         return BatchStream
+    if name == "TorchInput":
+        from stoker.consumer.torch.torch_input import TorchInput
+
+        return TorchInput
     raise AttributeError(f"module 'stoker.consumer' has no attribute {name!r}")

@@ -45,7 +45,7 @@ from stoker.consumer.input_setup import receive_options
 from stoker.consumer.receive_options import SpecArg
 from stoker.consumer.receive_contract import POLL_S, SinkClosed, aligned_empty
 
-_END = object()  # no batch follows: a finite exact run ended
+END = object()  # no batch follows: a finite exact run ended (QueueSink.take returns it; other facades test for it)
 
 
 class QueueSink:
@@ -78,11 +78,11 @@ class QueueSink:
 
     def size(self) -> int:
         with self._cond:
-            return sum(item is not _END for item in self._items)
+            return sum(item is not END for item in self._items)
 
     def end(self) -> None:
         with self._cond:
-            self._items.append(_END)  # past capacity: the marker takes no batch's room
+            self._items.append(END)  # past capacity: the marker takes no batch's room
             self._cond.notify_all()
 
     def close(self, cancel: bool) -> None:
@@ -91,7 +91,7 @@ class QueueSink:
             self._cond.notify_all()
 
     def take(self, timeout: float) -> Any:
-        """The next batch (a list of arrays), ``_END``, or None if nothing came within ``timeout``."""
+        """The next batch (a list of arrays), ``END``, or None if nothing came within ``timeout``."""
         with self._cond:
             if not self._items:
                 self._cond.wait(timeout)
@@ -146,7 +146,7 @@ class BatchStream(InputBase):
             self._core.start(self._sink)
         while True:
             item = self._sink.take(POLL_S)
-            if item is _END:
+            if item is END:
                 self._ended = True
                 raise StopIteration
             if item is not None:

@@ -66,9 +66,13 @@ FORBIDDEN = {
     "protocol/": ("stoker.consumer", "stoker.producer", "stoker.cli"),
     "producer/": ("stoker.consumer", "stoker.cli"),
     "consumer/": ("stoker.producer", "stoker.cli"),
-    "consumer/transport/": ("stoker.consumer.exact", "stoker.consumer.tf", "stoker.consumer.train", *FACADES),
-    "consumer/exact/": ("stoker.consumer.tf", "stoker.consumer.train", *FACADES),
-    "consumer/tf/": ("stoker.consumer.exact", "stoker.consumer.transport", "stoker.consumer.train", *FACADES),
+    "consumer/transport/": ("stoker.consumer.torch", "stoker.consumer.exact", "stoker.consumer.tf",
+                            "stoker.consumer.train", *FACADES),
+    "consumer/exact/": ("stoker.consumer.torch", "stoker.consumer.tf", "stoker.consumer.train", *FACADES),
+    "consumer/tf/": ("stoker.consumer.torch", "stoker.consumer.exact", "stoker.consumer.transport",
+                     "stoker.consumer.train", *FACADES),
+    # PyTorch's wing: on the facades' shared base and BatchStream's queue, never TensorFlow (TorchInput must not load it)
+    "consumer/torch/": ("stoker.consumer.tf", "stoker.consumer.train", "stoker.consumer.zmq_input", "tensorflow"),
     **{f"consumer/{bottom}.py": ("stoker.consumer.transport", "stoker.consumer.exact", "stoker.consumer.tf",
                                   "stoker.consumer.train", *FACADES)
        for bottom in ("receive_options", "receive_contract", "receive_core", "receive_stats", "input_diagnosis",

@@ -1,0 +1,239 @@
+"""TorchInput: batches from Stoker producers as dicts of ``torch.Tensor``, for any PyTorch training loop.
+
+    producers --> receive core --> PinnedSink --> DevicePrefetch --> your step
+                  (as BatchStream)  (tensors, pinned)  (side CUDA stream, prefetch ahead)
+
+The receive core under ``ZMQInput`` and ``BatchStream`` (direct ZMTP by default, libzmq for CurveZMQ and
+ipc://, exact mode with its state, discovery and elastic pools, a declared or learned spec), delivering into
+torch tensors: each array is received straight into a tensor's memory, pinned when CUDA is available
+(``pinned_sink.py``), and ``device="cuda:N"`` copies batches to the GPU ``prefetch`` batches ahead on a side
+stream, the step's stream waiting on an event (``device_prefetch.py``). TensorFlow is never imported. ::
+
+    import torch
+    from stoker.consumer import TorchInput
+
+    with TorchInput(["tcp://datahost:5555"], device="cuda:0", channels_last=True,
+                    dtypes={"images": torch.float16}) as inp:
+        for step, batch in zip(range(1000), inp):
+            images, labels = batch["images"], batch["labels"]   # on cuda:0: float16 [B, 3, H, W], int32 [B]
+
+Ownership (as ``torch.utils.data.DataLoader``): each batch's tensors belong to the caller; Stoker never
+reads or writes them again. On the CPU they are the very tensors the bytes were received into.
+
+Exact mode (``exact=True``): a batch's records count as consumed when ``next()`` returns it (batches staged
+ahead are held, not consumed). ``state_dict()`` / ``load_state_dict()`` (before the first ``next()``) carry
+``save_state()``'s bytes, for ``torch.save`` or ``torch.distributed.checkpoint`` (``checkpoint_state.py``).
+Under ``torch.distributed`` (torchrun, DDP) an exact input takes ``share=(rank, world_size)`` from the
+initialised process group, so each rank trains on its own splits of an elastic pool; with several ranks
+give each rank's input its own key in ``dcp.save`` (``{f"input_{rank}": inp}``): DCP keeps one copy of
+a non-tensor value saved under the same key by several ranks.
+
+Errors as ``BatchStream``'s: the input's error (InputTimeoutError, InputError) is raised by ``next()`` once
+the batches that arrived before it are handed out; after ``close()``, ``next()`` raises InputClosedError.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Iterator, Mapping, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+from stoker.protocol import DEFAULT_MAX_MESSAGE_BYTES
+from stoker.protocol.curve import CurveClientKeys
+
+from stoker.consumer.errors import InputClosedError
+from stoker.consumer.batch_stream import END
+from stoker.consumer.input_base import InputBase
+from stoker.consumer.input_setup import receive_options
+from stoker.consumer.receive_contract import POLL_S
+from stoker.consumer.receive_options import SpecArg
+from stoker.consumer.torch.checkpoint_state import state_bytes, state_dict_of
+from stoker.consumer.torch.device_prefetch import Batch, DevicePrefetch
+from stoker.consumer.torch.pinned_sink import PinnedSink
+
+
+def training_device(device: str | torch.device) -> torch.device:
+    """``device`` as a ``torch.device`` with an index; ValueError naming the fix for one this machine lacks."""
+    device = torch.device(device)
+    if device.type == "cpu":
+        return device
+    if device.type != "cuda":
+        raise ValueError(f"device={str(device)!r}: TorchInput stages batches on 'cpu' or 'cuda:N'")
+    if not torch.cuda.is_available():
+        raise ValueError(f"device={str(device)!r}, but torch.cuda.is_available() is False here: pass device='cpu' "
+                         "or run where PyTorch sees a GPU")
+    return torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
+
+
+def default_share(share: Optional[tuple[int, int]], exact: bool) -> tuple[int, int]:
+    """``share`` if given; else, in exact mode under an initialised ``torch.distributed``, ``(rank, world_size)``;
+    else ``(0, 1)`` (plain mode needs no share: PUSH hands each batch to one trainer)."""
+    if share is not None:
+        return (int(share[0]), int(share[1]))
+    if exact and dist.is_available() and dist.is_initialized():
+        return (dist.get_rank(), dist.get_world_size())
+    return (0, 1)
+
+
+class TorchInput(InputBase):
+    """An iterator of ``{name: torch.Tensor}`` batches from Stoker producers; see the module doc.
+
+    Args (``BatchStream``'s, defaults included): ``addresses``; ``batch_size``/``image_shape`` or ``spec``
+    (default: learned from the first batch); ``queue_capacity`` (8 batches); ``recv_timeout`` (60 s);
+    ``rcvhwm`` (4); ``max_message_bytes`` (512 MiB); ``curve``; ``exact``, ``resume_state``, ``trainer_id``;
+    ``receive`` (``"auto"``); ``discover_every`` (5 s); ``share`` (``(rank, world)``; default None: from
+    ``torch.distributed`` in exact mode when it is initialised, else ``(0, 1)``); ``stall_after`` (10 s),
+    ``stall_limit`` (300 s). PyTorch's own, by keyword:
+
+    - ``device``: ``"cpu"`` (default) or ``"cuda:N"``, where batches are handed out.
+    - ``prefetch``: batches staged on the device ahead of the step (default 2); their copies overlap it.
+    - ``channels_last``: 4-D arrays (images, sent NHWC) become NCHW tensors in ``torch.channels_last``
+      memory format, a view of the same bytes (default False: as sent).
+    - ``dtypes``: ``{name: torch.dtype}`` conversions done on the device after the copy, e.g.
+      ``{"images": torch.float16}`` (values unchanged: 0-255 stays 0-255).
+    - ``pin_memory``: receive into pinned host memory (default None: when ``torch.cuda.is_available()``).
+
+    Memory: at most ``max_batches_held()`` batches.
+    """
+
+    def __init__(self, addresses: Sequence[str] | str, batch_size: Optional[int] = None,
+                 image_shape: Optional[Sequence[int]] = None, spec: SpecArg = None, queue_capacity: int = 8,
+                 recv_timeout: float = 60.0, rcvhwm: int = 4, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+                 curve: Optional[CurveClientKeys] = None, exact: bool = False, resume_state: Optional[bytes] = None,
+                 trainer_id: Optional[str] = None, receive: str = "auto", discover_every: float = 5.0,
+                 share: Optional[tuple[int, int]] = None, stall_after: Optional[float] = 10.0,
+                 stall_limit: Optional[float] = 300.0, *, device: str | torch.device = "cpu", prefetch: int = 2,
+                 channels_last: bool = False, dtypes: Optional[Mapping[str, torch.dtype]] = None,
+                 pin_memory: Optional[bool] = None) -> None:
+        if queue_capacity < 1:
+            raise ValueError(f"queue_capacity={queue_capacity}: give batches >= 1 (default 8)")
+        if prefetch < 1:
+            raise ValueError(f"prefetch={prefetch}: give batches >= 1 (default 2)")
+        for name, dtype in (dtypes or {}).items():
+            if not isinstance(dtype, torch.dtype):
+                raise ValueError(f"dtypes[{name!r}] = {dtype!r}: give a torch.dtype, e.g. torch.float16")
+        self.device = training_device(device)
+        if pin_memory and not torch.cuda.is_available():
+            raise ValueError("pin_memory=True, but torch.cuda.is_available() is False here: pinned memory needs CUDA "
+                             "(leave pin_memory=None: pinned exactly where CUDA is available)")
+        self.queue_capacity, self.prefetch = queue_capacity, prefetch
+        self.share = default_share(share, exact)
+        options = receive_options(
+            addresses, spec=spec, batch_size=batch_size, image_shape=image_shape, exact=exact,
+            resume_state=resume_state, trainer_id=trainer_id, receive=receive, recv_timeout=recv_timeout,
+            rcvhwm=rcvhwm, max_message_bytes=max_message_bytes, curve=curve, discover_every=discover_every,
+            share=self.share, stall_after=stall_after, stall_limit=stall_limit)
+        self._open_input(options)
+        try:
+            unknown = sorted(set(dtypes or {}) - set(self.spec.names))
+            if unknown:
+                raise ValueError(f"dtypes names {unknown}, but the batches carry {list(self.spec.names)}")
+            self._sink = PinnedSink(queue_capacity, torch.cuda.is_available() if pin_memory is None else pin_memory)
+            self._staging = DevicePrefetch(self.device, prefetch, channels_last, dtypes)
+        except BaseException:
+            self._core.close()
+            raise
+        self._lock = threading.Lock()  # one next() at a time; close() waits for it (bounded: it polls)
+        self._ended = False
+        self._closed = False
+        if self._ledger is None:
+            self._core.start(self._sink)  # exact mode starts at the first next(): a state may be loaded first
+
+    # ---- the batches ------------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Batch]:
+        return self
+
+    def __next__(self) -> Batch:
+        with self._lock:
+            if self._closed:
+                self.raise_if_failed()
+                raise InputClosedError("this TorchInput was closed")
+            if self._ledger is not None and not self._ledger.started:
+                self._ledger.activate()
+                self._core.start(self._sink)
+            if not len(self._staging):
+                if self._ended:
+                    raise StopIteration
+                self._stage(wait=True)
+            tensors, consumed = self._staging.pop()
+            if consumed is not None:  # handed to the caller: consumed now (exact mode)
+                assert self._ledger is not None
+                self._ledger.consumed(*consumed)
+            while not self._ended and not self._staging.full() and self._stage(wait=False):
+                pass  # stage what the queue holds already: its copies overlap the caller's step
+            return tensors
+
+    def _stage(self, wait: bool) -> bool:
+        """Stage the queue's next batch; whether one was. ``wait``: until one comes, or raise StopIteration at
+        the end of a finite run, or the input's error once the queue is empty."""
+        while True:
+            item = self._sink.take_batch(POLL_S if wait else 0.0)
+            if item is END:
+                self._ended = True
+                if wait:
+                    raise StopIteration
+                return False
+            if item is not None:
+                self._staging.stage(*self._host_batch(item))
+                return True
+            if not wait:
+                return False
+            error = self._core.error
+            if error is not None and self._sink.size() == 0:
+                raise error
+
+    def _host_batch(self, tensors: list[torch.Tensor]) -> tuple[Batch, Any]:
+        """The batch by name and, in exact mode, the rows to report consumed when it is handed out; padding
+        rows (a finite run's last batch) are cut off, in a copy."""
+        batch = dict(zip(self.spec.names, tensors))  # exact mode's stoker_source column (last) left out
+        if self._ledger is None:
+            return batch, None
+        mask = batch["mask"]
+        consumed = (self._ledger.source_of(tensors), batch["epoch"].numpy(), batch["index"].numpy(), mask.numpy())
+        if not bool(mask.all()):
+            batch = {name: tensor[mask] for name, tensor in batch.items()}
+        return batch, consumed
+
+    # ---- state ------------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Exact mode: ``{"stoker_input_state": save_state(), "version": 1}``, for ``torch.save`` or
+        ``torch.distributed.checkpoint`` (this input is a ``Stateful``). ValueError in plain mode."""
+        return state_dict_of(self.save_state())
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Exact mode: continue from a ``state_dict()``, before the first ``next()`` (as ``restore_state``):
+        ValueError naming what is wrong with the dict or its bytes, RuntimeError once batches may be queued."""
+        self.restore_state(state_bytes(state_dict))
+
+    # ---- what a user watches ----------------------------------------------------------------------
+
+    def queue_occupancy(self) -> float:
+        """Fraction of the receive queue in use right now; near 0 means the step waits for input."""
+        return self._sink.size() / self._sink.capacity
+
+    def max_batches_held(self) -> int:
+        """The most batches this input holds at once: the queue, ``prefetch`` staged, the caller's, and per producer
+        what its connection may hold. Host memory on CUDA adds up to ``prefetch`` batches whose copies run."""
+        per_producer = self._core.receiver.held_per_producer
+        return self.queue_capacity + self.prefetch + 1 + per_producer * len(self._core.pool.endpoints)
+
+    # ---- lifecycle --------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop receiving, close the sockets, drop what is staged; bounded (about 2 s). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._core.close()  # a next() waiting for a batch sees the error within POLL_S and lets go of the lock
+        with self._lock:
+            self._staging.close()
+
+    def __enter__(self) -> "TorchInput":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
