@@ -121,7 +121,7 @@ def state_size(records: int, streams: int) -> dict[str, Any]:
     """The worst-case input state of a dataset of ``records`` split in ``streams`` shards (module doc)."""
     import numpy as np
 
-    from stoker.consumer.exact.state import pack_state, parse_state
+    from stoker.consumer.exact.state import SavedState, pack_state, parse_state
     from stoker.protocol.input_state import InputState, StreamKey, StreamProgress
 
     rng = np.random.default_rng(0)
@@ -137,14 +137,14 @@ def state_size(records: int, streams: int) -> dict[str, Any]:
         state.streams[str(key)] = StreamProgress(size, completed=3, open={3: half, 4: begun})
         memory += half.nbytes + begun.nbytes
     t0 = time.perf_counter()
-    data = pack_state("trainer-0", state)
+    data = pack_state(SavedState("trainer-0", state))
     write_s = time.perf_counter() - t0
     out: dict[str, Any] = {"records": records, "streams": streams, "state_bytes": len(data),
                            "bits_per_record": 8 * len(data) / records, "bitmap_memory_bytes": memory,
                            "write_s": write_s}
     t0 = time.perf_counter()
     try:
-        _, back = parse_state(data)
+        back = parse_state(data).state
         out["read_s"] = time.perf_counter() - t0
         out["read_back_equal"] = all(np.array_equal(back.streams[k].open[e], p.open[e])
                                      for k, p in state.streams.items() for e in p.open)

@@ -4,16 +4,18 @@
 any framework and never imports TensorFlow; ``TorchInput`` yields dicts of ``torch.Tensor`` (requires torch,
 the ``stoker[torch]`` extra) and never imports TensorFlow. Each is imported on first use, so
 ``from stoker.consumer import BatchStream`` works where neither TensorFlow nor PyTorch is installed.
+``merge_states`` merges the exact-mode states of a job's ranks into one that any number of ranks continues.
 """
 
 from typing import Any
 
 from stoker.consumer.errors import (BatchMismatchError, InputClosedError, InputError, InputFinished, InputMismatchError,
                                    InputTimeoutError)
+from stoker.consumer.exact.state_merge import merge_states
 from stoker.consumer.receive_stats import InputStats
 
 __all__ = ["BatchMismatchError", "BatchStream", "InputClosedError", "InputError", "InputFinished", "InputMismatchError",
-           "InputStats", "InputTimeoutError", "TorchInput", "ZMQInput"]
+           "InputStats", "InputTimeoutError", "TorchInput", "ZMQInput", "merge_states"]
 
 
 def __getattr__(name: str) -> Any:

@@ -27,7 +27,7 @@ def receive_options(addresses: AddressSource, *, spec: SpecArg = None, batch_siz
     """The options from a facade's keyword arguments (the rest by name, as the fields); ValueError naming the fix."""
     if batch_size is not None and batch_size < 1:
         raise ValueError(f"batch_size={batch_size}: give the producers' batch size, >= 1")
-    ledger = ConsumedLedger.start(resume_state, trainer_id) if exact else None
+    ledger = ConsumedLedger.start(resume_state, trainer_id, options.get("share", (0, 1))) if exact else None
     if ledger is None and (resume_state is not None or trainer_id is not None):
         raise ValueError("resume_state and trainer_id belong to exact mode: pass exact=True (and start the "
                          "producers with --exact)")

@@ -137,7 +137,7 @@ def test_a_long_exact_run_keeps_only_the_open_epochs_in_its_state(tmp_path):
         with BatchStream([producer.endpoint], exact=True, recv_timeout=60) as stream:
             for batch in stream:
                 pass
-            _, state = parse_state(stream.save_state())
+            state = parse_state(stream.save_state()).state
     (progress,) = state.streams.values()
     assert progress.completed == 6 and not progress.open
 

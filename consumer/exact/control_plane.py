@@ -287,6 +287,7 @@ class ExactTransport:
             with self._lock:
                 scheduler = self._plan.scheduler(StreamKey.parse(status.stream),
                                                  self.ledger.state.progress(status.stream), status.epochs)
+                self.ledger.note_split(status.stream, scheduler.split)
                 self._pool = PoolWork(scheduler, self._spec, self.producers, self._lock, self.links.send,
                                       self._restart)
         self._pool.join(i, status)

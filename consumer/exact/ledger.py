@@ -23,7 +23,8 @@ from stoker.protocol.batch_codec import is_valid_id
 from stoker.protocol.batch_spec import BatchSpec
 from stoker.protocol.input_state import InputState
 
-from stoker.consumer.exact.state import pack_state, parse_state
+from stoker.consumer.exact.state import SavedState, pack_state, parse_state
+from stoker.consumer.exact.state_merge import state_for_share
 
 #: the array exact mode appends to each queued batch: the number of the producer it came from
 SOURCE = "stoker_source"
@@ -32,23 +33,27 @@ SOURCE = "stoker_source"
 class ConsumedLedger:
     """The trainer id and the consumed records; see the module doc. ``started`` once batches may be queued."""
 
-    def __init__(self, trainer_id: str, state: InputState) -> None:
+    def __init__(self, trainer_id: str, state: InputState, share: tuple[int, int] = (0, 1)) -> None:
         #: guards the records; the control plane holds it while it reads them or derives from them
         self.lock = threading.Lock()
         self._trainer_id = trainer_id
         self._state = state
+        self.share = share  #: (rank, world): which of the job's trainers this is
+        self._splits: dict[str, int] = {}  # elastic pool stream -> records per split, as this trainer cuts epochs
         self.started = False
         self._on_consumed: Optional[Callable[[int, np.ndarray, np.ndarray, np.ndarray], None]] = None
 
     @classmethod
-    def start(cls, resume_state: Optional[bytes], trainer_id: Optional[str]) -> "ConsumedLedger":
-        """From ``resume_state`` (its trainer id comes with it), else ``trainer_id`` (default: a random one)."""
+    def start(cls, resume_state: Optional[bytes], trainer_id: Optional[str],
+              share: tuple[int, int] = (0, 1)) -> "ConsumedLedger":
+        """From ``resume_state`` (its trainer id comes with it: ``state_merge.state_for_share`` for a job state),
+        else ``trainer_id`` (default: a random one). ``share``: ``(rank, world)`` of this trainer in its job."""
         if trainer_id is not None and not is_valid_id(trainer_id):
             raise ValueError(f"trainer_id {trainer_id!r} must be 1-128 printable ASCII characters without spaces "
                              "(the producers refuse any other)")
         if resume_state:
-            return cls(*parse_state(resume_state))
-        return cls(trainer_id or f"trainer-{secrets.token_hex(4)}", InputState())
+            return cls(*state_for_share(parse_state(resume_state), share), share)
+        return cls(trainer_id or f"trainer-{secrets.token_hex(4)}", InputState(), share)
 
     def attach(self, on_consumed: Callable[[int, np.ndarray, np.ndarray, np.ndarray], None]) -> None:
         """The control plane's hook for the records a step consumed (``source, epochs, indices, mask``)."""
@@ -78,17 +83,30 @@ class ConsumedLedger:
         with self.lock:
             return self._state.copy()
 
+    def note_split(self, stream: str, split: int) -> None:
+        """Elastic pool ``stream``'s epochs are cut in splits of ``split`` records (saved: merging needs it).
+        The caller holds ``lock`` (the control plane, as it makes the pool's scheduler)."""
+        self._splits[stream] = split
+
     def mark(self, stream: str, epochs: np.ndarray, indices: np.ndarray) -> None:
         """These records of ``stream`` were consumed by a step."""
         with self.lock:
             self._state.mark(stream, epochs, indices)
 
+    def saved(self) -> SavedState:
+        """What a checkpoint saves: the id, a copy of the records, the share and how pool epochs were cut."""
+        with self.lock:
+            state = self._state.copy()
+            splits = {k: v for k, v in self._splits.items() if k in state.streams}
+            return SavedState(self._trainer_id, state, self.share, splits)
+
     def save_state(self) -> bytes:
-        return pack_state(self.trainer_id, self.snapshot())
+        return pack_state(self.saved())
 
     def restore_state(self, data: bytes) -> None:
-        """Continue from ``save_state()`` bytes; RuntimeError once batches may be queued, ValueError for bad bytes."""
-        trainer_id, state = parse_state(data)
+        """Continue from ``save_state()`` bytes or a job state (``merge_states``) as this trainer's share;
+        RuntimeError once batches may be queued, ValueError for bad bytes or a state this share cannot take."""
+        trainer_id, state = state_for_share(parse_state(data), self.share)
         with self.lock:
             if self.started:
                 raise RuntimeError("restore the input state before the first get() / as_dataset() / start() / "

@@ -28,6 +28,17 @@ SUMMARY_EVERY_S = 60.0
 _SHARE_DONE = "every record of this trainer's share consumed once"
 
 
+def share_mask(order: np.ndarray, split: int, rank: int, world: int) -> np.ndarray:
+    """bool [records] by record: whether its split (in the epoch's ``order``, cut every ``split`` positions) is
+    share ``rank`` of ``world``'s (splits ``s`` with ``s % world == rank``)."""
+    records = len(order)
+    if world == 1:
+        return np.ones(records, bool)
+    mine = np.zeros(records, bool)
+    mine[order] = (np.arange(records) // split) % world == rank
+    return mine
+
+
 class SplitEpoch:
     """See the module doc. ``order``: the epoch's records in order; ``consumed``: bool [records], what the input
     state says the steps took already (a restored checkpoint)."""
@@ -53,13 +64,7 @@ class SplitEpoch:
         self.returned: deque = deque()  # splits given back by producers that left or are stuck
 
     def _share_mask(self) -> np.ndarray:
-        """bool [records] by record: whether its split (in this epoch's order) is this trainer's."""
-        records = len(self.order)
-        if self.world == 1:
-            return np.ones(records, bool)
-        mine = np.zeros(records, bool)
-        mine[self.order] = (np.arange(records) // self.split) % self.world == self.rank
-        return mine
+        return share_mask(self.order, self.split, self.rank, self.world)
 
     def mine(self, records: np.ndarray) -> np.ndarray:
         """bool per record: whether it falls in a split of this trainer's share."""
