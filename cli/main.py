@@ -19,6 +19,7 @@ from typing import Callable, Sequence
 
 from stoker.cli.exit_codes import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from stoker.cli.lmdb_commands import cmd_lmdb_build, cmd_lmdb_info, cmd_lmdb_synth
+from stoker.cli.state_commands import cmd_state_info, cmd_state_merge
 from stoker.cli.parser import build_parser as parser_for
 
 
@@ -280,6 +281,8 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "produce": cmd_produce,
     "train": cmd_train,
     "keys_generate": cmd_keys_generate,
+    "state_info": cmd_state_info,
+    "state_merge": cmd_state_merge,
     "cluster": cmd_cluster,
     "status": cmd_status,
     "bench_producer": cmd_bench_producer,

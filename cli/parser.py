@@ -12,6 +12,7 @@ import os
 from typing import TYPE_CHECKING, Callable, Mapping
 
 from stoker.cli.argument_parser import StokerArgumentParser, HelpFormatter
+from stoker.cli.state_commands import add_state_parser
 
 
 def _positive_int(text: str) -> int:
@@ -387,7 +388,7 @@ def build_parser(handlers: Handlers) -> argparse.ArgumentParser:
                         help="log lines as text or as one JSON object per line (default: text)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     # In this order in `stoker --help`.
-    for add in (_add_lmdb, _add_produce, _add_train, _add_keys, _add_cluster, _add_status, _add_bench, _add_doctor,
-                _add_demo):
+    for add in (_add_lmdb, _add_produce, _add_train, add_state_parser, _add_keys, _add_cluster, _add_status, _add_bench,
+                _add_doctor, _add_demo):
         add(sub, common, handlers)
     return parser

@@ -11,7 +11,7 @@ from typing import Any
 
 from stoker.consumer.errors import (BatchMismatchError, InputClosedError, InputError, InputFinished, InputMismatchError,
                                    InputTimeoutError)
-from stoker.consumer.exact.state_merge import merge_states
+from stoker.consumer.exact.state import merge_states
 from stoker.consumer.receive_stats import InputStats
 
 __all__ = ["BatchMismatchError", "BatchStream", "InputClosedError", "InputError", "InputFinished", "InputMismatchError",

@@ -18,7 +18,7 @@ from stoker.consumer.exact.ledger import ConsumedLedger
 from stoker.consumer.exact.split_epoch import SplitEpoch, share_mask
 from stoker.consumer.exact.split_scheduler import split_records
 from stoker.consumer.exact.state import SavedState, pack_state, parse_state
-from stoker.consumer.exact.state_merge import merge_saved, state_for_share
+from stoker.consumer.exact.state import merge_saved, state_for_share
 from stoker.protocol.input_state import InputState, StreamKey, StreamProgress, epoch_order
 
 RECORDS, SEED, BATCH = 96, 5, 8
@@ -177,3 +177,27 @@ def test_states_saved_far_apart_are_not_one_jobs():
     states[0].state.streams[POOL] = StreamProgress(RECORDS, completed=500)
     with pytest.raises(ValueError, match="500 epochs apart"):
         merge_saved(states)
+
+
+def test_stoker_state_merge_writes_a_job_state_and_info_describes_it(tmp_path):
+    import subprocess
+    import sys
+
+    files = []
+    for r in range(2):
+        files.append(tmp_path / f"rank{r}.state")
+        files[-1].write_bytes(pack_state(_rank_state(r, 2, {0: _share(0, r, 2) & (np.arange(RECORDS) < 40)})))
+    stoker = [sys.executable, "-m", "stoker.cli.main"]
+    out = subprocess.run([*stoker, "state", "merge", *map(str, files), "-o", str(tmp_path / "job.state")],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "job state of 2 rank(s): t0, t1" in out.stdout and "give it to every rank" in out.stdout
+    job = parse_state((tmp_path / "job.state").read_bytes())
+    np.testing.assert_array_equal(job.state.streams[POOL].open[0], np.arange(RECORDS) < 40)
+    info = subprocess.run([*stoker, "state", "info", str(files[0])], capture_output=True, text=True, timeout=60)
+    assert info.returncode == 0 and "trainer t0, rank 0 of 2 (merge it" in info.stdout, info.stderr
+    assert f"{POOL}, split 8: 0 epoch(s) complete; epoch 0:" in info.stdout
+    missing = subprocess.run([*stoker, "state", "merge", str(files[1]), "-o", str(tmp_path / "x")],
+                             capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 2 and "rank(s) [0] of 2 are missing" in missing.stderr
+    assert not (tmp_path / "x").exists()

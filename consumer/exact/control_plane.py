@@ -238,11 +238,12 @@ class ExactTransport:
                     self.ledger.state.streams[status.stream].advance(status.completed)
         if serves_pool(status, p.session):
             self._join_pool(i, status)
-        elif status.stream and self.share[1] > 1 and not self._warned_share:
+        elif (status.stream and not status.stream.startswith("splits:") and self.share[1] > 1
+              and not self._warned_share):
             self._warned_share = True
             log.warning("share %d/%d applies to elastic pools (producers --shard auto); producer %s serves the "
-                        "fixed shard %s, so this trainer takes what its credit earns", *self.share, status.producer,
-                        status.stream)
+                        "fixed shard %s, so this trainer takes what its credit earns (the share only names this "
+                        "trainer among its job's for a merged state)", *self.share, status.producer, status.stream)
         return None
 
     def accept(self, i: int, stream: str, session: int) -> bool:

@@ -24,7 +24,7 @@ from stoker.protocol.batch_spec import BatchSpec
 from stoker.protocol.input_state import InputState
 
 from stoker.consumer.exact.state import SavedState, pack_state, parse_state
-from stoker.consumer.exact.state_merge import state_for_share
+from stoker.consumer.exact.state import state_for_share
 
 #: the array exact mode appends to each queued batch: the number of the producer it came from
 SOURCE = "stoker_source"
@@ -46,7 +46,7 @@ class ConsumedLedger:
     @classmethod
     def start(cls, resume_state: Optional[bytes], trainer_id: Optional[str],
               share: tuple[int, int] = (0, 1)) -> "ConsumedLedger":
-        """From ``resume_state`` (its trainer id comes with it: ``state_merge.state_for_share`` for a job state),
+        """From ``resume_state`` (its trainer id comes with it: ``state.state_for_share`` for a job state),
         else ``trainer_id`` (default: a random one). ``share``: ``(rank, world)`` of this trainer in its job."""
         if trainer_id is not None and not is_valid_id(trainer_id):
             raise ValueError(f"trainer_id {trainer_id!r} must be 1-128 printable ASCII characters without spaces "

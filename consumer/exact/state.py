@@ -8,22 +8,48 @@ records) of
 - ``share``: ``[rank, world]``, the trainer's share of an elastic pool when it saved, and ``splits``:
   ``{pool stream: records per split}``, how its epochs were cut. Together they say which records a
   *completed* epoch of this trainer covered (its share's, not the dataset's), which merging the states of
-  several ranks needs (``state_merge.py``). Absent in states of older versions: read as ``[0, 1]``, ``{}``.
+  several ranks needs (below). Absent in states of older versions: read as ``[0, 1]``, ``{}``.
 - ``trainers``: a *job state* (``merge_states``), the ids of the job's ranks by rank; its records are
   every rank's, so any rank of any number of trainers may continue from it.
 
 ValueError naming what is wrong for anything else.
+
+**Merging** (``merge_states``, ``state_for_share``): resume on a different number of trainers.
+
+The rule (docs/decisions.md, "Resume on another number of trainers"):
+
+- *Merge*: the states of every rank ``0..W-1`` of one job, saved at the same step. A record counts as consumed
+  in the job state when any rank consumed it; a rank's *completed* epoch covers its share only (in an elastic
+  pool, the splits ``s % W == rank`` of that epoch, cut as the rank cut them: the state says its share and
+  split size), so the union over ranks decides which epochs are complete for the job. Ranks consume disjoint
+  records, so nothing is lost or counted twice by the union. A missing rank is an error: its records would be
+  served again.
+- *Take*: any rank ``r'`` of any world ``W'`` may continue from the job state: its records are the job's, and
+  its share of the open epochs is what the job has not consumed (an elastic pool cuts each epoch anew for
+  ``W'``; fixed shards serve whatever no trainer consumed). Rank ``r'`` goes by the id old rank ``r'`` had
+  (its producers then replace what they knew of that id at once), a new rank by ``<rank 0's id>+r<r'>``.
+- *Records held by old ranks* (received, never consumed by a step): nobody consumed them, so they are not in
+  the job state and are served again. Records an old rank consumed *after* the saved step were trained by a
+  model that was not checkpointed: served again too, as for any resume from a checkpoint. In an elastic pool
+  the trainers alone decide this, so it holds for any W'. With fixed shards the producers keep each trainer
+  id's consumed records until that id says hello again: an old rank's id that no new rank takes would keep
+  its post-checkpoint records consumed, so a fixed-shard job resumes on at least as many ranks as it had.
+
+``merge_states`` and ``state_for_share`` are pure functions of the bytes: ValueError naming what is wrong.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Sequence
 
 import msgpack
+import numpy as np
 
 from stoker.protocol.batch_codec import is_valid_id
-from stoker.protocol.input_state import InputState
+from stoker.protocol.input_state import InputState, StreamKey, StreamProgress, epoch_order
+
+from stoker.consumer.exact.split_epoch import share_mask
 
 STATE_FORMAT = "stoker-zmqinput-state"
 MAX_TRAINERS = 4096
@@ -80,3 +106,102 @@ def parse_state(data: bytes) -> SavedState:
                                  or len(set(trainers)) != len(trainers)):
         raise ValueError(f"input state: 'trainers' must list 1-{MAX_TRAINERS} distinct trainer ids")
     return SavedState(body["trainer"], state, (share[0], share[1]), splits, trainers)
+
+
+# ---- merging a job's states ------------------------------------------------------------------------------
+
+#: epochs between the least and the most advanced rank of one job: a pool opens one epoch ahead, fixed shards
+#: complete epochs for every trainer; states further apart than this were not saved at one step of one job.
+MAX_EPOCH_SPREAD = 64
+_HOW = "give the states of every rank of one job, saved at the same step (a job state already holds them all)"
+
+
+def merge_states(states: Sequence[bytes]) -> bytes:
+    """The job state of one job's ranks' ``save_state()`` bytes (any order); ValueError naming what is wrong."""
+    return pack_state(merge_saved([parse_state(bytes(s)) for s in states]))
+
+
+def merge_saved(saved: Sequence[SavedState]) -> SavedState:
+    """``merge_states`` on parsed states."""
+    if not saved:
+        raise ValueError(f"no input state to merge: {_HOW}")
+    if len(saved) == 1 and saved[0].is_job_state:
+        only = saved[0]
+        return SavedState(only.trainer, only.state, trainers=list(only.trainers or [only.trainer]))
+    if any(s.trainers is not None for s in saved):
+        raise ValueError(f"a merged job state cannot be merged with others: {_HOW}")
+    worlds = sorted({s.share[1] for s in saved})
+    if len(worlds) != 1:
+        raise ValueError(f"the states come from jobs of {worlds} ranks: {_HOW}")
+    world = worlds[0]
+    by_rank = {s.share[0]: s for s in saved}
+    if len(by_rank) != len(saved):
+        raise ValueError(f"two states of the same rank: {_HOW}")
+    missing = sorted(set(range(world)) - set(by_rank))
+    if missing:
+        raise ValueError(f"the states of rank(s) {missing} of {world} are missing: the records those ranks consumed "
+                         f"would be served again; {_HOW}")
+    ranks = [by_rank[r] for r in range(world)]
+    trainers = [s.trainer for s in ranks]
+    if len(set(trainers)) != world:
+        raise ValueError(f"two ranks go by one trainer id ({trainers}): {_HOW}")
+    keys = sorted({k for s in ranks for k in s.state.streams})
+    merged = InputState({key: _merge_stream(key, ranks) for key in keys})
+    return SavedState(trainers[0], merged, trainers=trainers)
+
+
+def _covered(key: StreamKey, saved: SavedState, progress: Optional[StreamProgress], epoch: int) -> np.ndarray:
+    """bool [size]: the records of ``epoch`` this rank's state says were consumed."""
+    if progress is None:
+        return np.zeros(key.size, bool)
+    if epoch >= progress.completed:
+        return progress.open.get(epoch, np.zeros(key.size, bool))
+    rank, world = saved.share
+    if not key.splits or world == 1:
+        return np.ones(key.size, bool)  # fixed shards complete an epoch for every trainer; a lone trainer's is all
+    split = saved.splits.get(str(key))
+    if split is None:
+        raise ValueError(f"the state of trainer {saved.trainer} (rank {rank} of {world}) completed epochs of pool "
+                         f"{key} without saying how it cut them (saved by an older Stoker): it cannot be merged")
+    return share_mask(epoch_order(np.arange(key.records, dtype=np.int64), key.seed, epoch), split, rank, world)
+
+
+def _merge_stream(text: str, ranks: Sequence[SavedState]) -> StreamProgress:
+    key = StreamKey.parse(text)
+    progress = [s.state.streams.get(text) for s in ranks]
+    known = [p for p in progress if p is not None]
+    low = min(p.completed if p is not None else 0 for p in progress)
+    high = max(max([p.completed] + [e + 1 for e in p.open]) for p in known)
+    if high - low > MAX_EPOCH_SPREAD:
+        raise ValueError(f"stream {text}: the ranks' states are {high - low} epochs apart: {_HOW}")
+    union = {e: np.logical_or.reduce([_covered(key, s, p, e) for s, p in zip(ranks, progress)])
+             for e in range(low, high)}
+    completed = low
+    while completed < high and union[completed].all():
+        completed += 1
+    return StreamProgress(key.size, completed, {e: union[e] for e in range(completed, high) if union[e].any()})
+
+
+def state_for_share(saved: SavedState, share: tuple[int, int]) -> tuple[str, InputState]:
+    """``(trainer id, records)`` that rank ``share[0]`` of ``share[1]`` continues from; ValueError naming the fix
+    for a state that rank cannot take."""
+    rank, world = share
+    if not saved.is_job_state:
+        if saved.share == share:
+            return saved.trainer, saved.state
+        raise ValueError(
+            f"this input state is rank {saved.share[0]} of {saved.share[1]}'s alone, and this trainer is rank {rank} "
+            f"of {world}: the other ranks' records are not in it. Merge the states of all {saved.share[1]} ranks "
+            "first (stoker.consumer.merge_states, `stoker state merge`, or TorchInput.load_state_dict(list)); "
+            "TorchInput.state_dict() under torch.distributed saves the merged job state itself")
+    trainers = saved.trainers or [saved.trainer]
+    fixed = sorted(k for k in saved.state.streams if not StreamKey.parse(k).splits)
+    if fixed and world < len(trainers):
+        raise ValueError(
+            f"a fixed-shard exact job of {len(trainers)} trainers cannot resume on {world}: its producers keep what "
+            f"each trainer id consumed until that id says hello again, so rank ids {trainers[world:]} would keep "
+            "their records since the checkpoint consumed. Resume on at least as many trainers, restart the "
+            f"producers too (they then know only what the trainers say), or run an elastic pool (--shard auto)")
+    if rank < len(trainers):
+        return trainers[rank], saved.state
+    return f"{trainers[0][:100]}+r{rank}", saved.state

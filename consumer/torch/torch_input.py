@@ -24,9 +24,11 @@ Exact mode (``exact=True``): a batch's records count as consumed when ``next()``
 ahead are held, not consumed). ``state_dict()`` / ``load_state_dict()`` (before the first ``next()``) carry
 ``save_state()``'s bytes, for ``torch.save`` or ``torch.distributed.checkpoint`` (``checkpoint_state.py``).
 Under ``torch.distributed`` (torchrun, DDP) an exact input takes ``share=(rank, world_size)`` from the
-initialised process group, so each rank trains on its own splits of an elastic pool; with several ranks
-give each rank's input its own key in ``dcp.save`` (``{f"input_{rank}": inp}``): DCP keeps one copy of
-a non-tensor value saved under the same key by several ranks.
+initialised process group, so each rank trains on its own splits of an elastic pool, and ``state_dict()``
+gathers every rank's state into one *job state*, the same on every rank: ``dcp.save({"input": inp, ...})``
+keeps it once, and a job restarted on any number of ranks continues from it (``dcp.load``), each record of
+the open epoch once across the new ranks. ``load_state_dict([...])`` merges the states of a job's ranks
+saved one by one (``torch.save`` per rank).
 
 Errors as ``BatchStream``'s: the input's error (InputTimeoutError, InputError) is raised by ``next()`` once
 the batches that arrived before it are handed out; after ``close()``, ``next()`` raises InputClosedError.
@@ -35,7 +37,7 @@ the batches that arrived before it are handed out; after ``close()``, ``next()``
 from __future__ import annotations
 
 import threading
-from typing import Any, Iterator, Mapping, Optional, Sequence
+from typing import Any, Iterator, Mapping, Optional, Sequence, Union
 
 import torch
 import torch.distributed as dist
@@ -49,6 +51,7 @@ from stoker.consumer.input_base import InputBase
 from stoker.consumer.input_setup import receive_options
 from stoker.consumer.receive_contract import POLL_S
 from stoker.consumer.receive_options import SpecArg
+from stoker.consumer.exact.state import merge_states
 from stoker.consumer.torch.checkpoint_state import state_bytes, state_dict_of
 from stoker.consumer.torch.device_prefetch import Batch, DevicePrefetch
 from stoker.consumer.torch.pinned_sink import PinnedSink
@@ -72,9 +75,13 @@ def default_share(share: Optional[tuple[int, int]], exact: bool) -> tuple[int, i
     else ``(0, 1)`` (plain mode needs no share: PUSH hands each batch to one trainer)."""
     if share is not None:
         return (int(share[0]), int(share[1]))
-    if exact and dist.is_available() and dist.is_initialized():
+    if _distributed(exact):
         return (dist.get_rank(), dist.get_world_size())
     return (0, 1)
+
+
+def _distributed(exact: bool) -> bool:
+    return exact and dist.is_available() and dist.is_initialized()
 
 
 class TorchInput(InputBase):
@@ -120,6 +127,8 @@ class TorchInput(InputBase):
                              "(leave pin_memory=None: pinned exactly where CUDA is available)")
         self.queue_capacity, self.prefetch = queue_capacity, prefetch
         self.share = default_share(share, exact)
+        #: state_dict() gathers every rank's state into the job state (share from torch.distributed, world > 1)
+        self.gathers_job_state = share is None and _distributed(exact) and self.share[1] > 1
         options = receive_options(
             addresses, spec=spec, batch_size=batch_size, image_shape=image_shape, exact=exact,
             resume_state=resume_state, trainer_id=trainer_id, receive=receive, recv_timeout=recv_timeout,
@@ -200,14 +209,28 @@ class TorchInput(InputBase):
     # ---- state ------------------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """Exact mode: ``{"stoker_input_state": save_state(), "version": 1}``, for ``torch.save`` or
-        ``torch.distributed.checkpoint`` (this input is a ``Stateful``). ValueError in plain mode."""
+        """Exact mode: ``{"stoker_input_state": <bytes>, "version": 1}``, for ``torch.save`` or
+        ``torch.distributed.checkpoint`` (this input is a ``Stateful``). ValueError in plain mode.
+
+        Under ``torch.distributed`` with the share taken from it (``gathers_job_state``) the bytes are the *job
+        state*: every rank's state, gathered and merged, the same on every rank, so ``dcp.save({"input": inp})``
+        under one key holds the whole job's input and a job of any size resumes from it. That call is then
+        collective, as ``dcp.save`` is: every rank makes it. Otherwise, ``save_state()``'s bytes."""
+        if self.gathers_job_state:
+            from stoker.consumer.torch.job_state import job_state_of
+
+            return state_dict_of(job_state_of(self.save_state()))
         return state_dict_of(self.save_state())
 
-    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Exact mode: continue from a ``state_dict()``, before the first ``next()`` (as ``restore_state``):
-        ValueError naming what is wrong with the dict or its bytes, RuntimeError once batches may be queued."""
-        self.restore_state(state_bytes(state_dict))
+    def load_state_dict(self, state_dict: Union[Mapping[str, Any], Sequence[Mapping[str, Any]]]) -> None:
+        """Exact mode: continue from a ``state_dict()`` (a job state included), or from a list of the
+        ``state_dict()``s of every rank of one job (merged: ``merge_states``), before the first ``next()``; this
+        rank takes its share of what the job left, whatever the job's size was. ValueError naming what is wrong
+        with the dicts or their bytes, RuntimeError once batches may be queued."""
+        if isinstance(state_dict, Sequence) and not isinstance(state_dict, (str, bytes)):
+            self.restore_state(merge_states([state_bytes(d) for d in state_dict]))
+        else:
+            self.restore_state(state_bytes(state_dict))
 
     # ---- what a user watches ----------------------------------------------------------------------
 
