@@ -11,6 +11,8 @@ batches shows up as a mismatch.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from stoker.producer.pipeline import Field, Pipeline
@@ -35,3 +37,15 @@ def make_pipeline(size: int = 32) -> Pipeline:
         return {"images": pixels.reshape(size, size, 3), "labels": record["label"]}
 
     return Pipeline([Field("images", "uint8", (size, size, 3)), Field("labels", "int32")], sample=sample)
+
+
+def build_checksum_lmdb(path: Path, records: int, size: int) -> dict[int, int]:
+    """An LMDB of random ``pixels`` and labels; returns record index -> checksum of its pixels."""
+    from stoker.producer.dataset.writer import write_lmdb
+
+    rng = np.random.default_rng(0)
+    weights = checksum_weights(size)
+    images = [rng.integers(0, 256, (size, size, 3), dtype=np.uint8) for _ in range(records)]
+    write_lmdb(path, ({"pixels": im.tobytes(), "label": i % 10} for i, im in enumerate(images)),
+               progress=False, total=records)
+    return {i: checksum(im, weights) for i, im in enumerate(images)}

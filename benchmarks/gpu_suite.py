@@ -23,6 +23,10 @@ in one section is reported without losing the others):
    images/s delivered and the fraction of linear, ``rate(N) / (N x rate(1))``.
 4. ``ingest``: trainer_ingest.py with the trainer pinned to 4 cores and the producers to the
    others: ZMQInput (default arguments) against a bare receive loop, 1 and 4 producers.
+5. ``torch_correctness`` and ``torch_latency`` (where PyTorch is installed; gpu_torch.py): the same
+   checksums taken on the device TorchInput staged each batch on, torchvision ResNet-50 step time fed
+   by TorchInput vs a constant device batch (goal <= 1.02), and from ``torch.profiler`` the share of
+   host-to-device copy time that overlaps compute on another stream.
 
 Dry mode (``--dry``, and the default where nvidia-smi finds no GPU; a GPU TensorFlow cannot use is
 an error saying how to fix it, not a silent CPU run) runs every section small on
@@ -35,6 +39,7 @@ found a mismatch.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -47,10 +52,12 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+from gpu_torch import markdown_rows, section_torch_correctness, section_torch_latency
 from harness import benchmark_parser, launch_sharded, producer_flags, write_json
 
 HERE = Path(__file__).resolve().parent
-SECTIONS = ("correctness", "latency_float32", "latency_mixed_float16", "scaling", "ingest")
+SECTIONS = ("correctness", "latency_float32", "latency_mixed_float16", "scaling", "ingest") + (
+    ("torch_correctness", "torch_latency") if importlib.util.find_spec("torch") is not None else ())
 
 
 # ---- sizes of each mode ------------------------------------------------------------------------
@@ -83,26 +90,11 @@ def cpu_split(cores: int) -> tuple[str, str]:
 
 # ---- section 1: correctness --------------------------------------------------------------------
 
-def build_checksum_lmdb(path: Path, records: int, size: int) -> dict[int, int]:
-    """An LMDB of random ``pixels`` and labels; returns record index -> checksum of its pixels."""
-    import numpy as np
-
-    from checksum_pipeline import checksum, checksum_weights
-    from stoker.producer.dataset.writer import write_lmdb
-
-    rng = np.random.default_rng(0)
-    weights = checksum_weights(size)
-    images = [rng.integers(0, 256, (size, size, 3), dtype=np.uint8) for _ in range(records)]
-    write_lmdb(path, ({"pixels": im.tobytes(), "label": i % 10} for i, im in enumerate(images)),
-               progress=False, total=records)
-    return {i: checksum(im, weights) for i, im in enumerate(images)}
-
-
 def section_correctness(p: dict[str, Any]) -> dict[str, Any]:
     import numpy as np
     import tensorflow as tf
 
-    from checksum_pipeline import checksum_weights
+    from checksum_pipeline import build_checksum_lmdb, checksum_weights
     from stoker.consumer import ZMQInput
 
     physical = tf.config.list_physical_devices(p["device"])[0]
@@ -379,6 +371,7 @@ def markdown(result: dict[str, Any]) -> str:
                   f"{r['bare_cpu_s_per_gb']:.3f} | {r['zmq_cpu_s_per_gb']:.3f} | {r['cpu_ratio']:.2f} |"
                   for r in s["ingest"]["rows"]]
         lines.append("")
+    lines += markdown_rows(s)
     failed = [f"{k}: {v['error'].splitlines()[0] if v.get('error') else 'failed'}" for k, v in s.items() if not v.get("ok")]
     if failed:
         lines += ["Failed: " + "; ".join(failed), ""]
@@ -392,6 +385,10 @@ def run_section(name: str, p: dict[str, Any]) -> dict[str, Any]:
         return section_latency(p, name.removeprefix("latency_"))
     if name == "scaling":
         return section_scaling(p)
+    if name == "torch_correctness":
+        return section_torch_correctness(p)
+    if name == "torch_latency":
+        return section_torch_latency(p)
     return section_ingest(p)
 
 

@@ -14,12 +14,14 @@ index, epoch; decoding out of the way) on loopback. This process receives them:
   ``tf.convert_to_tensor`` (the baseline the importer replaced, kept here to measure it);
 - ZMQInput with default arguments (``receive="auto"``: direct receive on tcp://), each producer's
   stream read over ZMTP straight into aligned memory TensorFlow then owns (no copy beyond the
-  kernel's), the same step. The "ZMQInput (libzmq)" column asks for ``receive="libzmq"``.
+  kernel's), the same step. The "ZMQInput (libzmq)" column asks for ``receive="libzmq"``;
+- TorchInput with default arguments (direct receive into torch tensors, CPU device), a loop that
+  takes each batch (``--no-torch`` leaves it out; skipped where torch is not installed).
 
 For each: images/s, GB/s, and this process's CPU-seconds per GB taken in (user + system),
 with 1 and 4 producers, interleaved rounds, the median kept (this VM is shared: single rounds
-swing by 20%). Targets: ZMQInput with default arguments >= 0.95 of bare in images/s, and at
-most 1.3x bare's CPU-seconds per GB (``direct ratio``, ``direct CPU``). ``--trainer-cpus`` and
+swing by 20%). Targets: ZMQInput and TorchInput with default arguments >= 0.95 of bare in images/s,
+and at most 1.3x bare's CPU-seconds per GB (``direct ratio``, ``direct CPU``; ``torch ratio``, ``torch CPU``). ``--trainer-cpus`` and
 ``--producer-cpus`` pin the two sides to separate cores (a many-core host, as in gpu_suite.py).
 Prints a table and writes JSON (default benchmarks/results/trainer_ingest.json).
 Run:  python benchmarks/trainer_ingest.py [--batches 500] [--rounds 5] [--producers 1,4]
@@ -27,12 +29,13 @@ Run:  python benchmarks/trainer_ingest.py [--batches 500] [--rounds 5] [--produc
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import statistics
 from contextlib import ExitStack
 from pathlib import Path
 
-from delivery import bare_receive, zmq_input_receive
+from delivery import bare_receive, torch_input_receive, zmq_input_receive
 from harness import (add_out_argument, benchmark_parser, launch_sharded, machine_info, producer_flags,
                      synthetic_lmdb, write_results)
 
@@ -71,6 +74,7 @@ def parse_args():
     parser.add_argument("--producer-cpus", default="", metavar="LIST",
                         help="pin the producers and their workers to these cores, e.g. 4-15: on a many-core host "
                              "the producers' cores are then not the trainer's")
+    parser.add_argument("--no-torch", action="store_true", help="leave TorchInput out")
     add_out_argument(parser, "trainer_ingest.json")
     return parser.parse_args()
 
@@ -86,6 +90,8 @@ def measure_rounds(endpoints: list[str], args) -> dict[str, list[Measured]]:
         results["zmq_convert"].append(zmq_input_receive(endpoints, b, s, warmup, batches, convert=True))
         results["zmq_input"].append(zmq_input_receive(endpoints, b, s, warmup, batches))
         results["zmq_direct"].append(zmq_input_receive(endpoints, b, s, warmup, batches, receive=None))
+        if args.torch:
+            results.setdefault("torch", []).append(torch_input_receive(endpoints, b, s, warmup, batches))
     return results
 
 
@@ -106,6 +112,9 @@ def table_row(count: int, results: dict[str, list[Measured]]) -> dict:
             "direct_cpu_s_per_gb": best["zmq_direct"][2],
             "direct_ratio": best["zmq_direct"][0] / best["bare"][0],
             "direct_cpu_ratio": best["zmq_direct"][2] / best["bare"][2],
+            **({"torch_images_per_s": best["torch"][0], "torch_cpu_s_per_gb": best["torch"][2],
+                "torch_ratio": best["torch"][0] / best["bare"][0],
+                "torch_cpu_ratio": best["torch"][2] / best["bare"][2]} if "torch" in best else {}),
             "rounds": {k: [list(r) for r in v] for k, v in results.items()}}
 
 
@@ -127,10 +136,19 @@ def print_table(rows: list[dict], args) -> None:
     print("before: ZMQInput with tf.convert_to_tensor (before TensorImporter); ratio: ZMQInput / bare; "
           "copy: (bare + one copy) / bare; vs copy: ZMQInput / (bare + one copy); direct: ZMQInput() with default arguments (direct receive), "
           "direct ratio: it / bare; direct CPU: its CPU s/GB / bare's")
+    if any("torch_ratio" in r for r in rows):
+        print(f"\n{'producers':>9} | {'bare img/s':>10} | {'TorchInput img/s':>16} | {'CPU s/GB':>8} | "
+              f"{'torch ratio':>11} | {'torch CPU':>9}")
+        for r in rows:
+            print(f"{r['producers']:>9} | {r['bare_images_per_s']:>10.0f} | {r['torch_images_per_s']:>16.0f} | "
+                  f"{r['torch_cpu_s_per_gb']:>8.3f} | {r['torch_ratio']:>11.3f} | {r['torch_cpu_ratio']:>9.2f}")
+        print("TorchInput() with default arguments (direct receive into tensors, CPU device); torch ratio: it / bare; "
+              "torch CPU: its CPU s/GB / bare's")
 
 
 def main() -> None:
     args = parse_args()
+    args.torch = not args.no_torch and importlib.util.find_spec("torch") is not None
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     trainer_cpus, producer_cpus = _cpu_list(args.trainer_cpus), _cpu_list(args.producer_cpus)
     if trainer_cpus:

@@ -3,7 +3,9 @@ one command a lent GPU machine runs cannot rot unnoticed. Real producers, real T
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +23,10 @@ def test_dry_mode_runs_every_section_and_the_staged_batches_equal_what_the_produ
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     result = json.loads((tmp_path / "gpu_suite.json").read_text())
     sections = result["sections"]
-    assert set(sections) == {"correctness", "latency_float32", "latency_mixed_float16", "scaling", "ingest"}
+    torch_sections = {"torch_correctness", "torch_latency"} if importlib.util.find_spec("torch") else set()
+    assert os.environ.get("CI") is None or torch_sections, "CI installs the torch extra (.ci/run)"
+    assert set(sections) == {"correctness", "latency_float32", "latency_mixed_float16", "scaling", "ingest",
+                             *torch_sections}
     assert all(s["ok"] for s in sections.values()), sections
     check = sections["correctness"]
     # Every checked row's checksum, taken on the device it was staged on, matched the dataset's bytes.
@@ -35,5 +40,10 @@ def test_dry_mode_runs_every_section_and_the_staged_batches_equal_what_the_produ
         assert latency["overlap"]["where"] == "host" and latency["overlap"]["copy_events"] >= 3
     assert [r["workers"] for r in sections["scaling"]["rows"]] == result["plan"]["workers"]
     assert [r["producers"] for r in sections["ingest"]["rows"]] == [1]
+    if torch_sections:  # TorchInput's batches checksummed where they were handed out; a real torch.profiler trace
+        check = sections["torch_correctness"]
+        assert (check["samples"], check["mismatches"], check["tensor_devices"]) == (12 * 8, 0, ["cpu"])
+        latency = sections["torch_latency"]
+        assert latency["overlap"]["where"] == "host" and latency["overlap"]["copy_events"] >= 3
     table = (tmp_path / "gpu_suite.md").read_text()
     assert "| one device | 96 | 0 |" in table and "| per replica | 192 | 0 |" in table and "Failed" not in table

@@ -234,6 +234,11 @@ class TorchInput(InputBase):
 
     # ---- what a user watches ----------------------------------------------------------------------
 
+    @property
+    def pinned(self) -> bool:
+        """Whether batches are received into pinned (page-locked) host memory."""
+        return self._sink.pin
+
     def queue_occupancy(self) -> float:
         """Fraction of the receive queue in use right now; near 0 means the step waits for input."""
         return self._sink.size() / self._sink.capacity
