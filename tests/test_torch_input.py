@@ -267,13 +267,15 @@ def test_load_state_dict_names_what_is_wrong_and_comes_before_the_first_batch():
                     recv_timeout=1) as inp:
         good = inp.state_dict()
         assert set(good) == {"stoker_input_state", "version"} and good["stoker_input_state"] == inp.save_state()
-        for bad, why in [([good], "not a list"), ({"version": 1}, r"missing \['stoker_input_state'\]"),
+        for bad, why in [("abc", "not a str"), ([], "no input state to merge"), ({"version": 1}, r"missing \['stoker_input_state'\]"),
                          ({**good, "epoch": 3}, r"unknown \['epoch'\]"), ({**good, "version": 2}, "newer Stoker"),
                          ({**good, "version": "1"}, "not a version number"),
                          ({**good, "stoker_input_state": "abc"}, "is a str, not the bytes"),
                          ({**good, "stoker_input_state": b"junk"}, "not a ZMQInput state")]:
             with pytest.raises(ValueError, match=why):
                 inp.load_state_dict(bad)
+        inp.load_state_dict([good])  # the states of a job's ranks, merged: here a lone trainer's
+        assert inp.trainer_id == "t7"
         inp.load_state_dict(good)
         assert inp.trainer_id == "t7"
         with pytest.raises(InputTimeoutError):
@@ -301,3 +303,35 @@ def test_stoker_consumer_imports_no_torch_and_torch_input_imports_no_tensorflow(
         assert "tensorflow" not in sys.modules, "TorchInput pulled in TensorFlow"
     """)
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_consumed_when_marked_counts_a_batch_when_its_step_starts_not_when_it_was_fetched(tmp_path):
+    """A loop that fetches ahead (Lightning's) marks each batch as its step starts: a state saved between the
+    fetch and the mark holds only the marked batches, so a resumed input serves the fetched one again."""
+    records = 40
+    seen: Counter = Counter()
+    with _finite_producer(tmp_path, records) as producer:
+        with TorchInput([producer.endpoint], exact=True, recv_timeout=60, consumed_when="marked") as first:
+            with pytest.raises(RuntimeError, match="every batch handed out is marked"):
+                first.mark_consumed()
+            trained, ahead = next(first), next(first)  # the loop fetched the second batch before training the first
+            first.mark_consumed()
+            seen.update(trained["index"].tolist())
+            state = first.state_dict()  # a checkpoint now: `ahead` was fetched, never trained on
+            assert not set(ahead["index"].tolist()) & set(trained["index"].tolist())
+        with TorchInput([producer.endpoint], exact=True, recv_timeout=60) as second:
+            second.load_state_dict(state)
+            for batch in second:
+                seen.update(batch["index"].tolist())
+    assert sorted(seen) == list(range(records)) and set(seen.values()) == {1}
+
+
+def test_consumed_when_is_checked():
+    with pytest.raises(ValueError, match="choose 'next'"):
+        TorchInput(["tcp://127.0.0.1:1"], exact=True, consumed_when="later", batch_size=BATCH, image_shape=(16, 16, 3))
+    with pytest.raises(ValueError, match="belongs to exact mode"):
+        TorchInput(["tcp://127.0.0.1:1"], consumed_when="marked", batch_size=BATCH, image_shape=(16, 16, 3))
+    with TorchInput(["tcp://127.0.0.1:1"], exact=True, batch_size=BATCH, image_shape=(16, 16, 3),
+                    recv_timeout=1) as inp:
+        with pytest.raises(RuntimeError, match="consumed_when='marked'"):
+            inp.mark_consumed()

@@ -37,6 +37,7 @@ the batches that arrived before it are handed out; after ``close()``, ``next()``
 from __future__ import annotations
 
 import threading
+from collections import deque
 from typing import Any, Iterator, Mapping, Optional, Sequence, Union
 
 import torch
@@ -55,6 +56,9 @@ from stoker.consumer.exact.state import merge_states
 from stoker.consumer.torch.checkpoint_state import state_bytes, state_dict_of
 from stoker.consumer.torch.device_prefetch import Batch, DevicePrefetch
 from stoker.consumer.torch.pinned_sink import PinnedSink
+
+#: consumed_when="marked": batches handed out and not marked before next() refuses (a forgotten mark_consumed)
+MAX_UNMARKED = 64
 
 
 def training_device(device: str | torch.device) -> torch.device:
@@ -101,6 +105,11 @@ class TorchInput(InputBase):
     - ``dtypes``: ``{name: torch.dtype}`` conversions done on the device after the copy, e.g.
       ``{"images": torch.float16}`` (values unchanged: 0-255 stays 0-255).
     - ``pin_memory``: receive into pinned host memory (default None: when ``torch.cuda.is_available()``).
+    - ``consumed_when``: exact mode, when a batch's records count as consumed: ``"next"`` (default) as
+      ``next()`` returns it, or ``"marked"``: as ``mark_consumed()`` is called, once per batch in the order they
+      were handed out. For loops that fetch ahead of the step (PyTorch Lightning's fit loop takes the next batch
+      before the step ends, so a checkpoint taken then would count a batch never trained on): mark each batch as
+      its step starts (``on_train_batch_start``).
 
     Memory: at most ``max_batches_held()`` batches.
     """
@@ -113,11 +122,17 @@ class TorchInput(InputBase):
                  share: Optional[tuple[int, int]] = None, stall_after: Optional[float] = 10.0,
                  stall_limit: Optional[float] = 300.0, *, device: str | torch.device = "cpu", prefetch: int = 2,
                  channels_last: bool = False, dtypes: Optional[Mapping[str, torch.dtype]] = None,
-                 pin_memory: Optional[bool] = None) -> None:
+                 pin_memory: Optional[bool] = None, consumed_when: str = "next") -> None:
         if queue_capacity < 1:
             raise ValueError(f"queue_capacity={queue_capacity}: give batches >= 1 (default 8)")
         if prefetch < 1:
             raise ValueError(f"prefetch={prefetch}: give batches >= 1 (default 2)")
+        if consumed_when not in ("next", "marked"):
+            raise ValueError(f"consumed_when={consumed_when!r}: choose 'next' (default) or 'marked' (mark_consumed())")
+        if consumed_when == "marked" and not exact:
+            raise ValueError("consumed_when='marked' belongs to exact mode: pass exact=True")
+        self._marked = consumed_when == "marked"
+        self._unmarked: deque = deque()  # batches handed out, not yet marked consumed (consumed_when="marked")
         for name, dtype in (dtypes or {}).items():
             if not isinstance(dtype, torch.dtype):
                 raise ValueError(f"dtypes[{name!r}] = {dtype!r}: give a torch.dtype, e.g. torch.float16")
@@ -168,12 +183,29 @@ class TorchInput(InputBase):
                     raise StopIteration
                 self._stage(wait=True)
             tensors, consumed = self._staging.pop()
-            if consumed is not None:  # handed to the caller: consumed now (exact mode)
+            if consumed is not None and self._marked:
+                if len(self._unmarked) >= MAX_UNMARKED:
+                    raise RuntimeError(f"{MAX_UNMARKED} batches handed out and none marked consumed: with "
+                                       "consumed_when='marked', call mark_consumed() as each batch's step starts")
+                self._unmarked.append(consumed)
+            elif consumed is not None:  # handed to the caller: consumed now (exact mode)
                 assert self._ledger is not None
                 self._ledger.consumed(*consumed)
             while not self._ended and not self._staging.full() and self._stage(wait=False):
                 pass  # stage what the queue holds already: its copies overlap the caller's step
             return tensors
+
+    def mark_consumed(self) -> None:
+        """``consumed_when="marked"``: the oldest batch handed out and not yet marked is consumed now (its step
+        starts). RuntimeError if every batch handed out is marked already, or in another mode."""
+        if not self._marked:
+            raise RuntimeError("mark_consumed() is for TorchInput(..., exact=True, consumed_when='marked'); by "
+                               "default a batch is consumed as next() returns it")
+        with self._lock:
+            if not self._unmarked:
+                raise RuntimeError("mark_consumed(): every batch handed out is marked consumed already")
+            assert self._ledger is not None
+            self._ledger.consumed(*self._unmarked.popleft())
 
     def _stage(self, wait: bool) -> bool:
         """Stage the queue's next batch; whether one was. ``wait``: until one comes, or raise StopIteration at
