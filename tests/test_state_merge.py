@@ -21,7 +21,7 @@ from stoker.consumer.exact.state import SavedState, pack_state, parse_state
 from stoker.consumer.exact.state import merge_saved, state_for_share
 from stoker.protocol.input_state import InputState, StreamKey, StreamProgress, epoch_order
 
-RECORDS, SEED, BATCH = 96, 5, 8
+RECORDS, SEED, BATCH = 20000, 5, 8  # splits of 128, 128, 104 and 72 records for worlds 1-4: cut differently
 POOL = f"splits:{RECORDS}:{SEED}"
 ORDERS = {e: epoch_order(np.arange(RECORDS, dtype=np.int64), SEED, e) for e in range(4)}
 
@@ -49,7 +49,7 @@ def _new_ranks_take(job: SavedState, world: int, epoch: int) -> list[np.ndarray]
     scheduler's epoch (the pool's own bookkeeping)."""
     wanted = []
     for rank in range(world):
-        _, state = state_for_share(parse_state(pack_state(job)), (rank, world))
+        state = state_for_share(parse_state(pack_state(job)), (rank, world)).state
         progress = state.streams.get(POOL, StreamProgress(RECORDS))
         epoch_state = SplitEpoch(ORDERS[epoch], progress.consumed(epoch).copy(), split_records(RECORDS, BATCH, world),
                                  rank, world)
@@ -115,13 +115,18 @@ def test_a_ledger_saves_its_share_and_how_it_cut_pool_epochs():
     assert ConsumedLedger.start(ledger.save_state(), None, (1, 3)).trainer_id == "me"  # its own state, as before
 
 
-def test_an_older_state_without_a_share_reads_as_one_trainers():
+def test_an_older_state_without_a_share_is_the_loading_ranks_own_and_is_never_merged(caplog):
     import msgpack
 
     old = msgpack.packb({"format": "stoker-zmqinput-state", "trainer": "old", "state": InputState().to_wire()},
                         use_bin_type=True)
     saved = parse_state(old)
-    assert (saved.share, saved.splits, saved.trainers, saved.is_job_state) == ((0, 1), {}, None, True)
+    assert (saved.legacy, saved.splits, saved.trainers, saved.is_job_state) == (True, {}, None, False)
+    assert ConsumedLedger.start(old, None, (0, 1)).trainer_id == "old" and not caplog.records
+    assert ConsumedLedger.start(old, None, (1, 2)).trainer_id == "old"  # as the earlier version took it
+    assert "saved by an earlier Stoker without its rank" in caplog.text
+    with pytest.raises(ValueError, match="earlier Stoker .* cannot be merged"):
+        merge_states([old])
 
 
 @pytest.mark.parametrize("case, message", [
@@ -196,8 +201,49 @@ def test_stoker_state_merge_writes_a_job_state_and_info_describes_it(tmp_path):
     np.testing.assert_array_equal(job.state.streams[POOL].open[0], np.arange(RECORDS) < 40)
     info = subprocess.run([*stoker, "state", "info", str(files[0])], capture_output=True, text=True, timeout=60)
     assert info.returncode == 0 and "trainer t0, rank 0 of 2 (merge it" in info.stdout, info.stderr
-    assert f"{POOL}, split 8: 0 epoch(s) complete; epoch 0:" in info.stdout
+    assert f"{POOL}, split 128: 0 epoch(s) complete; epoch 0:" in info.stdout
     missing = subprocess.run([*stoker, "state", "merge", str(files[1]), "-o", str(tmp_path / "x")],
                              capture_output=True, text=True, timeout=60)
     assert missing.returncode == 2 and "rank(s) [0] of 2 are missing" in missing.stderr
     assert not (tmp_path / "x").exists()
+
+
+def test_a_rank_resumed_from_a_job_state_merges_again_before_its_scheduler_cut_an_epoch():
+    """A job state's completed epochs are complete for the whole job: a rank that resumed from it and saves before
+    its pool scheduler noted a split size still merges (review: split sizes were dropped on restore)."""
+    first = merge_saved([_rank_state(r, 2, {0: _share(0, r, 2), 1: _share(1, r, 2) & (np.arange(RECORDS) < 99)})
+                         for r in range(2)])
+    assert first.state.streams[POOL].completed == 1
+    resumed = [ConsumedLedger.start(pack_state(first), None, (r, 3)) for r in range(3)]
+    again = parse_state(merge_states([ledger.save_state() for ledger in resumed]))
+    assert again.state.streams[POOL].completed == 1 and again.trainers == ["t0", "t1", "t0+r2"]
+    np.testing.assert_array_equal(again.state.streams[POOL].open[1], np.arange(RECORDS) < 99)
+
+
+def test_a_fixed_shard_only_some_ranks_read_is_merged_from_those_ranks_epochs():
+    key = "0/1:16:3"  # per-node producers: rank 0 reads this shard, rank 1 another one
+    states = [SavedState("a", InputState({key: StreamProgress(16, 70, {70: np.arange(16) < 3})}), (0, 2)),
+              SavedState("b", InputState({"0/1:8:3": StreamProgress(8, 70)}), (1, 2))]
+    job = merge_saved(states)
+    assert job.state.streams[key].completed == 70 and job.state.streams["0/1:8:3"].completed == 70
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("splits", {POOL: 2**64 - 1}, "split size of 1-"), ("trainer", "has space", "valid trainer id"),
+    ("job_completed", {POOL: 5}, "at most their completed"), ("share", [2, 2], "rank < world"),
+])
+def test_hostile_state_fields_are_refused_with_a_value_error(field, value, message):
+    import msgpack
+
+    body = {"format": "stoker-zmqinput-state", "trainer": "t", "share": [0, 1], "splits": {},
+            "state": InputState({POOL: StreamProgress(RECORDS)}).to_wire(), field: value}
+    with pytest.raises(ValueError, match=message):
+        parse_state(msgpack.packb(body, use_bin_type=True))
+
+
+def test_a_merge_that_would_expand_too_much_is_refused():
+    big = "splits:99999999:1"
+    states = [SavedState(f"t{r}", InputState({big: StreamProgress(99999999, 0, {})}), (r, 2)) for r in range(2)]
+    states[0].state.streams[big].completed = 60
+    with pytest.raises(ValueError, match="record-epochs"):
+        merge_saved(states)

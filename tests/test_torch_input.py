@@ -335,3 +335,25 @@ def test_consumed_when_is_checked():
                     recv_timeout=1) as inp:
         with pytest.raises(RuntimeError, match="consumed_when='marked'"):
             inp.mark_consumed()
+
+
+def test_marked_mode_ends_a_finite_run_while_the_loop_holds_its_last_batch_unmarked(tmp_path):
+    """A loop that fetches ahead asks for the batch after the last while the last is unmarked: the run's end waits
+    for that batch's records, so next() counts what the loop holds when it must wait (review: it hung until
+    recv_timeout). The marks owed for them are taken without error; a mark from another thread never waits for a
+    blocked next()."""
+    records = 24
+    seen: Counter = Counter()
+    with _finite_producer(tmp_path, records) as producer:
+        with TorchInput([producer.endpoint], exact=True, recv_timeout=30, consumed_when="marked") as inp:
+            held = next(inp)
+            for ahead in inp:  # fetch the next batch, then train (mark) the one held: Lightning's order
+                inp.mark_consumed()
+                seen.update(held["index"].tolist())
+                held = ahead
+            inp.mark_consumed()  # the last batch: counted when next() waited for the end, its mark owed
+            seen.update(held["index"].tolist())
+            assert inp.finished
+            with pytest.raises(RuntimeError, match="every batch handed out is marked"):
+                inp.mark_consumed()
+    assert sorted(seen) == list(range(records)) and set(seen.values()) == {1}

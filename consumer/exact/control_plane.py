@@ -232,6 +232,10 @@ class ExactTransport:
         if status.stream:
             with self._lock:
                 p.stream = status.stream
+                if not status.stream.startswith("splits:") and status.session == p.session and status.session:
+                    # the state names the fixed shards it reads even before a record of them is consumed: a job
+                    # state of fixed shards must not shrink (state.state_for_share), and only the state says so
+                    self.ledger.state.progress(status.stream)
                 if status.session == p.session and status.session and status.stream in self.ledger.state.streams:
                     # Epochs the producer completed (every trainer consumed them): their bitmaps need not be kept,
                     # so a long run's state stays a few bitmaps, not one per epoch ever trained.

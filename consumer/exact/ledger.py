@@ -40,6 +40,7 @@ class ConsumedLedger:
         self._state = state
         self.share = share  #: (rank, world): which of the job's trainers this is
         self._splits: dict[str, int] = {}  # elastic pool stream -> records per split, as this trainer cuts epochs
+        self._job_completed: dict[str, int] = {}  # stream -> epochs complete for the whole job (a job state said)
         self.started = False
         self._on_consumed: Optional[Callable[[int, np.ndarray, np.ndarray, np.ndarray], None]] = None
 
@@ -51,9 +52,16 @@ class ConsumedLedger:
         if trainer_id is not None and not is_valid_id(trainer_id):
             raise ValueError(f"trainer_id {trainer_id!r} must be 1-128 printable ASCII characters without spaces "
                              "(the producers refuse any other)")
+        ledger = cls(trainer_id or f"trainer-{secrets.token_hex(4)}", InputState(), share)
         if resume_state:
-            return cls(*state_for_share(parse_state(resume_state), share), share)
-        return cls(trainer_id or f"trainer-{secrets.token_hex(4)}", InputState(), share)
+            ledger._take(state_for_share(parse_state(resume_state), share))
+        return ledger
+
+    def _take(self, saved: SavedState) -> None:
+        """Continue from ``saved`` (as ``state_for_share`` made it for this share); the caller holds ``lock`` or
+        no other thread has the ledger yet."""
+        self._trainer_id, self._state = saved.trainer, saved.state
+        self._splits, self._job_completed = dict(saved.splits), dict(saved.job_completed)
 
     def attach(self, on_consumed: Callable[[int, np.ndarray, np.ndarray, np.ndarray], None]) -> None:
         """The control plane's hook for the records a step consumed (``source, epochs, indices, mask``)."""
@@ -98,7 +106,9 @@ class ConsumedLedger:
         with self.lock:
             state = self._state.copy()
             splits = {k: v for k, v in self._splits.items() if k in state.streams}
-            return SavedState(self._trainer_id, state, self.share, splits)
+            job_completed = {k: min(v, state.streams[k].completed) for k, v in self._job_completed.items()
+                             if k in state.streams}
+            return SavedState(self._trainer_id, state, self.share, splits, None, job_completed)
 
     def save_state(self) -> bytes:
         return pack_state(self.saved())
@@ -106,12 +116,12 @@ class ConsumedLedger:
     def restore_state(self, data: bytes) -> None:
         """Continue from ``save_state()`` bytes or a job state (``merge_states``) as this trainer's share;
         RuntimeError once batches may be queued, ValueError for bad bytes or a state this share cannot take."""
-        trainer_id, state = state_for_share(parse_state(data), self.share)
+        saved = state_for_share(parse_state(data), self.share)
         with self.lock:
             if self.started:
                 raise RuntimeError("restore the input state before the first get() / as_dataset() / start() / "
                                    "next(): after that, batches chosen under the old state may already be queued")
-            self._trainer_id, self._state = trainer_id, state
+            self._take(saved)
 
     @staticmethod
     def with_source(spec: BatchSpec) -> BatchSpec:

@@ -11,6 +11,12 @@ records) of
   several ranks needs (below). Absent in states of older versions: read as ``[0, 1]``, ``{}``.
 - ``trainers``: a *job state* (``merge_states``), the ids of the job's ranks by rank; its records are
   every rank's, so any rank of any number of trainers may continue from it.
+- ``job_completed``: ``{pool stream: epochs}`` known complete for the whole job (a job state's completed
+  epochs, kept by the ranks that continue from it), so a rank that resumed and saved before its own
+  scheduler cut an epoch still merges.
+
+States without ``share`` (saved by an earlier version) are *legacy*: taken as the loading rank's own state
+(as that version did), never merged, with a warning where the job has several ranks.
 
 ValueError naming what is wrong for anything else.
 
@@ -40,6 +46,7 @@ The rule (docs/decisions.md, "Resume on another number of trainers"):
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
@@ -47,12 +54,18 @@ import msgpack
 import numpy as np
 
 from stoker.protocol.batch_codec import is_valid_id
+from stoker.protocol.exact_messages import MAX_SPLIT
 from stoker.protocol.input_state import InputState, StreamKey, StreamProgress, epoch_order
 
 from stoker.consumer.exact.split_epoch import share_mask
 
 STATE_FORMAT = "stoker-zmqinput-state"
+log = logging.getLogger("stoker.consumer")
+
 MAX_TRAINERS = 4096
+MAX_STATE_BYTES = 256 * 1024 * 1024
+#: records x epochs a merge may expand to booleans at once (the sum over streams of spread x size): 1 GiB
+MAX_MERGE_CELLS = 1 << 30
 
 
 @dataclass
@@ -64,16 +77,18 @@ class SavedState:
     share: tuple[int, int] = (0, 1)
     splits: dict[str, int] = field(default_factory=dict)
     trainers: Optional[list[str]] = None
+    job_completed: dict[str, int] = field(default_factory=dict)
+    legacy: bool = False  # saved without its share (an earlier version)
 
     @property
     def is_job_state(self) -> bool:
         """Whether this holds every rank's records (merged, or saved by a trainer alone in its job)."""
-        return self.trainers is not None or self.share[1] == 1
+        return not self.legacy and (self.trainers is not None or self.share[1] == 1)
 
 
 def pack_state(saved: SavedState) -> bytes:
     body: dict = {"format": STATE_FORMAT, "trainer": saved.trainer, "state": saved.state.to_wire(),
-                  "share": list(saved.share), "splits": dict(saved.splits)}
+                  "share": list(saved.share), "splits": dict(saved.splits), "job_completed": dict(saved.job_completed)}
     if saved.trainers is not None:
         body["trainers"] = list(saved.trainers)
     return msgpack.packb(body, use_bin_type=True)
@@ -85,12 +100,14 @@ def _int(value: object) -> bool:
 
 def parse_state(data: bytes) -> SavedState:
     """The ``pack_state`` bytes, checked; ValueError naming what is wrong."""
+    if len(data) > MAX_STATE_BYTES:
+        raise ValueError(f"input state of {len(data)} bytes is larger than {MAX_STATE_BYTES}")
     try:
         body = msgpack.unpackb(data, raw=False, strict_map_key=False)
     except Exception as exc:
         raise ValueError(f"not a ZMQInput state: invalid msgpack ({exc})") from None
-    if not isinstance(body, dict) or body.get("format") != STATE_FORMAT or not isinstance(body.get("trainer"), str):
-        raise ValueError(f"not a ZMQInput state (format {STATE_FORMAT!r} and a trainer id expected)")
+    if not isinstance(body, dict) or body.get("format") != STATE_FORMAT or not is_valid_id(body.get("trainer")):
+        raise ValueError(f"not a ZMQInput state (format {STATE_FORMAT!r} and a valid trainer id expected)")
     state = InputState.from_wire(body.get("state"))
     share = body.get("share", [0, 1])
     if (not isinstance(share, list) or len(share) != 2 or not all(map(_int, share))
@@ -98,14 +115,21 @@ def parse_state(data: bytes) -> SavedState:
         raise ValueError(f"input state: 'share' {share!r} is not [rank, world] with 0 <= rank < world")
     splits = body.get("splits", {})
     if not isinstance(splits, dict) or not all(
-            isinstance(k, str) and k in state.streams and _int(v) and v >= 1 for k, v in splits.items()):
-        raise ValueError("input state: 'splits' must map streams of the state to a split size >= 1")
+            isinstance(k, str) and k in state.streams and _int(v) and 1 <= v <= MAX_SPLIT for k, v in splits.items()):
+        raise ValueError(f"input state: 'splits' must map streams of the state to a split size of 1-{MAX_SPLIT}")
+    job_completed = body.get("job_completed", {})
+    if not isinstance(job_completed, dict) or not all(
+            isinstance(k, str) and k in state.streams and _int(v) and 0 <= v <= state.streams[k].completed
+            for k, v in job_completed.items()):
+        raise ValueError("input state: 'job_completed' must map streams of the state to at most their completed "
+                         "epochs")
     trainers = body.get("trainers")
     if trainers is not None and (not isinstance(trainers, list) or not 1 <= len(trainers) <= MAX_TRAINERS
                                  or not all(isinstance(t, str) and is_valid_id(t) for t in trainers)
                                  or len(set(trainers)) != len(trainers)):
         raise ValueError(f"input state: 'trainers' must list 1-{MAX_TRAINERS} distinct trainer ids")
-    return SavedState(body["trainer"], state, (share[0], share[1]), splits, trainers)
+    return SavedState(body["trainer"], state, (share[0], share[1]), splits, trainers, job_completed,
+                      legacy="share" not in body)
 
 
 # ---- merging a job's states ------------------------------------------------------------------------------
@@ -125,9 +149,13 @@ def merge_saved(saved: Sequence[SavedState]) -> SavedState:
     """``merge_states`` on parsed states."""
     if not saved:
         raise ValueError(f"no input state to merge: {_HOW}")
+    if any(s.legacy for s in saved):
+        raise ValueError("a state saved by an earlier Stoker (without its share) cannot be merged: resume each rank "
+                         "from its own state on the same number of ranks, then save again")
     if len(saved) == 1 and saved[0].is_job_state:
         only = saved[0]
-        return SavedState(only.trainer, only.state, trainers=list(only.trainers or [only.trainer]))
+        return SavedState(only.trainer, only.state, trainers=list(only.trainers or [only.trainer]),
+                          job_completed={k: p.completed for k, p in only.state.streams.items()})
     if any(s.trainers is not None for s in saved):
         raise ValueError(f"a merged job state cannot be merged with others: {_HOW}")
     worlds = sorted({s.share[1] for s in saved})
@@ -146,49 +174,68 @@ def merge_saved(saved: Sequence[SavedState]) -> SavedState:
     if len(set(trainers)) != world:
         raise ValueError(f"two ranks go by one trainer id ({trainers}): {_HOW}")
     keys = sorted({k for s in ranks for k in s.state.streams})
-    merged = InputState({key: _merge_stream(key, ranks) for key in keys})
-    return SavedState(trainers[0], merged, trainers=trainers)
+    budget = [MAX_MERGE_CELLS]
+    merged = InputState({key: _merge_stream(key, ranks, budget) for key in keys})
+    return SavedState(trainers[0], merged, trainers=trainers,
+                      job_completed={k: p.completed for k, p in merged.streams.items()})
 
 
-def _covered(key: StreamKey, saved: SavedState, progress: Optional[StreamProgress], epoch: int) -> np.ndarray:
-    """bool [size]: the records of ``epoch`` this rank's state says were consumed."""
+def _covered(key: StreamKey, saved: SavedState, progress: Optional[StreamProgress], epoch: int,
+             orders: dict[int, np.ndarray]) -> np.ndarray:
+    """bool [size]: the records of ``epoch`` this rank's state says were consumed (``orders``: epoch orders made
+    so far, shared by the ranks)."""
     if progress is None:
         return np.zeros(key.size, bool)
     if epoch >= progress.completed:
         return progress.open.get(epoch, np.zeros(key.size, bool))
     rank, world = saved.share
-    if not key.splits or world == 1:
-        return np.ones(key.size, bool)  # fixed shards complete an epoch for every trainer; a lone trainer's is all
+    if not key.splits or world == 1 or epoch < saved.job_completed.get(str(key), 0):
+        return np.ones(key.size, bool)  # complete for every trainer: fixed shards' epochs, a lone trainer's, a job's
     split = saved.splits.get(str(key))
     if split is None:
         raise ValueError(f"the state of trainer {saved.trainer} (rank {rank} of {world}) completed epochs of pool "
-                         f"{key} without saying how it cut them (saved by an older Stoker): it cannot be merged")
-    return share_mask(epoch_order(np.arange(key.records, dtype=np.int64), key.seed, epoch), split, rank, world)
+                         f"{key} without saying how it cut them: it cannot be merged")
+    if epoch not in orders:
+        orders[epoch] = epoch_order(np.arange(key.records, dtype=np.int64), key.seed, epoch)
+    return share_mask(orders[epoch], split, rank, world)
 
 
-def _merge_stream(text: str, ranks: Sequence[SavedState]) -> StreamProgress:
+def _merge_stream(text: str, ranks: Sequence[SavedState], budget: list[int]) -> StreamProgress:
     key = StreamKey.parse(text)
     progress = [s.state.streams.get(text) for s in ranks]
     known = [p for p in progress if p is not None]
-    low = min(p.completed if p is not None else 0 for p in progress)
+    # A rank that never read a fixed shard (per-node producers) says nothing of its epochs; a pool is every rank's.
+    low = min(p.completed if p is not None else 0 for p in (progress if key.splits else known))
     high = max(max([p.completed] + [e + 1 for e in p.open]) for p in known)
     if high - low > MAX_EPOCH_SPREAD:
         raise ValueError(f"stream {text}: the ranks' states are {high - low} epochs apart: {_HOW}")
-    union = {e: np.logical_or.reduce([_covered(key, s, p, e) for s, p in zip(ranks, progress)])
-             for e in range(low, high)}
+    budget[0] -= (high - low) * key.size
+    if budget[0] < 0:
+        raise ValueError(f"merging would expand more than {MAX_MERGE_CELLS} record-epochs at once: these states are "
+                         "not one job's saved at one step (or the job reads more than a merge handles)")
+    union, orders = {}, {}
+    for e in range(low, high):
+        union[e] = np.zeros(key.size, bool)
+        for s, p in zip(ranks, progress):
+            union[e] |= _covered(key, s, p, e, orders)
     completed = low
     while completed < high and union[completed].all():
         completed += 1
     return StreamProgress(key.size, completed, {e: union[e] for e in range(completed, high) if union[e].any()})
 
 
-def state_for_share(saved: SavedState, share: tuple[int, int]) -> tuple[str, InputState]:
-    """``(trainer id, records)`` that rank ``share[0]`` of ``share[1]`` continues from; ValueError naming the fix
-    for a state that rank cannot take."""
+def state_for_share(saved: SavedState, share: tuple[int, int]) -> SavedState:
+    """What rank ``share[0]`` of ``share[1]`` continues from (its trainer id, the records, what it keeps of the
+    saved state); ValueError naming the fix for a state that rank cannot take."""
     rank, world = share
+    if saved.legacy:
+        if world > 1:
+            log.warning("this input state was saved by an earlier Stoker without its rank: taken as rank %d of %d's "
+                        "own. Resuming on another number of ranks needs states saved by this version", rank, world)
+        return SavedState(saved.trainer, saved.state, share)
     if not saved.is_job_state:
         if saved.share == share:
-            return saved.trainer, saved.state
+            return SavedState(saved.trainer, saved.state, share, dict(saved.splits), None, dict(saved.job_completed))
         raise ValueError(
             f"this input state is rank {saved.share[0]} of {saved.share[1]}'s alone, and this trainer is rank {rank} "
             f"of {world}: the other ranks' records are not in it. Merge the states of all {saved.share[1]} ranks "
@@ -202,6 +249,8 @@ def state_for_share(saved: SavedState, share: tuple[int, int]) -> tuple[str, Inp
             f"each trainer id consumed until that id says hello again, so rank ids {trainers[world:]} would keep "
             "their records since the checkpoint consumed. Resume on at least as many trainers, restart the "
             f"producers too (they then know only what the trainers say), or run an elastic pool (--shard auto)")
-    if rank < len(trainers):
-        return trainers[rank], saved.state
-    return f"{trainers[0][:100]}+r{rank}", saved.state
+    trainer = trainers[rank] if rank < len(trainers) else f"{trainers[0][:100]}+r{rank}"
+    while rank >= len(trainers) and trainer in trainers:
+        trainer += "+"
+    job_completed = {k: p.completed for k, p in saved.state.streams.items()}
+    return SavedState(trainer, saved.state, share, {}, None, job_completed)

@@ -15,15 +15,17 @@ import torch.distributed as dist
 from stoker.consumer.exact.state import merge_states
 
 
-def _device() -> torch.device:
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+def _device(device: torch.device) -> torch.device:
+    """Where the collective's tensors go: NCCL takes only CUDA tensors, on this rank's own GPU (the input's device
+    where it is one; else the current device, which ``torch.cuda.set_device`` must have set)."""
+    if dist.get_backend() != "nccl":
+        return torch.device("cpu")
+    return device if device.type == "cuda" else torch.device("cuda", torch.cuda.current_device())
 
 
-def gather_bytes(data: bytes) -> list[bytes]:
-    """Every rank's ``data``, by rank (collective)."""
-    device, world = _device(), dist.get_world_size()
+def gather_bytes(data: bytes, device: torch.device = torch.device("cpu")) -> list[bytes]:
+    """Every rank's ``data``, by rank (collective; ``device``: this rank's GPU under NCCL)."""
+    device, world = _device(device), dist.get_world_size()
     length = torch.tensor([len(data)], dtype=torch.int64, device=device)
     lengths = [torch.zeros_like(length) for _ in range(world)]
     dist.all_gather(lengths, length)
@@ -36,6 +38,6 @@ def gather_bytes(data: bytes) -> list[bytes]:
     return [bytes(g[:int(n.item())].cpu().numpy().tobytes()) for g, n in zip(gathered, lengths)]
 
 
-def job_state_of(state: bytes) -> bytes:
+def job_state_of(state: bytes, device: torch.device = torch.device("cpu")) -> bytes:
     """The job state merged from every rank's ``save_state()`` bytes (collective; ValueError from the merge)."""
-    return merge_states(gather_bytes(state))
+    return merge_states(gather_bytes(state, device))

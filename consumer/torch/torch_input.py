@@ -109,7 +109,9 @@ class TorchInput(InputBase):
       ``next()`` returns it, or ``"marked"``: as ``mark_consumed()`` is called, once per batch in the order they
       were handed out. For loops that fetch ahead of the step (PyTorch Lightning's fit loop takes the next batch
       before the step ends, so a checkpoint taken then would count a batch never trained on): mark each batch as
-      its step starts (``on_train_batch_start``).
+      its step starts (``on_train_batch_start``). A batch handed out and not marked also counts once ``next()``
+      has to wait for the next one (the loop holds it and is about to train it; the pool's epoch window and a
+      finite run's end may be waiting for exactly its records); its ``mark_consumed()`` then marks nothing new.
 
     Memory: at most ``max_batches_held()`` batches.
     """
@@ -133,6 +135,8 @@ class TorchInput(InputBase):
             raise ValueError("consumed_when='marked' belongs to exact mode: pass exact=True")
         self._marked = consumed_when == "marked"
         self._unmarked: deque = deque()  # batches handed out, not yet marked consumed (consumed_when="marked")
+        self._premarked = 0  # of those, counted consumed when next() had to wait: their mark_consumed() is owed
+        self._mark_lock = threading.Lock()  # the two above: mark_consumed() never waits for a blocked next()
         for name, dtype in (dtypes or {}).items():
             if not isinstance(dtype, torch.dtype):
                 raise ValueError(f"dtypes[{name!r}] = {dtype!r}: give a torch.dtype, e.g. torch.float16")
@@ -178,16 +182,21 @@ class TorchInput(InputBase):
             if self._ledger is not None and not self._ledger.started:
                 self._ledger.activate()
                 self._core.start(self._sink)
+            if self._marked and len(self._unmarked) >= MAX_UNMARKED:
+                raise RuntimeError(f"{MAX_UNMARKED} batches handed out and none marked consumed: with "
+                                   "consumed_when='marked', call mark_consumed() as each batch's step starts")
             if not len(self._staging):
                 if self._ended:
                     raise StopIteration
-                self._stage(wait=True)
+                if not self._stage(wait=False):
+                    if self._ended:
+                        raise StopIteration
+                    self._count_outstanding()  # about to wait: what the loop holds is about to be trained
+                    self._stage(wait=True)
             tensors, consumed = self._staging.pop()
             if consumed is not None and self._marked:
-                if len(self._unmarked) >= MAX_UNMARKED:
-                    raise RuntimeError(f"{MAX_UNMARKED} batches handed out and none marked consumed: with "
-                                       "consumed_when='marked', call mark_consumed() as each batch's step starts")
-                self._unmarked.append(consumed)
+                with self._mark_lock:
+                    self._unmarked.append(consumed)
             elif consumed is not None:  # handed to the caller: consumed now (exact mode)
                 assert self._ledger is not None
                 self._ledger.consumed(*consumed)
@@ -201,11 +210,22 @@ class TorchInput(InputBase):
         if not self._marked:
             raise RuntimeError("mark_consumed() is for TorchInput(..., exact=True, consumed_when='marked'); by "
                                "default a batch is consumed as next() returns it")
-        with self._lock:
+        with self._mark_lock:
+            if self._premarked:
+                self._premarked -= 1  # counted when next() had to wait for the batch after it
+                return
             if not self._unmarked:
                 raise RuntimeError("mark_consumed(): every batch handed out is marked consumed already")
             assert self._ledger is not None
             self._ledger.consumed(*self._unmarked.popleft())
+
+    def _count_outstanding(self) -> None:
+        """``consumed_when="marked"``: batches handed out and not marked count as consumed now (see the class doc)."""
+        with self._mark_lock:
+            while self._unmarked:
+                assert self._ledger is not None
+                self._ledger.consumed(*self._unmarked.popleft())
+                self._premarked += 1
 
     def _stage(self, wait: bool) -> bool:
         """Stage the queue's next batch; whether one was. ``wait``: until one comes, or raise StopIteration at
@@ -247,11 +267,13 @@ class TorchInput(InputBase):
         Under ``torch.distributed`` with the share taken from it (``gathers_job_state``) the bytes are the *job
         state*: every rank's state, gathered and merged, the same on every rank, so ``dcp.save({"input": inp})``
         under one key holds the whole job's input and a job of any size resumes from it. That call is then
-        collective, as ``dcp.save`` is: every rank makes it. Otherwise, ``save_state()``'s bytes."""
+        collective, as ``dcp.save`` is: every rank makes it (``if rank == 0: torch.save(inp.state_dict())``
+        waits for the others for ever; call it on every rank and save on one). Otherwise, ``save_state()``'s
+        bytes (an input given ``share=`` explicitly: each rank's own, merged with ``load_state_dict(list)``)."""
         if self.gathers_job_state:
             from stoker.consumer.torch.job_state import job_state_of
 
-            return state_dict_of(job_state_of(self.save_state()))
+            return state_dict_of(job_state_of(self.save_state(), self.device))
         return state_dict_of(self.save_state())
 
     def load_state_dict(self, state_dict: Union[Mapping[str, Any], Sequence[Mapping[str, Any]]]) -> None:

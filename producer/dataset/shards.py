@@ -1,0 +1,231 @@
+"""Sharded datasets: N Stoker LMDBs and a manifest, read as one dataset with global record indices.
+
+Layout (docs/format.md, "Sharded datasets")::
+
+    DATASET/manifest.json          {"format": "stoker-shards", "version": 1, "count": N, "fields": ..., "shards": [...]}
+    DATASET/shard-00000/data.mdb   records 0 .. n0-1 of the dataset, keys 0 .. n0-1 (a valid one-shard dataset)
+    DATASET/shard-00001/data.mdb   records n0 .. n0+n1-1, keys 0 .. n1-1
+
+Each shard is an ordinary Stoker LMDB (``stoker lmdb info`` reads it alone); the manifest lists every shard's
+name, record count, size in bytes and SHA-256 of its ``data.mdb``, so a reader that fetched a shard from object
+storage can check it before use, and the dataset's schema and classes. A record's global index is its shard's
+first index plus its key in the shard. One plain LMDB stays a valid dataset: ``open_dataset`` opens either.
+
+``ShardedDataset`` reads a sharded dataset whose shards a ``ShardSource`` makes local (a folder: they are there;
+object storage: ``remote.ShardCache`` fetches them). Validation: a manifest that does not describe a dataset
+(counts that do not add up, names outside ``shard-NNNNN``, more than ``MAX_SHARDS``) is a DatasetError naming
+what is wrong; a shard that cannot be had is a RecordError for each of its records (the producer skips and counts
+them, naming the shard), never a crash.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import os
+import re
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Optional, Protocol
+
+from stoker.producer.dataset.format import (DatasetError, DatasetMeta, FieldKind, LmdbDataset, RecordError,
+                                            record_key)
+
+MANIFEST = "manifest.json"
+FORMAT = "stoker-shards"
+VERSION = 1
+MAX_SHARDS = 100_000
+MAX_MANIFEST_BYTES = 64 * 1024 * 1024
+OPEN_SHARDS = 64  # LMDB environments a reader keeps open at once (least recently used closed first)
+_SHARD_NAME = re.compile(r"^shard-\d{5,6}$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    name: str
+    first: int  # global index of its first record
+    records: int
+    bytes: int  # size of its data.mdb
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    meta: DatasetMeta  # the whole dataset's: count, fields, classes, per-class counts
+    shards: tuple[ShardInfo, ...]
+
+    def shard_of(self, index: int) -> int:
+        """The shard holding global record ``index``."""
+        if not 0 <= index < self.meta.count:
+            raise IndexError(f"record {index} is outside the dataset's {self.meta.count}")
+        return bisect.bisect_right(self._firsts, index) - 1
+
+    @property
+    def _firsts(self) -> list[int]:
+        return [s.first for s in self.shards]
+
+    def to_json(self) -> str:
+        m = self.meta
+        return json.dumps({"format": FORMAT, "version": VERSION, "count": m.count,
+                           "fields": {n: k.to_meta() for n, k in m.fields.items()}, "classes": list(m.classes),
+                           "class_counts": list(m.class_counts) if m.class_counts is not None else None,
+                           "task": m.task, "info": dict(m.info),
+                           "shards": [{"name": s.name, "records": s.records, "bytes": s.bytes, "sha256": s.sha256}
+                                      for s in self.shards]}, indent=1)
+
+
+def parse_manifest(data: bytes, where: str) -> Manifest:
+    """A manifest's bytes, checked; DatasetError naming what is wrong (``where``: its path or URL)."""
+    def bad(why: str) -> DatasetError:
+        return DatasetError(f"{where}: not a Stoker sharded-dataset manifest: {why}")
+
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise bad(f"{len(data)} bytes (at most {MAX_MANIFEST_BYTES})")
+    try:
+        body = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise bad(f"invalid JSON ({exc})") from None
+    if not isinstance(body, dict) or body.get("format") != FORMAT:
+        raise bad(f"'format' is not {FORMAT!r}")
+    if body.get("version") != VERSION:
+        raise bad(f"version {body.get('version')!r}; this Stoker reads version {VERSION}: upgrade it")
+    shards, count = body.get("shards"), body.get("count")
+    if not isinstance(shards, list) or not 1 <= len(shards) <= MAX_SHARDS:
+        raise bad(f"'shards' must list 1-{MAX_SHARDS} shards")
+    infos, first = [], 0
+    for i, s in enumerate(shards):
+        ok = (isinstance(s, dict) and isinstance(s.get("name"), str) and _SHARD_NAME.match(s["name"])
+              and all(isinstance(s.get(k), int) and not isinstance(s.get(k), bool) and s[k] >= 0
+                      for k in ("records", "bytes"))
+              and isinstance(s.get("sha256"), str) and _SHA256.match(s["sha256"]))
+        if not ok:
+            raise bad(f"shard {i} must be {{name: shard-NNNNN, records: int, bytes: int, sha256: hex}}")
+        infos.append(ShardInfo(s["name"], first, s["records"], s["bytes"], s["sha256"]))
+        first += s["records"]
+    if len({s.name for s in infos}) != len(infos):
+        raise bad("two shards have one name")
+    if not isinstance(count, int) or isinstance(count, bool) or count != first or not 0 < count < 10**8:
+        raise bad(f"'count' {count!r} is not the shards' records added up ({first}), 1 to 10^8")
+    meta = _meta(body, count, bad)
+    return Manifest(meta, tuple(infos))
+
+
+def _meta(body: dict, count: int, bad: Any) -> DatasetMeta:
+    fields = body.get("fields")
+    if not isinstance(fields, dict) or not fields:
+        raise bad("'fields' must map field names to kinds")
+    try:
+        kinds = {str(name): FieldKind.parse(kind) for name, kind in fields.items()}
+    except (ValueError, DatasetError) as exc:
+        raise bad(f"'fields': {exc}") from None
+    classes = body.get("classes") or []
+    counts = body.get("class_counts")
+    if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
+        raise bad("'classes' must list class names")
+    if counts is not None and not (isinstance(counts, list) and len(counts) == len(classes)
+                                   and all(isinstance(n, int) and n >= 0 for n in counts) and sum(counts) == count):
+        raise bad("'class_counts' must give one count per class, adding up to 'count'")
+    task, info = body.get("task", ""), body.get("info", {})
+    return DatasetMeta(count=count, fields=kinds, classes=tuple(classes), task=task if isinstance(task, str) else "",
+                       info=info if isinstance(info, dict) else {},
+                       class_counts=tuple(counts) if counts is not None else None)
+
+
+class ShardSource(Protocol):
+    """Where a sharded dataset's shards are: ``local(shard)`` is the folder holding its ``data.mdb`` (fetched first
+    where needed; RecordError-worthy failures raise ``ShardUnavailable``)."""
+
+    def local(self, shard: ShardInfo) -> Path: ...
+
+
+class ShardUnavailable(RuntimeError):
+    """A shard cannot be had (missing, corrupt, unreachable past the retries): its records are skipped."""
+
+
+class LocalShards:
+    """Shards in a folder beside the manifest."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def local(self, shard: ShardInfo) -> Path:
+        path = self.root / shard.name
+        if not (path / "data.mdb").is_file():
+            raise ShardUnavailable(f"shard {shard.name} is missing: no {path / 'data.mdb'}")
+        return path
+
+
+class ShardedDataset:
+    """``LmdbDataset``'s interface over a sharded dataset (module doc). One per process, like LmdbDataset."""
+
+    def __init__(self, manifest: Manifest, source: ShardSource, where: str) -> None:
+        self.manifest, self.source, self.path = manifest, source, where
+        self.meta = manifest.meta
+        self._open: OrderedDict[int, LmdbDataset] = OrderedDict()
+
+    def __len__(self) -> int:
+        return self.meta.count
+
+    def _shard(self, number: int) -> LmdbDataset:
+        if number in self._open:
+            self._open.move_to_end(number)
+            return self._open[number]
+        info = self.manifest.shards[number]
+        try:
+            dataset = LmdbDataset(self.source.local(info))
+        except (ShardUnavailable, DatasetError) as exc:
+            raise RecordError(record_key(info.first), f"shard {info.name}: {exc}") from None
+        if len(dataset) != info.records:
+            dataset.close()
+            raise RecordError(record_key(info.first), f"shard {info.name} holds {len(dataset)} records, the manifest "
+                              f"says {info.records}: rebuild the dataset or fix the manifest")
+        self._open[number] = dataset
+        while len(self._open) > OPEN_SHARDS:
+            self._open.popitem(last=False)[1].close()
+        return dataset
+
+    def read(self, index: int) -> dict[str, Any]:
+        """Record ``index`` (global); RecordError if it is corrupt or its shard cannot be had."""
+        number = self.manifest.shard_of(index)
+        return self._shard(number).read(index - self.manifest.shards[number].first)
+
+    def iter_raw(self, indices: list[int]) -> Iterator[tuple[int, Optional[bytes]]]:
+        for index in indices:
+            number = self.manifest.shard_of(index)
+            local = index - self.manifest.shards[number].first
+            for _, raw in self._shard(number).iter_raw([local]):
+                yield index, raw
+
+    def size_bytes(self) -> int:
+        return sum(s.bytes for s in self.manifest.shards)
+
+    def close(self) -> None:
+        while self._open:
+            self._open.popitem()[1].close()
+
+    def __enter__(self) -> "ShardedDataset":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def is_url(location: str | os.PathLike) -> bool:
+    """Whether ``location`` names object storage (``s3://``, ``gs://``, ``file://``: any fsspec URL)."""
+    return "://" in str(location)
+
+
+def open_dataset(location: str | os.PathLike, **remote: Any) -> "LmdbDataset | ShardedDataset":
+    """A dataset at a path (one LMDB, or a sharded dataset's folder) or a URL (a sharded dataset in object
+    storage; ``remote``: ``remote.open_remote``'s options). DatasetError naming what is wrong."""
+    if is_url(location):
+        from stoker.producer.dataset.remote import open_remote
+
+        return open_remote(str(location), **remote)
+    path = Path(location)
+    if (path / MANIFEST).is_file():
+        data = (path / MANIFEST).read_bytes()
+        return ShardedDataset(parse_manifest(data, str(path / MANIFEST)), LocalShards(path), str(path))
+    return LmdbDataset(path)
