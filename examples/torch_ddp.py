@@ -160,14 +160,6 @@ def train(args: argparse.Namespace) -> None:
     dist.destroy_process_group()
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def demo(args: argparse.Namespace) -> None:
     """Without torchrun: synthetic data, two pool producers, a two-rank job of this script, all on this machine."""
     from stoker.producer.dataset.synthetic import build_synthetic
@@ -178,8 +170,8 @@ def demo(args: argparse.Namespace) -> None:
         flags = ["--workers", "1", "--batch-size", "8", "--image-size", "32", "--shard", "auto", "--seed", "1"]
         producers = [ProducerProcess(Path(tmp) / "ds", extra_args=flags) for _ in range(2)]
         try:
-            command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
-                       "127.0.0.1", "--master-port", str(free_port()), __file__, "--connect",
+            command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                       __file__, "--connect",
                        ",".join(p.endpoint for p in producers), "--steps", str(args.steps), "--ckpt-dir",
                        str(Path(tmp) / "ckpt"), "--checkpoint-every", str(max(1, args.steps // 2))]
             subprocess.run(command, check=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -73,20 +72,14 @@ def lmdb(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _torchrun(tmp_path: Path, addresses: list[str], logs: Path, steps: int = 0, ckpt: str = "", load: str = "no",
               sync: bool = True) -> list[dict]:
     """Run a torchrun job of WORLD ranks to its end; each rank's log."""
     logs.mkdir()
     script = tmp_path / "rank.py"
     script.write_text(RANK)
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD), "--master-addr",
-               "127.0.0.1", "--master-port", str(_free_port()), str(script), ",".join(addresses), str(logs),
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(WORLD),
+               str(script), ",".join(addresses), str(logs),
                str(steps), ckpt or str(tmp_path / "unused"), load, "sync" if sync else "free"]
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     out = subprocess.run(command, capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections import Counter
@@ -30,15 +29,10 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "torch_ddp.py"
 RECORDS, BATCH, EPOCHS = 192, 8, 2
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _job(tmp_path: Path, addresses: list[str], ranks: int, preempt_at: int = 0) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--master-addr",
-               "127.0.0.1", "--master-port", str(_free_port()), str(EXAMPLE), "--connect", ",".join(addresses),
+    # --standalone: torchrun picks its own free port (a port chosen here could be taken before torchrun binds it)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
+               str(EXAMPLE), "--connect", ",".join(addresses),
                "--steps", "1000", "--ckpt-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "2",
                "--preempt-at-step", str(preempt_at), "--rows-log", str(tmp_path), "--recv-timeout", "60"]
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
