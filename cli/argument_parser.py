@@ -73,3 +73,11 @@ class StokerArgumentParser(argparse.ArgumentParser):
         self.print_usage(sys.stderr)
         advice = "".join(f"\n  {hint}" for hint in hints)
         self.exit(2, f"{self.prog}: error: {message}{advice}\nsee `{self.prog} --help` for every option\n")
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value

@@ -1,4 +1,5 @@
-"""``stoker lmdb build|synth|info``: make a dataset and look inside one (docs/format.md).
+"""``stoker lmdb build|synth|info|upload``: make a dataset, look inside one, put a sharded one in object storage
+(docs/format.md): the subcommands' arguments (``add_lmdb_parser``) and what they run.
 
 Each command imports what it needs when it runs, as every ``stoker`` command does.
 """
@@ -6,12 +7,101 @@ Each command imports what it needs when it runs, as every ``stoker`` command doe
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Optional, Sequence
 
+from stoker.cli.argument_parser import HelpFormatter, positive_int
 from stoker.cli.exit_codes import EXIT_OK
 
 if TYPE_CHECKING:
     from stoker.producer.dataset.format import LmdbDataset
+
+
+def size_argument(text: str) -> int:
+    from stoker.producer.dataset.sharded_writer import parse_bytes
+
+    try:
+        return parse_bytes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_lmdb_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]", common: argparse.ArgumentParser,
+                    handlers: Mapping[str, Callable[[argparse.Namespace], int]]) -> None:
+    """``stoker lmdb build|synth|info|upload``."""
+    lmdb = sub.add_parser("lmdb", parents=[common], help="build and inspect Stoker LMDB datasets", formatter_class=HelpFormatter,
+                          description="Build and inspect datasets in the Stoker LMDB format (docs/format.md).")
+    lsub = lmdb.add_subparsers(dest="lmdb_command", required=True, metavar="ACTION")
+    b = lsub.add_parser("build", parents=[common], formatter_class=HelpFormatter, help="build an LMDB from an image folder or list file",
+                        description="Build an LMDB from SRC: a folder with one sub-folder per class (ImageNet train layout; files in "
+                        "nested sub-folders of a class folder belong to that class) or a list file of `path label` lines. Images are "
+                        "recognised by content (JPEG, PNG, WebP, BMP, GIF, TIFF) and stored as they are, after a check with the producers' "
+                        "decoder. Every file not stored (not an image, over 8192x8192 pixels, corrupt, unreadable, outside a class folder) "
+                        "is named once, by path, with the reason, and counted. A class folder left with no image is an error that names "
+                        "it (see --allow-empty-classes). Ends with the records per class. The result appears at OUT only when complete.")
+    b.add_argument("src", help="image folder (SRC/<class>/<files>), list file, or with --jsonl a JSON-lines file")
+    b.add_argument("out", help="output LMDB directory")
+    b.add_argument("--jsonl", action="store_true",
+                   help="SRC is JSON lines: one object per line, image fields holding paths relative to SRC's folder, "
+                   "other fields stored as their JSON values (e.g. {\"image\": \"a.jpg\", \"boxes\": [[x1, y1, "
+                   "x2, y2]], \"classes\": [3]})")
+    b.add_argument("--image-field", action="append", metavar="NAME",
+                   help="with --jsonl: a field holding an image path (repeatable; default: image)")
+    b.add_argument("--task", default="", help="task name stored in the metadata (e.g. detection)")
+    b.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    b.add_argument("--threads", type=positive_int, default=None, help="threads that verify images (default: CPU count)")
+    b.add_argument("--quiet", action="store_true", help="no progress bar")
+    b.add_argument("--allow-empty-classes", action="store_true", help="keep a class folder with no image (empty, or every file "
+                   "skipped) as a class with 0 records, with a warning, instead of refusing the build; without it, remove the folder")
+    b.add_argument("--shard-size", type=size_argument, default=None, metavar="SIZE",
+                   help="write a sharded dataset: shards of about SIZE (e.g. 256MB, 1GiB) and a manifest, for object "
+                   "storage (stoker lmdb upload; docs/format.md). Default: one LMDB")
+    b.set_defaults(func=handlers["lmdb_build"])
+    s = lsub.add_parser("synth", parents=[common], formatter_class=HelpFormatter, help="make a deterministic synthetic JPEG dataset",
+                        description="Write COUNT photo-like synthetic records (JPEGs of 300-500 px) for demos, tests "
+                        "and benchmarks, for a classification, detection or segmentation task. Same --seed, same bytes.")
+    s.add_argument("out", help="output LMDB directory")
+    s.add_argument("--count", type=positive_int, default=1000, help="number of images")
+    s.add_argument("--seed", type=int, default=0, help="generator seed")
+    s.add_argument("--classes", type=positive_int, default=10, help="number of classes")
+    s.add_argument("--task", choices=("classification", "detection", "segmentation"), default="classification",
+                   help="classification: image + label; detection: image + boxes + classes of the drawn objects; "
+                   "segmentation: image + a PNG mask of the drawn shapes")
+    s.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    s.add_argument("--exist-ok", action="store_true", help="do nothing if OUT already holds a Stoker dataset")
+    s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.set_defaults(func=handlers["lmdb_synth"])
+    i = lsub.add_parser("info", parents=[common], formatter_class=HelpFormatter, help="describe an LMDB",
+                        description="Print record count, classes, format version, size, a few sample records and the records per class.")
+    i.add_argument("path", help="LMDB directory")
+    i.add_argument("--samples", type=int, default=5, help="sample records to show")
+    i.add_argument("--count-classes", action="store_true", help="for a dataset built without per-class counts: read every record to count them")
+    i.set_defaults(func=handlers["lmdb_info"])
+    u = lsub.add_parser("upload", parents=[common], formatter_class=HelpFormatter,
+                        help="copy a sharded dataset to object storage",
+                        description="Copy a sharded dataset (stoker lmdb build --shard-size) to URL (s3://bucket/prefix, "
+                        "or any fsspec URL): every shard, checked against the manifest first, then the manifest last, "
+                        "so a reader never sees a manifest whose shards are not all there. Credentials come from the "
+                        "storage library's usual chain (for S3: AWS_* variables, ~/.aws files, instance roles).")
+    u.add_argument("path", help="the sharded dataset's folder")
+    u.add_argument("url", help="where to put it, e.g. s3://bucket/datasets/train")
+    add_storage_arguments(u)
+    u.set_defaults(func=handlers["lmdb_upload"])
+
+
+def _key_value(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key.strip(), value
+
+
+def add_storage_arguments(parser: argparse.ArgumentParser) -> None:
+    """How to reach object storage: shared by ``stoker produce`` and ``stoker lmdb upload``."""
+    parser.add_argument("--s3-endpoint", metavar="URL", default=None,
+                        help="an S3-compatible server (MinIO, SeaweedFS, Ceph), e.g. http://minio:9000 (default: AWS)")
+    parser.add_argument("--storage-option", type=_key_value, action="append", metavar="KEY=VALUE", default=None,
+                        help="an fsspec storage option for the URL's filesystem (repeatable; values are never "
+                        "logged), e.g. anon=true")
 
 
 def cmd_lmdb_build(args: argparse.Namespace) -> int:
@@ -19,7 +109,7 @@ def cmd_lmdb_build(args: argparse.Namespace) -> int:
 
     report = build_lmdb(args.src, args.out, overwrite=args.overwrite, threads=args.threads, progress=not args.quiet,
                         jsonl=args.jsonl, image_fields=args.image_field or ["image"], task=args.task,
-                        allow_empty_classes=args.allow_empty_classes)
+                        allow_empty_classes=args.allow_empty_classes, shard_bytes=args.shard_size)
     meta = report.meta
     classes = f" in {len(meta.classes)} classes" if meta.classes else ""
     if args.quiet:  # with the progress bar the build named each one as it found it, once
@@ -137,12 +227,18 @@ def _print_per_class(ds: "LmdbDataset", count: bool) -> None:
 
 
 def cmd_lmdb_info(args: argparse.Namespace) -> int:
-    from stoker.producer.dataset.format import LmdbDataset, RecordError
+    from stoker.producer.dataset.format import RecordError
+    from stoker.producer.dataset.shards import ShardedDataset, open_dataset
 
-    with LmdbDataset(args.path) as ds:
+    with open_dataset(args.path) as ds:
         meta = ds.meta
         print(f"path:     {args.path}")
-        print(f"format:   stoker-lmdb version {meta.version}")
+        if isinstance(ds, ShardedDataset):
+            shards = ds.manifest.shards
+            print(f"format:   stoker-shards version 1: {len(shards)} shard(s) of stoker-lmdb, "
+                  f"{min(s.records for s in shards)}-{max(s.records for s in shards)} records each")
+        else:
+            print(f"format:   stoker-lmdb version {meta.version}")
         print(f"records:  {meta.count}")
         if meta.task:
             print(f"task:     {meta.task}")
@@ -165,4 +261,14 @@ def cmd_lmdb_info(args: argparse.Namespace) -> int:
                 fields.append(f"{name}: {described}")
             print(f"  {index:08d}: " + ", ".join(fields))
         _print_per_class(ds, args.count_classes)
+    return EXIT_OK
+
+
+def cmd_lmdb_upload(args: argparse.Namespace) -> int:
+    from stoker.producer.dataset.shards import RemoteOptions
+    from stoker.producer.dataset.upload import upload_dataset
+
+    remote = RemoteOptions(storage_options=tuple(args.storage_option or ()), s3_endpoint=args.s3_endpoint)
+    shards, size = upload_dataset(args.path, args.url, remote, progress=not getattr(args, "quiet", False))
+    print(f"uploaded {shards} shard(s), {size / 1e6:.1f} MB, then the manifest, to {args.url}")
     return EXIT_OK

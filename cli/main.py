@@ -18,7 +18,7 @@ import threading
 from typing import Callable, Sequence
 
 from stoker.cli.exit_codes import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
-from stoker.cli.lmdb_commands import cmd_lmdb_build, cmd_lmdb_info, cmd_lmdb_synth
+from stoker.cli.lmdb_commands import cmd_lmdb_build, cmd_lmdb_info, cmd_lmdb_synth, cmd_lmdb_upload
 from stoker.cli.state_commands import cmd_state_info, cmd_state_merge
 from stoker.cli.parser import build_parser as parser_for
 
@@ -78,6 +78,14 @@ def _pair(args: argparse.Namespace, first: str, second: str) -> bool:
 
 # ---- stoker produce ------------------------------------------------------------------------
 
+def _remote_options(args: argparse.Namespace):
+    from stoker.producer.dataset.shards import RemoteOptions
+
+    return RemoteOptions(cache_dir=args.cache_dir, cache_bytes=args.cache_size,
+                         storage_options=tuple(args.storage_option or ()), s3_endpoint=args.s3_endpoint,
+                         retry_seconds=args.fetch_retry_seconds)
+
+
 def cmd_produce(args: argparse.Namespace) -> int:
     from stoker.producer.serve.daemon import ProducerConfig, ProducerDaemon
     from stoker.producer.serve.sharding import ShardSpec
@@ -93,7 +101,7 @@ def cmd_produce(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port, log_format=getattr(args, "log_format", "text"),
         repeat_batches=args.repeat_batches,
         fast_dct=args.fast_dct, exact=args.exact, epochs=args.epochs, trainer_timeout=args.trainer_timeout,
-        min_trainers=args.min_trainers, status_file=args.status_file,
+        min_trainers=args.min_trainers, status_file=args.status_file, remote=_remote_options(args),
     )
     stop = stop_event_on_signals()
     if args.parent_pid is not None:
@@ -281,6 +289,7 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "produce": cmd_produce,
     "train": cmd_train,
     "keys_generate": cmd_keys_generate,
+    "lmdb_upload": cmd_lmdb_upload,
     "state_info": cmd_state_info,
     "state_merge": cmd_state_merge,
     "cluster": cmd_cluster,

@@ -11,15 +11,10 @@ import argparse
 import os
 from typing import TYPE_CHECKING, Callable, Mapping
 
-from stoker.cli.argument_parser import StokerArgumentParser, HelpFormatter
+from stoker.cli.argument_parser import HelpFormatter, StokerArgumentParser
+from stoker.cli.argument_parser import positive_int as _positive_int
+from stoker.cli.lmdb_commands import size_argument, add_lmdb_parser, add_storage_arguments
 from stoker.cli.state_commands import add_state_parser
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
 
 
 def _output_file(text: str) -> str:
@@ -64,55 +59,6 @@ if TYPE_CHECKING:
     Subcommands = argparse._SubParsersAction[argparse.ArgumentParser]
 
 
-def _add_lmdb(sub: Subcommands, common: argparse.ArgumentParser, handlers: Handlers) -> None:
-    """``stoker lmdb build|synth|info``."""
-    lmdb = sub.add_parser("lmdb", parents=[common], help="build and inspect Stoker LMDB datasets", formatter_class=HelpFormatter,
-                          description="Build and inspect datasets in the Stoker LMDB format (docs/format.md).")
-    lsub = lmdb.add_subparsers(dest="lmdb_command", required=True, metavar="ACTION")
-    b = lsub.add_parser("build", parents=[common], formatter_class=HelpFormatter, help="build an LMDB from an image folder or list file",
-                        description="Build an LMDB from SRC: a folder with one sub-folder per class (ImageNet train layout; files in "
-                        "nested sub-folders of a class folder belong to that class) or a list file of `path label` lines. Images are "
-                        "recognised by content (JPEG, PNG, WebP, BMP, GIF, TIFF) and stored as they are, after a check with the producers' "
-                        "decoder. Every file not stored (not an image, over 8192x8192 pixels, corrupt, unreadable, outside a class folder) "
-                        "is named once, by path, with the reason, and counted. A class folder left with no image is an error that names "
-                        "it (see --allow-empty-classes). Ends with the records per class. The result appears at OUT only when complete.")
-    b.add_argument("src", help="image folder (SRC/<class>/<files>), list file, or with --jsonl a JSON-lines file")
-    b.add_argument("out", help="output LMDB directory")
-    b.add_argument("--jsonl", action="store_true",
-                   help="SRC is JSON lines: one object per line, image fields holding paths relative to SRC's folder, "
-                   "other fields stored as their JSON values (e.g. {\"image\": \"a.jpg\", \"boxes\": [[x1, y1, "
-                   "x2, y2]], \"classes\": [3]})")
-    b.add_argument("--image-field", action="append", metavar="NAME",
-                   help="with --jsonl: a field holding an image path (repeatable; default: image)")
-    b.add_argument("--task", default="", help="task name stored in the metadata (e.g. detection)")
-    b.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
-    b.add_argument("--threads", type=_positive_int, default=None, help="threads that verify images (default: CPU count)")
-    b.add_argument("--quiet", action="store_true", help="no progress bar")
-    b.add_argument("--allow-empty-classes", action="store_true", help="keep a class folder with no image (empty, or every file "
-                   "skipped) as a class with 0 records, with a warning, instead of refusing the build; without it, remove the folder")
-    b.set_defaults(func=handlers["lmdb_build"])
-    s = lsub.add_parser("synth", parents=[common], formatter_class=HelpFormatter, help="make a deterministic synthetic JPEG dataset",
-                        description="Write COUNT photo-like synthetic records (JPEGs of 300-500 px) for demos, tests "
-                        "and benchmarks, for a classification, detection or segmentation task. Same --seed, same bytes.")
-    s.add_argument("out", help="output LMDB directory")
-    s.add_argument("--count", type=_positive_int, default=1000, help="number of images")
-    s.add_argument("--seed", type=int, default=0, help="generator seed")
-    s.add_argument("--classes", type=_positive_int, default=10, help="number of classes")
-    s.add_argument("--task", choices=("classification", "detection", "segmentation"), default="classification",
-                   help="classification: image + label; detection: image + boxes + classes of the drawn objects; "
-                   "segmentation: image + a PNG mask of the drawn shapes")
-    s.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
-    s.add_argument("--exist-ok", action="store_true", help="do nothing if OUT already holds a Stoker dataset")
-    s.add_argument("--quiet", action="store_true", help="no progress bar")
-    s.set_defaults(func=handlers["lmdb_synth"])
-    i = lsub.add_parser("info", parents=[common], formatter_class=HelpFormatter, help="describe an LMDB",
-                        description="Print record count, classes, format version, size, a few sample records and the records per class.")
-    i.add_argument("path", help="LMDB directory")
-    i.add_argument("--samples", type=int, default=5, help="sample records to show")
-    i.add_argument("--count-classes", action="store_true", help="for a dataset built without per-class counts: read every record to count them")
-    i.set_defaults(func=handlers["lmdb_info"])
-
-
 def _add_produce(sub: Subcommands, common: argparse.ArgumentParser, handlers: Handlers) -> None:
     """``stoker produce``: the daemon's flags (``ProducerConfig``)."""
     p = sub.add_parser("produce", parents=[common], formatter_class=HelpFormatter, help="run a producer daemon",
@@ -121,7 +67,18 @@ def _add_produce(sub: Subcommands, common: argparse.ArgumentParser, handlers: Ha
                        "int32 [B]; every batch also carries index int64 [B] and epoch int32 [B] (which record, which "
                        "epoch). Pipelines: imagenet, detection, segmentation, or your own "
                        "(--pipeline my_module:make_pipeline or path/to/file.py:make_pipeline).")
-    p.add_argument("--lmdb", required=True, help="Stoker LMDB directory")
+    p.add_argument("--lmdb", required=True, help="the dataset: an LMDB folder, a sharded dataset's folder, or a "
+                   "sharded dataset in object storage (s3://bucket/prefix, any fsspec URL; shards fetched into "
+                   "--cache-dir as they are needed)")
+    p.add_argument("--cache-dir", default=None, metavar="DIR",
+                   help="object storage: where fetched shards are kept (default: ~/.cache/stoker/shards)")
+    p.add_argument("--cache-size", type=size_argument, default=None, metavar="SIZE",
+                   help="object storage: the cache's disk budget, least recently used shards evicted first (e.g. "
+                   "50GB; default: 64GB)")
+    p.add_argument("--fetch-retry-seconds", type=float, default=300.0, metavar="S",
+                   help="object storage: how long a failing fetch is retried (backoff 0.5-8 s) before its shard's "
+                   "records are skipped and counted")
+    add_storage_arguments(p)
     p.add_argument("--bind", default="tcp://*:5555", help="ZMQ address to bind; trainers connect to it")
     p.add_argument("--workers", type=_positive_int, default=os.cpu_count() or 1, help="decode/augment processes")
     p.add_argument("--batch-size", type=_positive_int, default=64, help="images per batch")
@@ -388,7 +345,7 @@ def build_parser(handlers: Handlers) -> argparse.ArgumentParser:
                         help="log lines as text or as one JSON object per line (default: text)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     # In this order in `stoker --help`.
-    for add in (_add_lmdb, _add_produce, _add_train, add_state_parser, _add_keys, _add_cluster, _add_status, _add_bench,
+    for add in (add_lmdb_parser, _add_produce, _add_train, add_state_parser, _add_keys, _add_cluster, _add_status, _add_bench,
                 _add_doctor, _add_demo):
         add(sub, common, handlers)
     return parser

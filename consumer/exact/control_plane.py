@@ -48,7 +48,7 @@ from stoker.protocol.input_state import StreamKey, rows_by_epoch
 from stoker.consumer.exact.ledger import ConsumedLedger
 
 from stoker.consumer.exact.links import Link
-from stoker.consumer.exact.pool_work import PoolWork, serves_pool
+from stoker.consumer.exact.pool_work import PoolWork, pool_stream, serves_pool
 from stoker.consumer.exact.producers import KnownProducer, ProducerLinks
 from stoker.consumer.exact.shard_stalls import ShardStallWatch, open_epochs, shard_waiting
 from stoker.consumer.exact.split_scheduler import SchedulerPlan, SplitScheduler
@@ -232,18 +232,13 @@ class ExactTransport:
         if status.stream:
             with self._lock:
                 p.stream = status.stream
-                if not status.stream.startswith("splits:") and status.session == p.session and status.session:
-                    # the state names the fixed shards it reads even before a record of them is consumed: a job
-                    # state of fixed shards must not shrink (state.state_for_share), and only the state says so
-                    self.ledger.state.progress(status.stream)
-                if status.session == p.session and status.session and status.stream in self.ledger.state.streams:
-                    # Epochs the producer completed (every trainer consumed them): their bitmaps need not be kept,
-                    # so a long run's state stays a few bitmaps, not one per epoch ever trained.
-                    self.ledger.state.streams[status.stream].advance(status.completed)
+                if status.session == p.session and status.session:
+                    self.ledger.note_stream(status.stream)
+                    if status.stream in self.ledger.state.streams:  # epochs every trainer consumed: their bitmaps
+                        self.ledger.state.streams[status.stream].advance(status.completed)  # go, the state stays small
         if serves_pool(status, p.session):
             self._join_pool(i, status)
-        elif (status.stream and not status.stream.startswith("splits:") and self.share[1] > 1
-              and not self._warned_share):
+        elif status.stream and not pool_stream(status.stream) and self.share[1] > 1 and not self._warned_share:
             self._warned_share = True
             log.warning("share %d/%d applies to elastic pools (producers --shard auto); producer %s serves the "
                         "fixed shard %s, so this trainer takes what its credit earns (the share only names this "

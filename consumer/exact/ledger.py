@@ -91,6 +91,13 @@ class ConsumedLedger:
         with self.lock:
             return self._state.copy()
 
+    def note_stream(self, stream: str) -> None:
+        """A producer of ours serves ``stream``. A fixed shard is named in the state from now on, even before a
+        record of it is consumed: a job state of fixed shards must not shrink (``state.state_for_share``), and only
+        the state says it reads fixed shards. The caller holds ``lock``."""
+        if not stream.startswith("splits:"):
+            self._state.progress(stream)
+
     def note_split(self, stream: str, split: int) -> None:
         """Elastic pool ``stream``'s epochs are cut in splits of ``split`` records (saved: merging needs it).
         The caller holds ``lock`` (the control plane, as it makes the pool's scheduler)."""

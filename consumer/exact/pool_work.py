@@ -34,9 +34,14 @@ from stoker.consumer.exact.split_scheduler import SplitScheduler
 log = logging.getLogger("stoker.consumer")
 
 
+def pool_stream(stream: str) -> bool:
+    """Whether ``stream`` is an elastic pool's (``splits:count:seed``), not a fixed shard's."""
+    return stream.startswith("splits:")
+
+
 def serves_pool(status: Status, session: int) -> bool:
     """Whether ``status`` says its producer serves an elastic pool under this trainer's current ``session``."""
-    return status.stream.startswith("splits:") and status.session == session and session > 0
+    return pool_stream(status.stream) and status.session == session and session > 0
 
 
 class PoolWork:

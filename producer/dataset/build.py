@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+from functools import partial
 from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -154,12 +155,14 @@ def build_lmdb(
     image_fields: Sequence[str] = ("image",),
     task: str = "",
     allow_empty_classes: bool = False,
+    shard_bytes: int | None = None,
 ) -> WriteReport:
     """Build ``out`` from a folder, list file or (``jsonl``) JSON-lines file ``src``; see the module doc.
 
     With ``progress``, every file or line left out is printed as it is found; the returned report lists
     them all either way. SourceError names each class folder with no image that can be stored, unless
-    ``allow_empty_classes`` (then each is a class with 0 records and a warning in the report).
+    ``allow_empty_classes`` (then each is a class with 0 records and a warning in the report). ``shard_bytes``:
+    write a sharded dataset (``sharded_writer.py``) of shards of about that size instead of one LMDB.
     """
     src = Path(src)
     threads = threads or os.cpu_count() or 1
@@ -192,7 +195,12 @@ def build_lmdb(
         task = task or "classification"
     # A folder or list build knows its whole schema; JSON lines know which fields are images.
     schema = None if jsonl else {"image": "image", "label": "int"}
-    with DatasetWriter(out, overwrite=overwrite, schema=schema, kinds=kinds) as writer:
+    writer_type: Any = DatasetWriter
+    if shard_bytes:
+        from stoker.producer.dataset.sharded_writer import ShardedWriter
+
+        writer_type = partial(ShardedWriter, shard_bytes=shard_bytes, classes=classes)
+    with writer_type(out, overwrite=overwrite, schema=schema, kinds=kinds) as writer:
         write_records(writer, items, report, threads, progress, total, check_images=True,
                       label_classes=len(classes))
         if src.is_dir() and not jsonl:  # folders whose every file was skipped: refused before anything is published

@@ -212,18 +212,45 @@ class ShardedDataset:
         self.close()
 
 
+@dataclass(frozen=True)
+class RemoteOptions:
+    """How a producer reaches a dataset in object storage (``stoker produce``'s flags); plain data, so it crosses
+    ``spawn`` to the workers. ``storage_options``: fsspec's, as text (``true``/``false`` become booleans)."""
+
+    cache_dir: Optional[str] = None
+    cache_bytes: Optional[int] = None
+    storage_options: tuple[tuple[str, str], ...] = ()
+    s3_endpoint: Optional[str] = None
+    retry_seconds: float = 300.0
+
+    def fsspec_options(self) -> dict[str, Any]:
+        options: dict[str, Any] = {k: {"true": True, "false": False}.get(v.lower(), v) for k, v in self.storage_options}
+        if self.s3_endpoint:
+            options.setdefault("client_kwargs", {})["endpoint_url"] = self.s3_endpoint
+        return options
+
+    def open_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"storage_options": self.fsspec_options(), "retry_seconds": self.retry_seconds}
+        if self.cache_dir:
+            kwargs["cache_dir"] = self.cache_dir
+        if self.cache_bytes:
+            kwargs["cache_bytes"] = self.cache_bytes
+        return kwargs
+
+
 def is_url(location: str | os.PathLike) -> bool:
     """Whether ``location`` names object storage (``s3://``, ``gs://``, ``file://``: any fsspec URL)."""
     return "://" in str(location)
 
 
-def open_dataset(location: str | os.PathLike, **remote: Any) -> "LmdbDataset | ShardedDataset":
+def open_dataset(location: str | os.PathLike,
+                 remote: Optional[RemoteOptions] = None) -> "LmdbDataset | ShardedDataset":
     """A dataset at a path (one LMDB, or a sharded dataset's folder) or a URL (a sharded dataset in object
-    storage; ``remote``: ``remote.open_remote``'s options). DatasetError naming what is wrong."""
+    storage, reached with ``remote``). DatasetError naming what is wrong."""
     if is_url(location):
         from stoker.producer.dataset.remote import open_remote
 
-        return open_remote(str(location), **remote)
+        return open_remote(str(location), **(remote or RemoteOptions()).open_kwargs())
     path = Path(location)
     if (path / MANIFEST).is_file():
         data = (path / MANIFEST).read_bytes()

@@ -110,6 +110,7 @@ class DatasetWriter:
         self._env = lmdb.open(str(self.partial), map_size=self._map_size, subdir=True, lock=True)
         self._pending: list[tuple[bytes, bytes]] = []
         self.count = 0
+        self.bytes_added = 0  #: encoded bytes of the records added (a sharded build closes a shard on it)
         #: records added per value of an int ``label`` field; finish() stores them as the per-class counts
         self.label_counts: Counter[int] = Counter()
         self._finished = False
@@ -159,6 +160,7 @@ class DatasetWriter:
         if schema.get("label") == _INT:
             self.label_counts[int(record["label"])] += 1
         index = self.count
+        self.bytes_added += len(encoded)
         self._pending.append((record_key(index), encoded))
         self.count += 1
         if len(self._pending) >= _COMMIT_EVERY:

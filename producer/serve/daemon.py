@@ -60,7 +60,7 @@ from stoker.protocol.input_state import StreamKey
 from stoker.protocol.metrics_server import MetricsServer
 
 from stoker.producer.serve.batch_slots import SlotLayout, allocate
-from stoker.producer.dataset.format import LmdbDataset
+from stoker.producer.dataset.shards import RemoteOptions, open_dataset
 from stoker.producer.serve.exact_forwarder import ExactForwarder
 from stoker.producer.serve.exact_server import ExactServer
 from stoker.producer.serve.forwarder import SlotForwarder
@@ -159,6 +159,7 @@ class ProducerConfig:
     trainer_timeout: float = 10.0
     min_trainers: int = 1
     status_file: Optional[str] = None  # JSON lines for programs (module docstring); None: none
+    remote: RemoteOptions = RemoteOptions()  # a dataset in object storage: cache, credentials' options, retries
 
 
 class ProducerDaemon:
@@ -195,7 +196,7 @@ class ProducerDaemon:
                                   ("fast_dct", config.fast_dct))
         # Built here to fail fast (and for the layout); each worker builds its own from the same reference.
         self.pipeline = load_pipeline(config.pipeline, dict(config.pipeline_args), dict(self.pipeline_standard))
-        with LmdbDataset(config.lmdb_path) as dataset:
+        with open_dataset(config.lmdb_path, config.remote) as dataset:
             self.meta = dataset.meta
         self.records = len(config.shard.records(self.meta.count))  # the shard's (a pool's: the dataset's)
         _check_shard_size(config, self.records)
@@ -302,7 +303,7 @@ class ProducerDaemon:
             batch_size=cfg.batch_size, seed=self.seed, workers=cfg.workers, pipeline=cfg.pipeline,
             pipeline_args=cfg.pipeline_args, pipeline_standard=self.pipeline_standard, slots=self.layout.slots,
             log_level=logging.getLogger().getEffectiveLevel(), log_format=cfg.log_format,
-            repeat_batches=cfg.repeat_batches, layout_arrays=self.layout.arrays, exact=cfg.exact,
+            repeat_batches=cfg.repeat_batches, layout_arrays=self.layout.arrays, exact=cfg.exact, remote=cfg.remote,
         )
 
     def _start_metrics(self, procs: list[mp.process.BaseProcess]) -> Optional[MetricsServer]:

@@ -37,6 +37,7 @@ from stoker.protocol.input_state import StreamKey
 
 from stoker.producer.serve.batch_slots import GRANT, HELLO, READY, SlotLayout, decode_work, parse_slot, sample_rows, slot_frame
 from stoker.producer.dataset.format import LmdbDataset, RecordError, record_key
+from stoker.producer.dataset.shards import RemoteOptions, ShardedDataset, open_dataset
 from stoker.producer.serve.logs import configure_logging
 from stoker.producer.pipeline import SampleError, load_pipeline
 from stoker.producer.serve.sharding import RecordRng, ShardSpec, worker_stream
@@ -68,6 +69,7 @@ class WorkerConfig:
     repeat_batches: int = 0
     layout_arrays: tuple = field(default=())
     exact: bool = False  # the daemon says which records go into each batch (with each slot grant)
+    remote: RemoteOptions = RemoteOptions()  # a dataset in object storage: how to reach it and cache its shards
 
 
 def _die_with_parent() -> None:
@@ -131,7 +133,7 @@ class _BatchMaker:
     worker's own stream of its shard. A record that fails is skipped, counted and logged, never fatal."""
 
     def __init__(self, worker: int, config: WorkerConfig, pipeline: Any, layout: SlotLayout, buffer: Any,
-                 dataset: LmdbDataset, stats: StageStats) -> None:
+                 dataset: LmdbDataset | ShardedDataset, stats: StageStats) -> None:
         self.worker, self.config, self.pipeline, self.dataset, self.stats = worker, config, pipeline, dataset, stats
         self.views = layout.views(buffer)
         self.rows = [sample_rows(arrays) for arrays in self.views]
@@ -267,7 +269,7 @@ def run_worker(worker: int, config: WorkerConfig, stats: StageStats, stop: Any, 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     configure_logging(config.log_level, config.log_format)
     pipeline, layout = _load_pipeline(config)
-    dataset = LmdbDataset(config.lmdb_path)
+    dataset = open_dataset(config.lmdb_path, config.remote)
     maker = _BatchMaker(worker, config, pipeline, layout, buffer, dataset, stats)
     # Named in every batch header, so a trainer sees producers whose shards overlap.
     stream_key = str(StreamKey(config.shard.index, config.shard.count, len(dataset), config.seed))

@@ -1,0 +1,228 @@
+"""Sharded datasets in object storage: the manifest read through fsspec, shards fetched into a bounded local cache.
+
+``open_remote("s3://bucket/prefix/")`` (any fsspec URL: ``s3://`` with s3fs, ``gs://`` with gcsfs, ``file://``)
+reads the manifest and returns a ``ShardedDataset`` whose shards a ``ShardCache`` makes local on first use:
+
+- *Content-addressed*: a shard is cached under its SHA-256 (``CACHE/shards/<sha256>/data.mdb``), so datasets and
+  URLs that share a shard share its copy, and a cached shard is one whose bytes were checked.
+- *Never a partial shard*: bytes stream into ``CACHE/tmp/`` while being hashed; only a shard whose size and
+  SHA-256 match the manifest is renamed into place. A mismatch is fetched once more, then refused.
+- *Bounded*: before a fetch, the least recently used shards go until the new one fits ``cache_bytes``. A budget
+  smaller than one shard is refused naming the flag. A shard evicted while another worker still reads it stays
+  readable until that worker closes it (Linux keeps an open file), so the budget may be passed by the shards
+  open at that moment.
+- *One fetch per shard on a host*: the daemon's worker processes share the cache folder; an ``flock`` per shard
+  makes the others wait for the first fetch instead of fetching again.
+- *Transient errors are retried* with exponential backoff (0.5 s doubling to 8 s) for up to ``retry_seconds``
+  (throttling, 5xx, timeouts, a server restart: the reading worker waits, its producer's trainers see a stall
+  and its reason); a missing object or a refused permission is not retried. A shard that cannot be had raises
+  ``ShardUnavailable`` (its records are skipped, counted and named), remembered for ``FAILED_HOLD_S`` so each of
+  its records does not fetch again.
+- *Counted*: every fetch appends one JSON line to ``CACHE/fetches.jsonl`` (shard, bytes, seconds, worker pid),
+  so a benchmark or an operator counts fetches across processes; ``stoker produce`` logs each at INFO.
+
+Credentials come from the storage library's standard chains (for s3fs: environment variables, ``~/.aws``
+files, instance and pod roles); ``storage_options`` pass anything else (an endpoint). Nothing of them is logged.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import secrets
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from stoker.producer.dataset.format import DatasetError
+from stoker.producer.dataset.shards import MANIFEST, ShardedDataset, ShardInfo, ShardUnavailable, parse_manifest
+
+log = logging.getLogger("stoker.producer")
+
+DEFAULT_CACHE_BYTES = 64 * 10**9
+DEFAULT_RETRY_SECONDS = 300.0
+FAILED_HOLD_S = 30.0
+CHUNK = 4 << 20
+_NOT_RETRIED = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "stoker" / "shards"
+
+
+def retried(what: str, attempt: Callable[[], Any], retry_seconds: float,
+            sleep: Callable[[float], None] = time.sleep) -> Any:
+    """``attempt()``, again after each transient error with backoff until ``retry_seconds`` passed; a missing
+    object or a refused permission at once. ShardUnavailable naming ``what`` and the last error otherwise."""
+    deadline, delay, tries = time.monotonic() + retry_seconds, 0.5, 0
+    while True:
+        tries += 1
+        try:
+            return attempt()
+        except _NOT_RETRIED as exc:
+            raise ShardUnavailable(f"{what}: {type(exc).__name__}: {exc}") from None
+        except ShardUnavailable:
+            raise
+        except Exception as exc:  # the storage libraries raise many types for one transient failure
+            if time.monotonic() + delay > deadline:
+                raise ShardUnavailable(f"{what}: still failing after {tries} tries in {retry_seconds:.0f} s: "
+                                       f"{type(exc).__name__}: {exc}") from None
+            log.warning("%s failed (%s: %s); trying again in %.1f s", what, type(exc).__name__, exc, delay)
+            sleep(delay)
+            delay = min(8.0, delay * 2)
+
+
+class ShardCache:
+    """See the module doc. ``fs``: an fsspec filesystem; ``root``: the dataset's prefix in it."""
+
+    def __init__(self, cache_dir: Path, cache_bytes: int, fs: Any, root: str,
+                 retry_seconds: float = DEFAULT_RETRY_SECONDS) -> None:
+        self.dir, self.cache_bytes, self.fs, self.root = Path(cache_dir), cache_bytes, fs, root.rstrip("/")
+        self.retry_seconds = retry_seconds
+        for sub in ("shards", "tmp", "locks"):
+            (self.dir / sub).mkdir(parents=True, exist_ok=True)
+        self._failed: dict[str, tuple[float, str]] = {}  # sha -> (when, why): not fetched again for a while
+
+    def local(self, shard: ShardInfo) -> Path:
+        """The folder of ``shard``'s checked ``data.mdb``, fetched first if needed; ShardUnavailable if it cannot be."""
+        final = self.dir / "shards" / shard.sha256
+        if (final / "data.mdb").is_file():
+            os.utime(final)  # most recently used
+            return final
+        failed = self._failed.get(shard.sha256)
+        if failed is not None and time.monotonic() - failed[0] < FAILED_HOLD_S:
+            raise ShardUnavailable(failed[1])
+        try:
+            with self._shard_lock(shard):
+                if not (final / "data.mdb").is_file():  # another worker may have fetched it while we waited
+                    self._fetch(shard, final)
+        except ShardUnavailable as exc:
+            self._failed[shard.sha256] = (time.monotonic(), str(exc))
+            raise
+        os.utime(final)
+        return final
+
+    def _shard_lock(self, shard: ShardInfo) -> "_Flock":
+        return _Flock(self.dir / "locks" / f"{shard.sha256}.lock", self.retry_seconds + 60.0, shard.name)
+
+    def _fetch(self, shard: ShardInfo, final: Path) -> None:
+        if shard.bytes > self.cache_bytes:
+            raise ShardUnavailable(f"shard {shard.name} is {shard.bytes} bytes, more than the whole cache "
+                                   f"({self.cache_bytes}): raise --cache-size")
+        self._make_room(shard.bytes, keep=final)
+        url = f"{self.root}/{shard.name}/data.mdb"
+        t0 = time.monotonic()
+        for attempt in (1, 2):
+            tmp = self.dir / "tmp" / f"{shard.sha256}.{os.getpid()}.{secrets.token_hex(4)}"
+            try:
+                digest, size = retried(f"fetching {url}", lambda: self._download(url, tmp), self.retry_seconds)
+                if size == shard.bytes and digest == shard.sha256:
+                    staged = tmp.with_suffix(".dir")
+                    staged.mkdir()
+                    os.rename(tmp, staged / "data.mdb")
+                    os.rename(staged, final)  # atomic: the folder appears with its checked file in it
+                    break
+                why = (f"shard {shard.name} from {url} is {size} bytes with SHA-256 {digest[:16]}..., the manifest "
+                       f"says {shard.bytes} bytes, {shard.sha256[:16]}...")
+                if attempt == 2:
+                    raise ShardUnavailable(f"{why}: the object does not match the manifest (rebuild and upload "
+                                           "the dataset, or fix the manifest)")
+                log.warning("%s; fetching it once more", why)
+            finally:
+                if tmp.exists():
+                    tmp.unlink()
+        seconds = time.monotonic() - t0
+        log.info("fetched shard %s (%.1f MB in %.2f s) into %s", shard.name, shard.bytes / 1e6, seconds, self.dir)
+        with open(self.dir / "fetches.jsonl", "a") as out:  # one short line per write: O_APPEND keeps them whole
+            out.write(json.dumps({"shard": shard.name, "sha256": shard.sha256, "bytes": shard.bytes,
+                                  "seconds": round(seconds, 4), "pid": os.getpid()}) + "\n")
+
+    def _download(self, url: str, tmp: Path) -> tuple[str, int]:
+        digest, size = hashlib.sha256(), 0
+        with self.fs.open(url, "rb", block_size=CHUNK) as src, open(tmp, "wb") as dst:
+            while chunk := src.read(CHUNK):
+                digest.update(chunk)
+                dst.write(chunk)
+                size += len(chunk)
+        return digest.hexdigest(), size
+
+    def _make_room(self, needed: int, keep: Path) -> None:
+        """Evict least recently used shards until ``needed`` more bytes fit the budget."""
+        cached = []
+        for folder in (self.dir / "shards").iterdir():
+            data = folder / "data.mdb"
+            try:
+                cached.append((folder.stat().st_mtime, data.stat().st_size, folder))
+            except FileNotFoundError:
+                continue  # evicted meanwhile by another worker
+        used = sum(size for _, size, _ in cached)
+        for _, size, folder in sorted(cached):
+            if used + needed <= self.cache_bytes:
+                break
+            if folder != keep:
+                shutil.rmtree(folder, ignore_errors=True)
+                used -= size
+                log.info("evicted shard %s (%.1f MB) from the cache: the budget is %d bytes", folder.name[:16],
+                         size / 1e6, self.cache_bytes)
+
+
+class _Flock:
+    """An exclusive ``flock`` on ``path``, waited for at most ``timeout`` seconds (ShardUnavailable past it)."""
+
+    def __init__(self, path: Path, timeout: float, name: str) -> None:
+        self.path, self.timeout, self.name = path, timeout, name
+
+    def __enter__(self) -> "_Flock":
+        self.file = open(self.path, "a")
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return self
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    self.file.close()
+                    raise ShardUnavailable(f"shard {self.name}: another process has been fetching it for "
+                                           f"{self.timeout:.0f} s") from None
+                time.sleep(0.05)
+
+    def __exit__(self, *exc: object) -> None:
+        self.file.close()
+
+
+def storage(url: str, storage_options: Optional[dict[str, Any]] = None) -> tuple[Any, str]:
+    """``(filesystem, root)`` for ``url``; DatasetError naming the package a scheme needs."""
+    try:
+        import fsspec
+    except ImportError:
+        raise DatasetError(f"{url}: reading object storage needs fsspec: pip install 'stoker[s3]'") from None
+    try:
+        return fsspec.core.url_to_fs(url, **(storage_options or {}))
+    except ImportError as exc:
+        raise DatasetError(f"{url}: {exc} (for s3:// install 'stoker[s3]'; gs:// needs gcsfs)") from None
+    except ValueError as exc:
+        raise DatasetError(f"{url}: {exc}") from None
+
+
+def open_remote(url: str, cache_dir: Optional[os.PathLike] = None, cache_bytes: int = DEFAULT_CACHE_BYTES,
+                storage_options: Optional[dict[str, Any]] = None,
+                retry_seconds: float = DEFAULT_RETRY_SECONDS) -> ShardedDataset:
+    """The sharded dataset at ``url`` (its manifest read now, shards fetched on first use); DatasetError naming
+    what is wrong with the URL or the manifest."""
+    fs, root = storage(url, storage_options)
+    where = f"{url.rstrip('/')}/{MANIFEST}"
+
+    def read_manifest() -> bytes:
+        with fs.open(f"{root.rstrip('/')}/{MANIFEST}", "rb") as f:
+            return f.read(64 * 1024 * 1024 + 1)
+    try:
+        data = retried(f"reading {where}", read_manifest, retry_seconds)
+    except ShardUnavailable as exc:
+        raise DatasetError(f"no sharded dataset at {url}: {exc} (upload one with `stoker lmdb upload`)") from None
+    cache = ShardCache(Path(cache_dir) if cache_dir is not None else default_cache_dir(), cache_bytes, fs, root,
+                       retry_seconds)
+    return ShardedDataset(parse_manifest(data, where), cache, url)

@@ -1,0 +1,175 @@
+"""Writes a sharded dataset (``shards.py``): shards of a target size and the manifest, never seen half-built.
+
+``ShardedWriter`` has the interface ``writer.write_records`` drives (``schema``, ``kinds``, ``schema_from``,
+``check``, ``add``, ``finish``), so every builder path (folders, lists, JSON lines, ``write_lmdb``) writes shards
+with the same checks and report. Records go to ``shard-00000`` until its records' bytes reach ``shard_bytes``,
+then to the next: each shard is published by its own ``DatasetWriter`` inside this build's partial folder
+(``OUT.partial-XXXXXXXX``, locked as the single-LMDB builder locks its own), its ``data.mdb`` hashed, and the
+manifest written last, then the folder renamed to ``OUT``. A crash leaves a partial folder that the next build
+removes; never an ``OUT`` without its manifest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from collections import Counter
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+from stoker.producer.dataset.format import DatasetError, DatasetMeta, FieldKind
+from stoker.producer.dataset.shards import MANIFEST, Manifest, ShardInfo
+from stoker.producer.dataset.writer import DatasetWriter, _lock_new_partial, remove_abandoned_partials
+
+HASH_CHUNK = 8 << 20
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def parse_bytes(text: str) -> int:
+    """``"256MB"``, ``"1.5GiB"``, ``"4096"`` -> bytes; ValueError naming the forms it takes."""
+    units = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20,
+             "GIB": 2**30, "TIB": 2**40}
+    number = text.strip().upper().rstrip()
+    unit = number.lstrip("0123456789.")
+    try:
+        value = float(number[: len(number) - len(unit)])
+        scale = units[unit.strip()]
+    except (ValueError, KeyError):
+        raise ValueError(f"{text!r} is not a size: give bytes, or a number with KB, MB, GB, TB, KiB, MiB, GiB "
+                         "or TiB (e.g. 256MB)") from None
+    if value <= 0:
+        raise ValueError(f"{text!r}: give a size > 0")
+    return int(value * scale)
+
+
+class ShardedWriter:
+    """See the module doc. ``shard_bytes``: a shard is closed once its records' encoded bytes reach it;
+    ``classes``: stored in every shard (so each reads alone with its class names) and the manifest."""
+
+    def __init__(self, out: str | os.PathLike, shard_bytes: int, overwrite: bool = False,
+                 schema: Optional[Mapping[str, Any]] = None, kinds: Optional[Mapping[str, Any]] = None,
+                 classes: Sequence[str] = ()) -> None:
+        if shard_bytes < 1:
+            raise ValueError(f"shard size {shard_bytes}: give bytes >= 1")
+        self.out, self.shard_bytes, self.overwrite = Path(out), shard_bytes, overwrite
+        if self.out.exists() and not overwrite:
+            raise DatasetError(f"{self.out} already exists; pass --overwrite to replace it")
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        remove_abandoned_partials(self.out)
+        self.partial, self._lock = _lock_new_partial(self.out)
+        self.classes = tuple(classes)
+        self.shards: list[ShardInfo] = []
+        self._closed_labels: Counter[int] = Counter()  # label counts of the shards closed so far
+        self.count = 0
+        self._schema = {n: FieldKind.parse(k) for n, k in schema.items()} if schema is not None else None
+        self._kinds = dict(kinds or {})
+        self._schema_from = ""
+        self._finished = False
+        self._current = self._new_shard()  # made here and in add(), on the builder's thread: check() runs on others
+
+    # ---- what write_records uses -------------------------------------------------------------------
+
+    @property
+    def schema(self) -> Optional[dict[str, FieldKind]]:
+        return self._current.schema if self._current.schema is not None else self._schema
+
+    @property
+    def kinds(self) -> dict[str, FieldKind]:
+        return {n: FieldKind.parse(k) for n, k in self._kinds.items()}
+
+    @property
+    def schema_from(self) -> str:
+        return self._schema_from or self._current.schema_from
+
+    @property
+    def label_counts(self) -> Counter[int]:
+        """Records added per int ``label``, every shard's."""
+        return self._closed_labels + self._current.label_counts
+
+    def check(self, record: Mapping[str, Any]) -> dict[str, FieldKind]:
+        return self._current.check(record)
+
+    def add(self, record: Mapping[str, Any], position: str = "") -> int:
+        """Check and add one record to the current shard; its global index. ValueError as DatasetWriter's."""
+        writer = self._current
+        writer.add(record, position)
+        if not self._schema_from and writer.schema_from:
+            self._schema_from = writer.schema_from
+        self.count += 1
+        if writer.bytes_added >= self.shard_bytes:
+            self._close_shard()
+            self._current = self._new_shard()
+        return self.count - 1
+
+    # ---- shards ------------------------------------------------------------------------------------
+
+    def _new_shard(self) -> DatasetWriter:
+        schema = {n: k.to_meta() for n, k in self._schema.items()} if self._schema is not None else None
+        return DatasetWriter(self.partial / f"shard-{len(self.shards):05d}", schema=schema, kinds=self._kinds)
+
+    def _close_shard(self) -> None:
+        writer = self._current
+        if not writer.count:
+            writer.__exit__(None)  # an empty last shard: its partial folder goes
+            return
+        self._schema = dict(writer.schema or {})
+        self._closed_labels.update(writer.label_counts)
+        meta = writer.finish(classes=self.classes)
+        data = writer.out / "data.mdb"
+        first = sum(s.records for s in self.shards)
+        self.shards.append(ShardInfo(writer.out.name, first, meta.count, data.stat().st_size, file_sha256(data)))
+
+    def finish(self, classes: Sequence[str] = (), task: str = "", info: Optional[Mapping[str, Any]] = None) -> DatasetMeta:
+        """Close the last shard, write the manifest last, rename the folder into place; the whole dataset's meta."""
+        self.classes = tuple(classes) or self.classes
+        self._close_shard()
+        if not self.shards or self._schema is None:
+            raise DatasetError(f"no record was written to {self.out}: nothing to publish")
+        counts = tuple(self._closed_labels[label] for label in range(len(self.classes)))
+        meta = DatasetMeta(count=self.count, fields=dict(self._schema), classes=self.classes, task=task,
+                           info=dict(info or {}),
+                           class_counts=counts if self.classes and sum(counts) == self.count else None)
+        manifest = self.partial / MANIFEST
+        with open(manifest, "w") as f:
+            f.write(Manifest(meta, tuple(self.shards)).to_json())
+            f.flush()
+            os.fsync(f.fileno())
+        self._publish()
+        self._finished = True
+        return meta
+
+    def _publish(self) -> None:
+        os.unlink(self.partial / "building.lock")  # still held through the open descriptor until close
+        replaced = None
+        if self.overwrite and self.out.exists():
+            replaced = self.out.with_name(f"{self.out.name}.replaced-{os.getpid()}")
+            os.rename(self.out, replaced)
+        try:
+            os.rename(self.partial, self.out)
+        except OSError:
+            shutil.rmtree(self.partial, ignore_errors=True)
+            raise DatasetError(f"{self.out} was published by another process while this build ran; pass "
+                               "--overwrite to replace it") from None
+        finally:
+            self._lock.close()
+            if replaced is not None:
+                shutil.rmtree(replaced, ignore_errors=True)
+
+    def __enter__(self) -> "ShardedWriter":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self._finished:
+            try:
+                self._current.__exit__(None)
+            finally:
+                shutil.rmtree(self.partial, ignore_errors=True)
+                self._lock.close()
