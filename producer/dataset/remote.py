@@ -223,6 +223,11 @@ def open_remote(url: str, cache_dir: Optional[os.PathLike] = None, cache_bytes: 
         data = retried(f"reading {where}", read_manifest, retry_seconds)
     except ShardUnavailable as exc:
         raise DatasetError(f"no sharded dataset at {url}: {exc} (upload one with `stoker lmdb upload`)") from None
+    manifest = parse_manifest(data, where)
+    largest = max(manifest.shards, key=lambda s: s.bytes)
+    if largest.bytes > cache_bytes:
+        raise DatasetError(f"the cache's budget ({cache_bytes} bytes) is smaller than shard {largest.name} of {url} "
+                           f"({largest.bytes} bytes): raise --cache-size to a few shards at least")
     cache = ShardCache(Path(cache_dir) if cache_dir is not None else default_cache_dir(), cache_bytes, fs, root,
                        retry_seconds)
-    return ShardedDataset(parse_manifest(data, where), cache, url)
+    return ShardedDataset(manifest, cache, url)

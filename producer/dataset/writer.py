@@ -28,6 +28,7 @@ from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
+from functools import partial
 from pathlib import Path
 from typing import IO, Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence, TypeVar
 
@@ -338,7 +339,8 @@ def write_records(writer: DatasetWriter, items: Iterable[tuple[str, Callable[[],
 def write_lmdb(path: str | os.PathLike, records: Iterable[Mapping[str, Any]], *,
                schema: Optional[Mapping[str, Any]] = None, classes: Sequence[str] = (), task: str = "",
                info: Optional[Mapping[str, Any]] = None, overwrite: bool = False, progress: bool = True,
-               total: Optional[int] = None, check_images: bool = True, threads: Optional[int] = None) -> WriteReport:
+               total: Optional[int] = None, check_images: bool = True, threads: Optional[int] = None,
+               shard_bytes: Optional[int] = None) -> WriteReport:
     """Write any iterable of record dicts to a Stoker LMDB at ``path``, atomically.
 
     Each record is a dict of fields: encoded images (bytes, kept as they are), other bytes, int,
@@ -349,12 +351,19 @@ def write_lmdb(path: str | os.PathLike, records: Iterable[Mapping[str, Any]], *,
     (checked); ``task`` and ``info`` are stored in the metadata. Nothing appears at ``path`` until the
     whole dataset is written. Shows a progress bar (``total`` sizes it) unless ``progress`` is false.
 
+    ``shard_bytes``: write a sharded dataset of shards of about that size (``sharded_writer.py``).
+
     >>> write_lmdb("train.lmdb", ({"image": open(p, "rb").read(), "label": y} for p, y in items))
     """
     if total is None and hasattr(records, "__len__"):
         total = len(records)  # type: ignore[arg-type]
     report = WriteReport()
-    with DatasetWriter(path, overwrite=overwrite, schema=schema) as writer:
+    writer_type: Any = DatasetWriter
+    if shard_bytes:
+        from stoker.producer.dataset.sharded_writer import ShardedWriter
+
+        writer_type = partial(ShardedWriter, shard_bytes=shard_bytes, classes=classes)
+    with writer_type(path, overwrite=overwrite, schema=schema) as writer:
         items = ((f"record {i}", (lambda r=record: r)) for i, record in enumerate(records))
         write_records(writer, items, report, threads or os.cpu_count() or 1, progress, total, check_images,
                       label_classes=len(classes))

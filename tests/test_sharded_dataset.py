@@ -1,0 +1,128 @@
+"""Sharded datasets on local disk (issue 33): the builder writes shards and a manifest with the same checks as one
+LMDB, the reader gives every record at its global index, hostile manifests are refused naming what is wrong, and
+a producer serves a sharded folder with exact epochs. Object storage: tests/test_object_storage.py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from stoker.consumer import BatchStream
+from stoker.producer.dataset.format import DatasetError, LmdbDataset, RecordError
+from stoker.producer.dataset.shards import MANIFEST, ShardedDataset, open_dataset, parse_manifest
+from stoker.producer.dataset.synthetic import build_synthetic
+from stoker.producer.dataset.writer import write_lmdb
+from stoker.producer.process import ProducerProcess
+
+pytestmark = pytest.mark.timeout(300)
+RECORDS = 60
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("single") / "ds"
+    build_synthetic(path, RECORDS, seed=4, num_classes=3, progress=False)
+    return path
+
+
+@pytest.fixture(scope="module")
+def sharded(single: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same records, in shards of about 600 KB (synthetic JPEGs are ~100 KB: several shards)."""
+    out = tmp_path_factory.mktemp("sharded") / "ds"
+    with LmdbDataset(single) as ds:
+        report = write_lmdb(out, (ds.read(i) for i in range(len(ds))), classes=ds.meta.classes, progress=False,
+                            shard_bytes=600_000)
+    assert not report.skipped
+    return out
+
+
+def test_the_shards_hold_every_record_at_its_global_index_with_the_manifest_checksums(single, sharded):
+    manifest = json.loads((sharded / MANIFEST).read_text())
+    assert manifest["count"] == RECORDS and len(manifest["shards"]) >= 3
+    assert sum(s["records"] for s in manifest["shards"]) == RECORDS
+    with LmdbDataset(single) as one, open_dataset(sharded) as many:
+        assert isinstance(many, ShardedDataset) and len(many) == RECORDS
+        assert many.meta.classes == one.meta.classes and many.meta.class_counts == one.meta.class_counts
+        for i in range(RECORDS):
+            assert many.read(i) == one.read(i)
+        assert [i for i, _ in many.iter_raw([5, RECORDS - 1, 0])] == [5, RECORDS - 1, 0]
+    shard = sharded / manifest["shards"][1]["name"]
+    with LmdbDataset(shard) as alone, LmdbDataset(single) as one:  # each shard is a Stoker LMDB of its own
+        assert len(alone) == manifest["shards"][1]["records"] and alone.meta.classes == one.meta.classes
+        first = manifest["shards"][0]["records"]
+        assert alone.read(0) == one.read(first)  # its key 0 is the dataset's record `first`
+
+
+def test_stoker_lmdb_build_shards_a_folder_and_info_describes_it(single, tmp_path):
+    images = tmp_path / "images"
+    with LmdbDataset(single) as ds:
+        for i in range(len(ds)):
+            record = ds.read(i)
+            (images / f"c{record['label']}").mkdir(parents=True, exist_ok=True)
+            (images / f"c{record['label']}" / f"{i:03d}.jpg").write_bytes(record["image"])
+    (images / "c0" / "notes.txt").write_text("not an image")
+    stoker = [sys.executable, "-m", "stoker.cli.main"]
+    built = subprocess.run([*stoker, "lmdb", "build", str(images), str(tmp_path / "out"), "--shard-size", "1MB",
+                            "--quiet"], capture_output=True, text=True, timeout=120)
+    assert built.returncode == 0, built.stderr
+    assert "skipped" in built.stdout and "notes.txt" in built.stdout  # named, as for one LMDB
+    info = subprocess.run([*stoker, "lmdb", "info", str(tmp_path / "out"), "--samples", "1"], capture_output=True,
+                          text=True, timeout=60)
+    assert info.returncode == 0 and "format:   stoker-shards version 1:" in info.stdout, info.stderr
+    assert f"records:  {RECORDS}" in info.stdout
+    bad = subprocess.run([*stoker, "lmdb", "build", str(images), str(tmp_path / "x"), "--shard-size", "lots"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "is not a size" in bad.stderr
+
+
+def _manifest(sharded: Path) -> dict:
+    return json.loads((sharded / MANIFEST).read_text())
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda m: m.update(format="other"), "'format' is not 'stoker-shards'"),
+    (lambda m: m.update(version=9), "version 9"),
+    (lambda m: m.update(count=m["count"] + 1), "not the shards' records added up"),
+    (lambda m: m["shards"][0].update(name="../../etc"), "shard 0 must be"),
+    (lambda m: m["shards"][0].update(sha256="zz"), "shard 0 must be"),
+    (lambda m: m["shards"][1].update(name=m["shards"][0]["name"]), "two shards have one name"),
+    (lambda m: m.update(shards=[]), "must list 1-"),
+    (lambda m: m.update(class_counts=[1, 2, 3]), "'class_counts' must give"),
+    (lambda m: m.update(fields={}), "'fields' must map"),
+])
+def test_a_manifest_that_does_not_describe_a_dataset_is_refused_naming_why(sharded, change, message):
+    manifest = _manifest(sharded)
+    change(manifest)
+    with pytest.raises(DatasetError, match=message.replace("[", r"\[")):
+        parse_manifest(json.dumps(manifest).encode(), "m.json")
+    with pytest.raises(DatasetError, match="invalid JSON"):
+        parse_manifest(b"{not json", "m.json")
+
+
+def test_a_missing_or_foreign_shard_costs_its_records_named_never_the_reader(sharded, tmp_path):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(sharded, copy)
+    shards = _manifest(copy)["shards"]
+    shutil.rmtree(copy / shards[1]["name"])
+    with open_dataset(copy) as ds:
+        first = shards[0]["records"]
+        with pytest.raises(RecordError, match=f"shard {shards[1]['name']}: shard {shards[1]['name']} is missing"):
+            ds.read(first)
+        assert ds.read(0) is not None and ds.read(RECORDS - 1) is not None
+
+
+def test_a_producer_serves_a_sharded_folder_with_exact_epochs(sharded):
+    flags = ["--workers", "2", "--batch-size", "8", "--image-size", "32", "--exact", "--epochs", "2", "--seed", "3"]
+    seen: Counter = Counter()
+    with ProducerProcess(sharded, extra_args=flags) as producer:
+        with BatchStream([producer.endpoint], exact=True, recv_timeout=60) as stream:
+            for batch in stream:
+                seen.update(zip(batch["epoch"].tolist(), batch["index"].tolist()))
+    assert sorted(seen) == [(e, i) for e in range(2) for i in range(RECORDS)] and set(seen.values()) == {1}
