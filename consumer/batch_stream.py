@@ -171,6 +171,7 @@ class BatchStream(InputBase):
 
     def close(self) -> None:
         """Stop receiving and close the sockets; bounded (about 2 s). Idempotent."""
+        self._stop_metrics()
         self._core.close()
 
     def __enter__(self) -> "BatchStream":

@@ -3,13 +3,13 @@
 ``ZMQInput`` (TensorFlow), ``BatchStream`` (NumPy/JAX) and any other facade subclass ``InputBase``: it
 opens the receive core from a ``ReceiveOptions`` and answers, the same way for all of them,
 ``save_state()`` / ``restore_state()`` (exact mode, through the ``ConsumedLedger``), ``exact``,
-``trainer_id``, ``stats``, ``error``, ``raise_if_failed()`` and ``finished``. A facade adds only what is
+``trainer_id``, ``stats``, ``error``, ``raise_if_failed()``, ``finished`` and ``serve_metrics()`` (Prometheus). A facade adds only what is
 its framework's: its sink, its batches, its lifecycle. No framework is imported here.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 from stoker.consumer.errors import InputError
 from stoker.consumer.exact.ledger import ConsumedLedger
@@ -29,6 +29,7 @@ class InputBase:
     receive: str  #: the receive path chosen: "direct" or "libzmq"
     _core: ReceiveCore
     _ledger: Optional[ConsumedLedger]
+    _metrics: Any = None  # the Prometheus server, once serve_metrics() started it; the facade's close() stops it
 
     def _open_input(self, options: ReceiveOptions) -> None:
         """Open the receive core (may wait up to ``recv_timeout`` to learn the spec)."""
@@ -83,3 +84,17 @@ class InputBase:
     def finished(self) -> bool:
         """Exact mode, a finite run: every producer finished its epochs (the input ends after the last batch)."""
         return self._core.finished
+
+    def serve_metrics(self, port: int, addr: str = "0.0.0.0") -> int:
+        """Serve Prometheus metrics on ``http://addr:port/metrics`` until close(); returns the port (0: any free)."""
+        from stoker.protocol.metrics_server import MetricsServer
+
+        from stoker.consumer.input_metrics import InputCollector
+
+        self._metrics = MetricsServer(port, InputCollector(self), addr)
+        return self._metrics.port
+
+    def _stop_metrics(self) -> None:
+        if self._metrics is not None:
+            self._metrics.close()
+            self._metrics = None

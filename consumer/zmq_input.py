@@ -159,7 +159,6 @@ class ZMQInput(InputBase, tf.train.experimental.PythonState):
         self.queue_capacity, self.recv_timeout, self.nr_stage, self.rcvhwm = queue_capacity, recv_timeout, nr_stage, rcvhwm
         self.name = name
         self._closed = False
-        self._metrics: Any = None
         self._open_input(options)
         if "images" in self.spec:
             self.image_shape = tuple(self.spec["images"].shape[1:])
@@ -202,8 +201,7 @@ class ZMQInput(InputBase, tf.train.experimental.PythonState):
             return
         self._closed = True
         self._core.close()
-        if self._metrics is not None:
-            self._metrics.close()
+        self._stop_metrics()
 
     def activate(self) -> None:
         """Exact mode: receive from now on rather than from the first ``get()`` (a restore is refused after this,
@@ -305,11 +303,3 @@ class ZMQInput(InputBase, tf.train.experimental.PythonState):
         tf.summary.scalar("stoker/batches_received", stats.batches, step=step)
         tf.summary.scalar("stoker/protocol_errors", stats.protocol_errors + stats.mismatched_batches, step=step)
 
-    def serve_metrics(self, port: int, addr: str = "0.0.0.0") -> int:
-        """Serve Prometheus metrics on ``http://addr:port/metrics`` until close(); returns the port (0: any free)."""
-        from stoker.protocol.metrics_server import MetricsServer
-
-        from stoker.consumer.tf.metrics import ZMQInputCollector
-
-        self._metrics = MetricsServer(port, ZMQInputCollector(self), addr)
-        return self._metrics.port

@@ -357,3 +357,18 @@ def test_marked_mode_ends_a_finite_run_while_the_loop_holds_its_last_batch_unmar
             with pytest.raises(RuntimeError, match="every batch handed out is marked"):
                 inp.mark_consumed()
     assert sorted(seen) == list(range(records)) and set(seen.values()) == {1}
+
+
+def test_a_torch_input_serves_the_same_prometheus_metrics_as_the_other_facades(synth_lmdb):
+    import urllib.request
+
+    with _producer(synth_lmdb) as producer:
+        with TorchInput([producer.endpoint], recv_timeout=60) as inp:
+            port = inp.serve_metrics(0, "127.0.0.1")
+            for _, _batch in zip(range(3), inp):
+                pass
+            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        assert "stoker_trainer_batches_received_total{producer=" in text
+        assert "stoker_trainer_queue_occupancy" in text
+        with pytest.raises(OSError):  # closed with the input
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)

@@ -310,6 +310,7 @@ class TorchInput(InputBase):
         if self._closed:
             return
         self._closed = True
+        self._stop_metrics()
         self._core.close()  # a next() waiting for a batch sees the error within POLL_S and lets go of the lock
         with self._lock:
             self._staging.close()

@@ -1,4 +1,5 @@
-"""Prometheus metrics of a ZMQInput (trainer side), computed at scrape time from its stats."""
+"""Prometheus metrics of a trainer's input (any facade: ZMQInput, BatchStream, TorchInput), computed at scrape time
+from its stats (``InputBase.serve_metrics``). Imports no framework."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ if TYPE_CHECKING:
     from stoker.consumer.receive_stats import WatchedInput
 
 
-class ZMQInputCollector(Collector):
+class InputCollector(Collector):
     """Batches and bytes received (per producer), rejected messages, occupancy, connected producers."""
 
     def __init__(self, inp: "WatchedInput") -> None:
