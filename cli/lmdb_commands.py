@@ -69,6 +69,8 @@ def add_lmdb_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]", 
     s.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     s.add_argument("--exist-ok", action="store_true", help="do nothing if OUT already holds a Stoker dataset")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.add_argument("--shard-size", type=size_argument, default=None, metavar="SIZE",
+                   help="write a sharded dataset of shards of about SIZE (e.g. 64MB) for object storage")
     s.set_defaults(func=handlers["lmdb_synth"])
     i = lsub.add_parser("info", parents=[common], formatter_class=HelpFormatter, help="describe an LMDB",
                         description="Print record count, classes, format version, size, a few sample records and the records per class.")
@@ -148,18 +150,20 @@ def cmd_lmdb_synth(args: argparse.Namespace) -> int:
 
     def build(out: object) -> None:
         meta = build_synthetic(out, args.count, seed=args.seed, num_classes=args.classes,  # type: ignore[arg-type]
-                               overwrite=args.overwrite or args.exist_ok, progress=not args.quiet, task=args.task)
+                               overwrite=args.overwrite or args.exist_ok, progress=not args.quiet, task=args.task,
+                               shard_bytes=args.shard_size)
         print(f"wrote {meta.count} synthetic {args.task} records in {len(meta.classes)} classes to {args.out}")
 
     if not args.exist_ok:
         build(args.out)
         return EXIT_OK
     from stoker.producer.dataset.cache import cached_dataset
-    from stoker.producer.dataset.format import DatasetError, LmdbDataset
+    from stoker.producer.dataset.format import DatasetError
+    from stoker.producer.dataset.shards import open_dataset
 
     def usable(out: object) -> bool:
         try:
-            with LmdbDataset(out) as ds:  # type: ignore[arg-type]
+            with open_dataset(out) as ds:  # type: ignore[arg-type]
                 print(f"{args.out} already holds a Stoker dataset of {len(ds)} records; leaving it")
                 return True
         except DatasetError:

@@ -23,7 +23,7 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/*
 COPY --from=build /wheels /wheels
 # /data is created owned by the runtime user so a fresh named volume mounted there is writable.
-RUN pip install --no-cache-dir /wheels/*.whl \
+RUN pip install --no-cache-dir /wheels/*.whl "s3fs>=2023.6" \
     && python -c "import stoker.producer.images._jpeg_crop" \
     && useradd --system --uid 10001 --create-home stoker \
     && mkdir /data && chown stoker /data

@@ -15,7 +15,7 @@ import yaml
 from stoker.cli.main import build_parser
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
-K8S = sorted((DEPLOY / "k8s").glob("*.yaml"))
+K8S = sorted((DEPLOY / "k8s").rglob("*.yaml"))  # object-storage/ too
 
 
 def _tool(name: str) -> str:
@@ -35,10 +35,26 @@ def _parses(argv: list[str]) -> None:
         raise AssertionError(f"`stoker {' '.join(argv)}` is not a valid stoker command line") from exc
 
 
-def test_compose_file_is_valid():
-    out = subprocess.run([_tool("docker-compose"), "-f", str(DEPLOY / "docker-compose.yml"), "config", "-q"],
+@pytest.mark.parametrize("name", ["docker-compose.yml", "docker-compose.object-storage.yml"])
+def test_compose_file_is_valid(name):
+    out = subprocess.run([_tool("docker-compose"), "-f", str(DEPLOY / name), "config", "-q"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
+
+
+def test_the_object_storage_variant_has_no_data_volume_and_bounds_each_producers_cache():
+    services = yaml.safe_load((DEPLOY / "docker-compose.object-storage.yml").read_text())["services"]
+    for name in ("producer-0", "producer-1"):
+        argv = services[name]["command"]
+        _parses(argv)
+        assert argv[argv.index("--lmdb") + 1].startswith("s3://") and "volumes" not in services[name]
+        assert "--cache-size" in argv
+    for name in ("dataset", "upload", "trainer"):
+        _parses(services[name]["command"])
+    manifests = list(yaml.safe_load_all((DEPLOY / "k8s" / "object-storage" / "producers.yaml").read_text()))
+    assert {d["kind"] for d in manifests} == {"Secret", "Service", "StatefulSet"}
+    pod = next(d for d in manifests if d["kind"] == "StatefulSet")["spec"]["template"]["spec"]
+    assert [v["name"] for v in pod["volumes"]] == ["cache", "dshm"] and pod["volumes"][0]["emptyDir"]["sizeLimit"]
 
 
 def test_dockerfiles_pass_hadolint():

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import colorsys
 import os
+from typing import Any, Optional
 
 import cv2
 import numpy as np
@@ -130,14 +131,21 @@ def build_synthetic(
     overwrite: bool = False,
     progress: bool = True,
     task: str = "classification",
+    shard_bytes: Optional[int] = None,
 ) -> DatasetMeta:
-    """Write a synthetic Stoker LMDB of ``count`` records for ``task`` to ``out`` (see module doc)."""
+    """Write a synthetic Stoker LMDB of ``count`` records for ``task`` to ``out`` (see module doc); with
+    ``shard_bytes``, a sharded dataset of shards of about that size (``sharded_writer.py``)."""
     if count <= 0:
         raise ValueError("count must be positive")
     if task not in TASKS:
         raise ValueError(f"task {task!r}: choose one of {', '.join(TASKS)}")
-    with DatasetWriter(out, overwrite=overwrite) as writer:
+    classes = [f"class_{c:03d}" for c in range(num_classes)]
+    writer: Any = DatasetWriter(out, overwrite=overwrite)
+    if shard_bytes:
+        from stoker.producer.dataset.sharded_writer import ShardedWriter
+
+        writer = ShardedWriter(out, shard_bytes, overwrite=overwrite, classes=classes)
+    with writer:
         for index in tqdm(range(count), desc=f"synth {task}", unit="rec", disable=not progress):
             writer.add(synthetic_record(task, seed, index, num_classes))
-        return writer.finish([f"class_{c:03d}" for c in range(num_classes)], task=task,
-                             info={"synthetic": True, "seed": seed})
+        return writer.finish(classes, task=task, info={"synthetic": True, "seed": seed})
