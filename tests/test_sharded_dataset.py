@@ -126,3 +126,30 @@ def test_a_producer_serves_a_sharded_folder_with_exact_epochs(sharded):
             for batch in stream:
                 seen.update(zip(batch["epoch"].tolist(), batch["index"].tolist()))
     assert sorted(seen) == [(e, i) for e in range(2) for i in range(RECORDS)] and set(seen.values()) == {1}
+
+
+def test_a_bounded_cache_fetches_checks_evicts_and_fetches_again_through_any_fsspec_url(sharded, tmp_path,
+                                                                                      monkeypatch):
+    """The object-storage path on a file:// URL (fsspec's local filesystem, real files and LMDBs): a cache that
+    holds one shard fetches each shard when it is needed, evicts the least recently used, lets a reader of an
+    evicted shard go (checked every time here) and fetches it again; every fetch is counted."""
+    from stoker.producer.dataset import shards as shards_module
+    from stoker.producer.dataset.remote import open_remote
+
+    monkeypatch.setattr(shards_module, "CHECK_EVICTED_S", 0.0)
+    manifest = _manifest(sharded)["shards"]
+    biggest = max(s["bytes"] for s in manifest)
+    cache = tmp_path / "cache"
+    with open_remote(f"file://{sharded}", cache_dir=cache, cache_bytes=biggest + 1) as ds, \
+            LmdbDataset(sharded / manifest[0]["name"]) as first_shard:
+        first, second = 0, manifest[0]["records"]  # a record of shard 0 and one of shard 1
+        assert ds.read(first) == first_shard.read(0)
+        ds.read(second)  # shard 1 fetched, shard 0 evicted to make room
+        ds.read(first)  # shard 0 was let go of and is fetched again
+        fetches = [json.loads(line)["shard"] for line in (cache / "fetches.jsonl").read_text().splitlines()]
+        assert fetches == [manifest[0]["name"], manifest[1]["name"], manifest[0]["name"]]
+        assert sum(f.stat().st_size for f in (cache / "shards").rglob("data.mdb")) <= biggest + 1
+    with pytest.raises(DatasetError, match="raise --cache-size"):
+        open_remote(f"file://{sharded}", cache_dir=cache, cache_bytes=biggest - 1)
+    with pytest.raises(DatasetError, match="no sharded dataset at"):
+        open_remote(f"file://{tmp_path}/nothing", cache_dir=cache, retry_seconds=1)

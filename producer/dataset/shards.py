@@ -24,6 +24,7 @@ import bisect
 import json
 import os
 import re
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,7 @@ VERSION = 1
 MAX_SHARDS = 100_000
 MAX_MANIFEST_BYTES = 64 * 1024 * 1024
 OPEN_SHARDS = 16  # LMDB environments a reader keeps open at once (least recently used closed first)
+CHECK_EVICTED_S = 0.5  # how often a reader checks an open shard of a bounded cache is still there
 _SHARD_NAME = re.compile(r"^shard-\d{5,6}$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -169,6 +171,7 @@ class ShardedDataset:
         self.manifest, self.source, self.path = manifest, source, where
         self.meta = manifest.meta
         self._open: OrderedDict[int, LmdbDataset] = OrderedDict()
+        self._checked: dict[int, float] = {}  # shard -> when its open file was last seen in place
 
     def __len__(self) -> int:
         return self.meta.count
@@ -176,9 +179,7 @@ class ShardedDataset:
     def _shard(self, number: int) -> LmdbDataset:
         if number in self._open:
             dataset = self._open[number]
-            # An evicted shard would stay on disk while open (an unlinked file): past the cache's budget, and never
-            # fetched again. One stat per record (~1 us) lets go of it instead.
-            if not self.source.evicts or (dataset.path / "data.mdb").exists():
+            if not self._evicted(number, dataset):
                 self._open.move_to_end(number)
                 return dataset
             self._open.pop(number).close()
@@ -202,6 +203,15 @@ class ShardedDataset:
         while len(self._open) > OPEN_SHARDS:
             self._open.popitem(last=False)[1].close()
         return dataset
+
+    def _evicted(self, number: int, dataset: LmdbDataset) -> bool:
+        """Whether an open shard's file left a bounded cache. Held open, an evicted (unlinked) shard would keep its
+        disk space past the budget and never be fetched again; looked at most every CHECK_EVICTED_S."""
+        now = time.monotonic()
+        if not self.source.evicts or now - self._checked.get(number, 0.0) < CHECK_EVICTED_S:
+            return False
+        self._checked[number] = now
+        return not (dataset.path / "data.mdb").exists()
 
     def read(self, index: int) -> dict[str, Any]:
         """Record ``index`` (global); RecordError if it is corrupt or its shard cannot be had."""
