@@ -20,7 +20,8 @@ from typing import Any, Mapping, Optional, Sequence
 
 from stoker.producer.dataset.format import DatasetError, DatasetMeta, FieldKind
 from stoker.producer.dataset.shards import MANIFEST, Manifest, ShardInfo
-from stoker.producer.dataset.writer import DatasetWriter, _lock_new_partial, remove_abandoned_partials
+from stoker.producer.dataset.writer import (DatasetWriter, _lock_new_partial, publish_partial,
+                                            remove_abandoned_partials)
 
 HASH_CHUNK = 8 << 20
 
@@ -147,21 +148,7 @@ class ShardedWriter:
         return meta
 
     def _publish(self) -> None:
-        os.unlink(self.partial / "building.lock")  # still held through the open descriptor until close
-        replaced = None
-        if self.overwrite and self.out.exists():
-            replaced = self.out.with_name(f"{self.out.name}.replaced-{os.getpid()}")
-            os.rename(self.out, replaced)
-        try:
-            os.rename(self.partial, self.out)
-        except OSError:
-            shutil.rmtree(self.partial, ignore_errors=True)
-            raise DatasetError(f"{self.out} was published by another process while this build ran; pass "
-                               "--overwrite to replace it") from None
-        finally:
-            self._lock.close()
-            if replaced is not None:
-                shutil.rmtree(replaced, ignore_errors=True)
+        publish_partial(self.partial, self.out, self.overwrite, self._lock)
 
     def __enter__(self) -> "ShardedWriter":
         return self

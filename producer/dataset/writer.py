@@ -81,6 +81,28 @@ def remove_abandoned_partials(out: Path) -> list[Path]:
     return removed
 
 
+def publish_partial(partial: Path, out: Path, overwrite: bool, lock: IO[str]) -> None:
+    """Rename a finished build's ``partial`` folder to ``out`` (atomic), releasing its ``lock``. With ``overwrite``
+    an existing ``out`` is replaced; without, DatasetError if another process published ``out`` meanwhile."""
+    os.unlink(partial / _LOCK_NAME)  # still held through the open descriptor until close
+    replaced = None
+    if overwrite and out.exists():
+        replaced = out.with_name(f"{out.name}.replaced-{secrets.token_hex(4)}")
+        os.rename(out, replaced)
+    try:
+        os.rename(partial, out)  # atomic; refuses to replace a non-empty directory
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+            raise
+        shutil.rmtree(partial, ignore_errors=True)
+        raise DatasetError(f"{out} was published by another process while this build ran; "
+                           "pass --overwrite to replace it") from None
+    finally:
+        lock.close()
+        if replaced is not None:
+            shutil.rmtree(replaced, ignore_errors=True)
+
+
 class DatasetWriter:
     """Append records with add(); finish() publishes the dataset (format version 2).
 
@@ -206,23 +228,7 @@ class DatasetWriter:
         return meta
 
     def _publish(self) -> None:
-        os.unlink(self.partial / _LOCK_NAME)  # still held through the open descriptor until close
-        replaced = None
-        if self.overwrite and self.out.exists():
-            replaced = self.out.with_name(f"{self.out.name}.replaced-{secrets.token_hex(4)}")
-            os.rename(self.out, replaced)
-        try:
-            os.rename(self.partial, self.out)  # atomic; refuses to replace a non-empty directory
-        except OSError as exc:
-            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
-                raise
-            shutil.rmtree(self.partial, ignore_errors=True)
-            raise DatasetError(f"{self.out} was published by another process while this build ran; "
-                               "pass --overwrite to replace it") from None
-        finally:
-            self._lock.close()
-            if replaced is not None:
-                shutil.rmtree(replaced, ignore_errors=True)
+        publish_partial(self.partial, self.out, self.overwrite, self._lock)
 
     def __enter__(self) -> "DatasetWriter":
         return self
