@@ -40,6 +40,10 @@ def add_lmdb_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]", 
                         "it (see --allow-empty-classes). Ends with the records per class. The result appears at OUT only when complete.")
     b.add_argument("src", help="image folder (SRC/<class>/<files>), list file, or with --jsonl a JSON-lines file")
     b.add_argument("out", help="output LMDB directory")
+    b.add_argument("--from", dest="source_format", choices=("files", "webdataset"), default="files",
+                   help="files: SRC is a folder, a list file or (--jsonl) JSON lines; webdataset: SRC is WebDataset "
+                   "tar shards (a tar, a folder of them, or a URL or glob such as s3://bucket/train-*.tar), each "
+                   "sample's image and .cls label stored, every sample or member left out named")
     b.add_argument("--jsonl", action="store_true",
                    help="SRC is JSON lines: one object per line, image fields holding paths relative to SRC's folder, "
                    "other fields stored as their JSON values (e.g. {\"image\": \"a.jpg\", \"boxes\": [[x1, y1, "
@@ -55,6 +59,7 @@ def add_lmdb_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]", 
     b.add_argument("--shard-size", type=size_argument, default=None, metavar="SIZE",
                    help="write a sharded dataset: shards of about SIZE (e.g. 256MB, 1GiB) and a manifest, for object "
                    "storage (stoker lmdb upload; docs/format.md). Default: one LMDB")
+    add_storage_arguments(b)
     b.set_defaults(func=handlers["lmdb_build"])
     s = lsub.add_parser("synth", parents=[common], formatter_class=HelpFormatter, help="make a deterministic synthetic JPEG dataset",
                         description="Write COUNT photo-like synthetic records (JPEGs of 300-500 px) for demos, tests "
@@ -106,12 +111,20 @@ def add_storage_arguments(parser: argparse.ArgumentParser) -> None:
                         "logged), e.g. anon=true")
 
 
+def _fsspec_options(args: argparse.Namespace) -> dict:
+    from stoker.producer.dataset.shards import RemoteOptions
+
+    return RemoteOptions(storage_options=tuple(args.storage_option or ()),
+                         s3_endpoint=args.s3_endpoint).fsspec_options()
+
+
 def cmd_lmdb_build(args: argparse.Namespace) -> int:
     from stoker.producer.dataset.build import build_lmdb
 
     report = build_lmdb(args.src, args.out, overwrite=args.overwrite, threads=args.threads, progress=not args.quiet,
                         jsonl=args.jsonl, image_fields=args.image_field or ["image"], task=args.task,
-                        allow_empty_classes=args.allow_empty_classes, shard_bytes=args.shard_size)
+                        allow_empty_classes=args.allow_empty_classes, shard_bytes=args.shard_size,
+                        source_format=args.source_format, storage_options=_fsspec_options(args))
     meta = report.meta
     classes = f" in {len(meta.classes)} classes" if meta.classes else ""
     if args.quiet:  # with the progress bar the build named each one as it found it, once
@@ -126,7 +139,7 @@ def cmd_lmdb_build(args: argparse.Namespace) -> int:
         print(_per_class(meta.classes, meta.class_counts, limit=_BUILD_CLASS_LINES, lmdb=args.out))
     listed = " (listed above)" if report.skipped else ""
     print(f"wrote {meta.count} records{classes} to {args.out}; skipped {len(report.skipped)} "
-          f"{'lines' if args.jsonl else 'files'}{listed}")
+          f"{'lines' if args.jsonl else 'samples' if args.source_format == 'webdataset' else 'files'}{listed}")
     return EXIT_OK
 
 
@@ -273,6 +286,6 @@ def cmd_lmdb_upload(args: argparse.Namespace) -> int:
     from stoker.producer.dataset.upload import upload_dataset
 
     remote = RemoteOptions(storage_options=tuple(args.storage_option or ()), s3_endpoint=args.s3_endpoint)
-    shards, size = upload_dataset(args.path, args.url, remote, progress=not getattr(args, "quiet", False))
+    shards, size = upload_dataset(args.path, args.url, remote)
     print(f"uploaded {shards} shard(s), {size / 1e6:.1f} MB, then the manifest, to {args.url}")
     return EXIT_OK

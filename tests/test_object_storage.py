@@ -169,3 +169,19 @@ def test_a_cache_smaller_than_one_shard_is_refused_at_start_naming_the_flag(weed
     url, _ = _upload(weed, dataset, "small-cache")
     with pytest.raises(ProducerStartError, match="raise --cache-size"):
         _producer(weed, url, tmp_path / "cache", "--exact", cache_size="100KB")
+
+
+def test_webdataset_tars_in_a_bucket_build_a_sharded_dataset(weed, tmp_path):
+    from test_sharded_dataset import webdataset_tars
+
+    single = tmp_path / "single"
+    build_synthetic(single, 20, seed=4, num_classes=3, progress=False)
+    good = webdataset_tars(single, tmp_path / "wds")
+    for tar in sorted((tmp_path / "wds").glob("*.tar")):
+        weed.fs().put_file(str(tar), f"stoker/wds/{tar.name}")
+    out = subprocess.run([sys.executable, "-m", "stoker.cli.main", "lmdb", "build", "s3://stoker/wds/*.tar",
+                          str(tmp_path / "out"), "--from", "webdataset", "--s3-endpoint", weed.endpoint,
+                          "--shard-size", "1MB", "--quiet"], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, **CREDENTIALS})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"wrote {len(good)} records in 3 classes" in out.stdout and "skipped 8 samples" in out.stdout

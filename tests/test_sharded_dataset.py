@@ -153,3 +153,57 @@ def test_a_bounded_cache_fetches_checks_evicts_and_fetches_again_through_any_fss
         open_remote(f"file://{sharded}", cache_dir=cache, cache_bytes=biggest - 1)
     with pytest.raises(DatasetError, match="no sharded dataset at"):
         open_remote(f"file://{tmp_path}/nothing", cache_dir=cache, retry_seconds=1)
+
+
+def _tar(path: Path, members: list[tuple[str, bytes]], symlink: str = "") -> None:
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        if symlink:
+            link = tarfile.TarInfo(symlink)
+            link.type = tarfile.SYMTYPE
+            link.linkname = "/etc/passwd"
+            tar.addfile(link)
+
+
+def webdataset_tars(single: Path, folder: Path) -> list[tuple[int, int]]:
+    """Two WebDataset tars of the single LMDB's first 20 records, with bad samples mixed in; the (record, label)
+    of each good sample, in order."""
+    folder.mkdir(parents=True, exist_ok=True)
+    good = []
+    with LmdbDataset(single) as ds:
+        for part in range(2):
+            members = []
+            for i in range(part * 10, part * 10 + 10):
+                record = ds.read(i)
+                members += [(f"train/{i:05d}.jpg", record["image"]), (f"train/{i:05d}.cls", b"%d" % record["label"])]
+                good.append((i, record["label"]))
+            members += [(f"bad/{part}-nolabel.jpg", ds.read(0)["image"]),
+                        (f"bad/{part}-text.png", ds.read(1)["image"]), (f"bad/{part}-text.cls", b"cat"),
+                        (f"bad/{part}-notimage.jpg", b"not an image"), (f"bad/{part}-notimage.cls", b"1")]
+            _tar(folder / f"shard-{part:04d}.tar", members, symlink=f"bad/{part}-link.jpg")
+    return good
+
+
+def test_stoker_lmdb_build_from_webdataset_tars_names_every_sample_it_leaves_out(single, tmp_path):
+    good = webdataset_tars(single, tmp_path / "wds")
+    truncated = (tmp_path / "wds" / "shard-0001.tar").read_bytes()
+    (tmp_path / "wds" / "shard-0002.tar").write_bytes(truncated[: len(truncated) // 3])  # cut mid-member
+    out = subprocess.run([sys.executable, "-m", "stoker.cli.main", "lmdb", "build", str(tmp_path / "wds"),
+                          str(tmp_path / "out"), "--from", "webdataset", "--shard-size", "500KB", "--quiet"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    with open_dataset(tmp_path / "out") as ds, LmdbDataset(single) as source:
+        stored = [(ds.read(i)["image"], ds.read(i)["label"]) for i in range(len(ds))]
+        first_tars = [(source.read(i)["image"], label) for i, label in good]
+        assert stored[: len(first_tars)] == first_tars  # the good samples of the two whole tars, in order
+        assert isinstance(ds, ShardedDataset)
+    for reason in ("bad/0-nolabel: no label member", "bad/0-text: label b'cat' is not an integer",
+                   "bad/1-link.jpg: not a regular file", "bad/0-notimage:", "shard-0002.tar: the tar is unreadable"):
+        assert reason in out.stdout, (reason, out.stdout)
+    assert "skipped" in out.stdout and "samples" in out.stdout

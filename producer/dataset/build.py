@@ -24,6 +24,7 @@ Sources:
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from functools import partial
@@ -156,6 +157,8 @@ def build_lmdb(
     task: str = "",
     allow_empty_classes: bool = False,
     shard_bytes: int | None = None,
+    source_format: str = "files",
+    storage_options: Mapping[str, Any] | None = None,
 ) -> WriteReport:
     """Build ``out`` from a folder, list file or (``jsonl``) JSON-lines file ``src``; see the module doc.
 
@@ -163,7 +166,12 @@ def build_lmdb(
     them all either way. SourceError names each class folder with no image that can be stored, unless
     ``allow_empty_classes`` (then each is a class with 0 records and a warning in the report). ``shard_bytes``:
     write a sharded dataset (``sharded_writer.py``) of shards of about that size instead of one LMDB.
+    ``source_format="webdataset"``: ``src`` is WebDataset tar shards (a tar, a folder of them, or an fsspec URL or
+    glob, ``webdataset.py``), classes ``"0"`` ... up to the largest label.
     """
+    if source_format == "webdataset":
+        return _build_from_webdataset(str(src), out, overwrite, threads, progress, task, shard_bytes,
+                                      dict(storage_options or {}))
     src = Path(src)
     threads = threads or os.cpu_count() or 1
     classes: list[str] = []
@@ -207,4 +215,30 @@ def build_lmdb(
             _check_empty_classes(src, classes, [writer.label_counts[label] for label in range(len(classes))], report,
                                 allow_empty_classes)
         report.meta = writer.finish(classes=classes, task=task)
+    return report
+
+
+def _build_from_webdataset(src: str, out: str | os.PathLike, overwrite: bool, threads: int | None, progress: bool,
+                           task: str, shard_bytes: int | None, storage_options: dict[str, Any]) -> WriteReport:
+    from stoker.producer.dataset.webdataset import webdataset_items
+
+    report = WriteReport()
+    writer_type: Any = DatasetWriter
+    if shard_bytes:
+        from stoker.producer.dataset.sharded_writer import ShardedWriter
+
+        writer_type = partial(ShardedWriter, shard_bytes=shard_bytes)
+    try:
+        items = webdataset_items([src], storage_options)
+        first = next(items)
+    except (OSError, ValueError) as exc:
+        raise SourceError(f"{src}: {exc}") from None
+    except StopIteration:
+        raise SourceError(f"{src} holds no sample") from None
+    with writer_type(out, overwrite=overwrite, schema={"image": "image", "label": "int"}) as writer:
+        write_records(writer, itertools.chain([first], items), report, threads or os.cpu_count() or 1, progress,
+                      None, check_images=True)
+        labels = writer.label_counts
+        classes = [str(c) for c in range(max(labels) + 1)] if labels else []
+        report.meta = writer.finish(classes=classes, task=task or "classification")
     return report
