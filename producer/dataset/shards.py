@@ -211,7 +211,11 @@ class ShardedDataset:
         if not self.source.evicts or now - self._checked.get(number, 0.0) < CHECK_EVICTED_S:
             return False
         self._checked[number] = now
-        return not (dataset.path / "data.mdb").exists()
+        try:
+            os.utime(dataset.path)  # in use: the cache evicts least recently used folders first
+        except FileNotFoundError:
+            return True
+        return False
 
     def read(self, index: int) -> dict[str, Any]:
         """Record ``index`` (global); RecordError if it is corrupt or its shard cannot be had."""
