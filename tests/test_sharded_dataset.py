@@ -94,6 +94,9 @@ def _manifest(sharded: Path) -> dict:
     (lambda m: m.update(shards=[]), "must list 1-"),
     (lambda m: m.update(class_counts=[1, 2, 3]), "'class_counts' must give"),
     (lambda m: m.update(fields={}), "'fields' must map"),
+    (lambda m: m["shards"][0].update(name="shard-00000\n"), "shard 0 must be"),
+    (lambda m: m["shards"][0].update(name="shard-٠٠٠٠٠"), "shard 0 must be"),  # not ASCII digits
+    (lambda m: m.update(fields={"image": {"kind": "array", "dtype": "uint8", "ndim": [1]}}), "'fields'"),
 ])
 def test_a_manifest_that_does_not_describe_a_dataset_is_refused_naming_why(sharded, change, message):
     manifest = _manifest(sharded)
@@ -183,7 +186,8 @@ def webdataset_tars(single: Path, folder: Path) -> list[tuple[int, int]]:
                 record = ds.read(i)
                 members += [(f"train/{i:05d}.jpg", record["image"]), (f"train/{i:05d}.cls", b"%d" % record["label"])]
                 good.append((i, record["label"]))
-            members += [(f"bad/{part}-nolabel.jpg", ds.read(0)["image"]),
+            members += [(f"bad/{part}-huge.jpg", ds.read(2)["image"]), (f"bad/{part}-huge.cls", b"99999999999"),
+                        (f"bad/{part}-nolabel.jpg", ds.read(0)["image"]),
                         (f"bad/{part}-text.png", ds.read(1)["image"]), (f"bad/{part}-text.cls", b"cat"),
                         (f"bad/{part}-notimage.jpg", b"not an image"), (f"bad/{part}-notimage.cls", b"1")]
             _tar(folder / f"shard-{part:04d}.tar", members, symlink=f"bad/{part}-link.jpg")
@@ -203,7 +207,7 @@ def test_stoker_lmdb_build_from_webdataset_tars_names_every_sample_it_leaves_out
         first_tars = [(source.read(i)["image"], label) for i, label in good]
         assert stored[: len(first_tars)] == first_tars  # the good samples of the two whole tars, in order
         assert isinstance(ds, ShardedDataset)
-    for reason in ("bad/0-nolabel: no label member", "bad/0-text: label b'cat' is not an integer",
+    for reason in ("bad/0-huge: label 99999999999 is outside 0-1000000", "bad/0-nolabel: no label member", "bad/0-text: label b'cat' is not an integer",
                    "bad/1-link.jpg: not a regular file", "bad/0-notimage:", "shard-0002.tar: the tar is unreadable"):
         assert reason in out.stdout, (reason, out.stdout)
     assert "skipped" in out.stdout and "samples" in out.stdout

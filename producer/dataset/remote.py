@@ -90,35 +90,52 @@ class ShardCache:
         self._failed: dict[str, tuple[float, str]] = {}  # sha -> (when, why): not fetched again for a while
 
     def local(self, shard: ShardInfo) -> Path:
-        """The folder of ``shard``'s checked ``data.mdb``, fetched first if needed; ShardUnavailable if it cannot be."""
+        """The folder of ``shard``'s checked ``data.mdb``, fetched first if needed; ShardUnavailable if it cannot be
+        (an error of the cache folder itself too: a worker never dies of one)."""
         final = self.dir / "shards" / shard.sha256
-        if (final / "data.mdb").is_file():
-            os.utime(final)  # most recently used
+        try:
+            return self._local(shard, final)
+        except OSError as exc:
+            raise ShardUnavailable(f"shard {shard.name}: the cache at {self.dir} failed: {exc}") from None
+
+    def _local(self, shard: ShardInfo, final: Path) -> Path:
+        if _touch(final):  # cached: now the most recently used
             return final
         failed = self._failed.get(shard.sha256)
         if failed is not None and time.monotonic() - failed[0] < FAILED_HOLD_S:
             raise ShardUnavailable(failed[1])
-        try:
-            with self._shard_lock(shard):
-                if not (final / "data.mdb").is_file():  # another worker may have fetched it while we waited
-                    self._fetch(shard, final)
-        except ShardUnavailable as exc:
-            self._failed[shard.sha256] = (time.monotonic(), str(exc))
-            raise
-        os.utime(final)
-        return final
+        for _ in range(3):  # evicted by another worker between its fetch and our touch: fetch again
+            try:
+                with self._shard_lock(shard):
+                    if not (final / "data.mdb").is_file():  # another worker may have fetched it while we waited
+                        self._fetch(shard, final)
+            except ShardUnavailable as exc:
+                self._failed[shard.sha256] = (time.monotonic(), str(exc))
+                raise
+            if _touch(final):
+                return final
+        raise ShardUnavailable(f"shard {shard.name} was evicted three times as soon as it was fetched: the cache "
+                               "budget is too small for the workers reading at once; raise --cache-size")
 
     def _shard_lock(self, shard: ShardInfo) -> "_Flock":
-        return _Flock(self.dir / "locks" / f"{shard.sha256}.lock", self.retry_seconds + 60.0, shard.name)
+        # a fetch may retry for retry_seconds, twice (a mismatch is fetched once more), and wait for the budget
+        return _Flock(self.dir / "locks" / f"{shard.sha256}.lock", 3 * self.retry_seconds + 120.0, shard.name)
 
     def _fetch(self, shard: ShardInfo, final: Path) -> None:
         if shard.bytes > self.cache_bytes:
             raise ShardUnavailable(f"shard {shard.name} is {shard.bytes} bytes, more than the whole cache "
                                    f"({self.cache_bytes}): raise --cache-size")
-        with _Flock(self.dir / "locks" / "budget.lock", 60.0, "the cache budget"):
-            self._make_room(shard.bytes, keep=final)
-            reservation = self.dir / "tmp" / f"{shard.sha256}.{os.getpid()}.{shard.bytes}.reserved"
-            reservation.touch()  # counted as used until the shard is in place: concurrent fetches share the budget
+        reservation = self.dir / "tmp" / f"{shard.sha256}.{os.getpid()}.{shard.bytes}.reserved"
+        deadline = time.monotonic() + self.retry_seconds
+        while True:
+            with _Flock(self.dir / "locks" / "budget.lock", 60.0, "the cache budget"):
+                if self._make_room(shard.bytes, keep=final):
+                    reservation.touch()  # used until the shard is in place: concurrent fetches share the budget
+                    break
+            if time.monotonic() > deadline:  # what is left is other workers' fetches in flight: wait for them
+                raise ShardUnavailable(f"shard {shard.name}: no room in the cache's {self.cache_bytes} bytes for "
+                                       f"{self.retry_seconds:.0f} s while other fetches ran: raise --cache-size")
+            time.sleep(0.1)
         try:
             self._fetch_checked(shard, final)
         finally:
@@ -133,7 +150,7 @@ class ShardCache:
                 digest, size = retried(f"fetching {url}", lambda: self._download(url, tmp, shard.bytes),
                                        self.retry_seconds)
                 if size == shard.bytes and digest == shard.sha256:
-                    staged = tmp.with_suffix(".dir")
+                    staged = tmp.parent / f"{tmp.name}.dir"
                     staged.mkdir()
                     os.rename(tmp, staged / "data.mdb")
                     os.rename(staged, final)  # atomic: the folder appears with its checked file in it
@@ -165,29 +182,28 @@ class ShardCache:
         return digest.hexdigest(), size
 
     def _reserved(self) -> int:
-        """Bytes of fetches in flight (``tmp/*.reserved``, named by sha, pid and bytes) whose process lives."""
+        """Bytes of fetches in flight (``tmp/*.reserved``, named by sha, pid and bytes) whose process lives; what
+        a dead process left in ``tmp/`` (a worker killed mid-fetch) is removed."""
         total = 0
-        for mark in (self.dir / "tmp").glob("*.reserved"):
-            try:
-                _, pid, size, _ = mark.name.rsplit(".", 3)
-                os.kill(int(pid), 0)
-                total += int(size)
-            except (ValueError, ProcessLookupError):
-                mark.unlink(missing_ok=True)  # a fetch that died: its reservation goes
-            except PermissionError:
-                total += int(size)
+        for entry in (self.dir / "tmp").iterdir():
+            parts = entry.name.split(".")
+            pid = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
+            if pid is not None and not _alive(pid):
+                shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
+            elif entry.name.endswith(".reserved") and len(parts) == 4 and parts[2].isdigit():
+                total += int(parts[2])
         return total
 
-    def _make_room(self, needed: int, keep: Path) -> None:
+    def _make_room(self, needed: int, keep: Path) -> bool:
         """Evict least recently used shards until ``needed`` more bytes fit the budget, counting the fetches in
-        flight; the caller holds the budget lock."""
+        flight; whether they fit now. The caller holds the budget lock."""
         cached = []
         for folder in (self.dir / "shards").iterdir():
             data = folder / "data.mdb"
             try:
                 cached.append((folder.stat().st_mtime, data.stat().st_size, folder))
-            except FileNotFoundError:
-                continue  # evicted meanwhile by another worker
+            except OSError:
+                continue  # evicted meanwhile by another worker (or not a shard's folder)
         used = sum(size for _, size, _ in cached) + self._reserved()
         for _, size, folder in sorted(cached):
             if used + needed <= self.cache_bytes:
@@ -197,6 +213,28 @@ class ShardCache:
                 used -= size
                 log.info("evicted shard %s (%.1f MB) from the cache: the budget is %d bytes", folder.name[:16],
                          size / 1e6, self.cache_bytes)
+        return used + needed <= self.cache_bytes
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def _touch(folder: Path) -> bool:
+    """Mark a cached shard's folder most recently used; False if it is not there (never fetched, or evicted)."""
+    try:
+        if (folder / "data.mdb").is_file():
+            os.utime(folder)
+            return True
+    except FileNotFoundError:
+        pass
+    return False
 
 
 class _Flock:
@@ -239,9 +277,9 @@ def storage(url: str, storage_options: Optional[dict[str, Any]] = None) -> tuple
 
 def open_remote(url: str, cache_dir: Optional[os.PathLike] = None, cache_bytes: int = DEFAULT_CACHE_BYTES,
                 storage_options: Optional[dict[str, Any]] = None,
-                retry_seconds: float = DEFAULT_RETRY_SECONDS) -> ShardedDataset:
-    """The sharded dataset at ``url`` (its manifest read now, shards fetched on first use); DatasetError naming
-    what is wrong with the URL or the manifest."""
+                retry_seconds: float = DEFAULT_RETRY_SECONDS, manifest: Optional[bytes] = None) -> ShardedDataset:
+    """The sharded dataset at ``url`` (its manifest read now, or ``manifest``'s bytes as read before; shards fetched
+    on first use); DatasetError naming what is wrong with the URL or the manifest."""
     fs, root = storage(url, storage_options)
     where = f"{url.rstrip('/')}/{MANIFEST}"
 
@@ -249,14 +287,14 @@ def open_remote(url: str, cache_dir: Optional[os.PathLike] = None, cache_bytes: 
         with fs.open(f"{root.rstrip('/')}/{MANIFEST}", "rb") as f:
             return f.read(64 * 1024 * 1024 + 1)
     try:
-        data = retried(f"reading {where}", read_manifest, retry_seconds)
+        data = manifest or retried(f"reading {where}", read_manifest, retry_seconds)
     except ShardUnavailable as exc:
         raise DatasetError(f"no sharded dataset at {url}: {exc} (upload one with `stoker lmdb upload`)") from None
-    manifest = parse_manifest(data, where)
-    largest = max(manifest.shards, key=lambda s: s.bytes)
+    parsed = parse_manifest(data, where)
+    largest = max(parsed.shards, key=lambda s: s.bytes)
     if largest.bytes > cache_bytes:
         raise DatasetError(f"the cache's budget ({cache_bytes} bytes) is smaller than shard {largest.name} of {url} "
                            f"({largest.bytes} bytes): raise --cache-size to a few shards at least")
     cache = ShardCache(Path(cache_dir) if cache_dir is not None else default_cache_dir(), cache_bytes, fs, root,
                        retry_seconds)
-    return ShardedDataset(manifest, cache, url)
+    return ShardedDataset(parsed, cache, url, data)

@@ -27,6 +27,7 @@ import re
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterator, Optional, Protocol
 
@@ -40,8 +41,8 @@ MAX_SHARDS = 100_000
 MAX_MANIFEST_BYTES = 64 * 1024 * 1024
 OPEN_SHARDS = 16  # LMDB environments a reader keeps open at once (least recently used closed first)
 CHECK_EVICTED_S = 0.5  # how often a reader checks an open shard of a bounded cache is still there
-_SHARD_NAME = re.compile(r"^shard-\d{5,6}$")
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_SHARD_NAME = re.compile(r"shard-[0-9]{5,6}")  # fullmatch: no trailing newline, ASCII digits only
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ class Manifest:
             raise IndexError(f"record {index} is outside the dataset's {self.meta.count}")
         return bisect.bisect_right(self._firsts, index) - 1
 
-    @property
+    @cached_property
     def _firsts(self) -> list[int]:
         return [s.first for s in self.shards]
 
@@ -98,10 +99,10 @@ def parse_manifest(data: bytes, where: str) -> Manifest:
         raise bad(f"'shards' must list 1-{MAX_SHARDS} shards")
     infos, first = [], 0
     for i, s in enumerate(shards):
-        ok = (isinstance(s, dict) and isinstance(s.get("name"), str) and _SHARD_NAME.match(s["name"])
+        ok = (isinstance(s, dict) and isinstance(s.get("name"), str) and _SHARD_NAME.fullmatch(s["name"])
               and all(isinstance(s.get(k), int) and not isinstance(s.get(k), bool) and s[k] >= 0
                       for k in ("records", "bytes"))
-              and isinstance(s.get("sha256"), str) and _SHA256.match(s["sha256"]))
+              and isinstance(s.get("sha256"), str) and _SHA256.fullmatch(s["sha256"]))
         if not ok:
             raise bad(f"shard {i} must be {{name: shard-NNNNN, records: int, bytes: int, sha256: hex}}")
         infos.append(ShardInfo(s["name"], first, s["records"], s["bytes"], s["sha256"]))
@@ -120,7 +121,7 @@ def _meta(body: dict, count: int, bad: Any) -> DatasetMeta:
         raise bad("'fields' must map field names to kinds")
     try:
         kinds = {str(name): FieldKind.parse(kind) for name, kind in fields.items()}
-    except (ValueError, DatasetError) as exc:
+    except (ValueError, TypeError, OverflowError, DatasetError) as exc:
         raise bad(f"'fields': {exc}") from None
     classes = body.get("classes") or []
     counts = body.get("class_counts")
@@ -167,11 +168,13 @@ class LocalShards:
 class ShardedDataset:
     """``LmdbDataset``'s interface over a sharded dataset (module doc). One per process, like LmdbDataset."""
 
-    def __init__(self, manifest: Manifest, source: ShardSource, where: str) -> None:
+    def __init__(self, manifest: Manifest, source: ShardSource, where: str, manifest_bytes: bytes = b"") -> None:
         self.manifest, self.source, self.path = manifest, source, where
+        self.manifest_bytes = manifest_bytes  # as read: the daemon pins its workers to it (RemoteOptions.manifest)
         self.meta = manifest.meta
         self._open: OrderedDict[int, LmdbDataset] = OrderedDict()
         self._checked: dict[int, float] = {}  # shard -> when its open file was last seen in place
+        self._inode: dict[int, int] = {}  # shard -> the inode of the data.mdb it opened (a re-fetch is another)
 
     def __len__(self) -> int:
         return self.meta.count
@@ -182,7 +185,10 @@ class ShardedDataset:
             if not self._evicted(number, dataset):
                 self._open.move_to_end(number)
                 return dataset
-            self._open.pop(number).close()
+            self._close(number)
+        if self.source.evicts:  # opening another: let go of every open shard that left the cache meanwhile
+            for other in [n for n, d in self._open.items() if self._evicted(n, d, now=float("inf"))]:
+                self._close(other)
         info = self.manifest.shards[number]
         for attempt in range(3):
             try:
@@ -200,20 +206,30 @@ class ShardedDataset:
             raise RecordError(record_key(info.first), f"shard {info.name} holds {len(dataset)} records, the manifest "
                               f"says {info.records}: rebuild the dataset or fix the manifest")
         self._open[number] = dataset
+        if self.source.evicts:
+            self._inode[number] = os.stat(dataset.path / "data.mdb").st_ino
         while len(self._open) > OPEN_SHARDS:
-            self._open.popitem(last=False)[1].close()
+            self._close(next(iter(self._open)))
         return dataset
 
-    def _evicted(self, number: int, dataset: LmdbDataset) -> bool:
-        """Whether an open shard's file left a bounded cache. Held open, an evicted (unlinked) shard would keep its
-        disk space past the budget and never be fetched again; looked at most every CHECK_EVICTED_S."""
-        now = time.monotonic()
-        if not self.source.evicts or now - self._checked.get(number, 0.0) < CHECK_EVICTED_S:
+    def _close(self, number: int) -> None:
+        self._open.pop(number).close()
+        self._checked.pop(number, None)
+        self._inode.pop(number, None)
+
+    def _evicted(self, number: int, dataset: LmdbDataset, now: Optional[float] = None) -> bool:
+        """Whether an open shard's file left a bounded cache (gone, or fetched again: another file). Held open, an
+        evicted (unlinked) shard would keep its disk space past the budget and never be fetched again; looked at
+        most every CHECK_EVICTED_S (``now=inf``: at once). A shard still in place is marked recently used."""
+        clock = time.monotonic()
+        if not self.source.evicts or (now or clock) - self._checked.get(number, 0.0) < CHECK_EVICTED_S:
             return False
-        self._checked[number] = now
+        self._checked[number] = clock
         try:
+            if os.stat(dataset.path / "data.mdb").st_ino != self._inode.get(number):
+                return True
             os.utime(dataset.path)  # in use: the cache evicts least recently used folders first
-        except FileNotFoundError:
+        except OSError:
             return True
         return False
 
@@ -253,6 +269,9 @@ class RemoteOptions:
     storage_options: tuple[tuple[str, str], ...] = ()
     s3_endpoint: Optional[str] = None
     retry_seconds: float = 300.0
+    #: the manifest as the daemon read it, given to its workers: a dataset re-uploaded during a run never changes
+    #: what a worker's record index means (None: read it)
+    manifest: Optional[bytes] = None
 
     def fsspec_options(self) -> dict[str, Any]:
         options: dict[str, Any] = {k: {"true": True, "false": False}.get(v.lower(), v) for k, v in self.storage_options}
@@ -261,7 +280,8 @@ class RemoteOptions:
         return options
 
     def open_kwargs(self) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {"storage_options": self.fsspec_options(), "retry_seconds": self.retry_seconds}
+        kwargs: dict[str, Any] = {"storage_options": self.fsspec_options(), "retry_seconds": self.retry_seconds,
+                                  "manifest": self.manifest}
         if self.cache_dir:
             kwargs["cache_dir"] = self.cache_dir
         if self.cache_bytes:
@@ -284,6 +304,6 @@ def open_dataset(location: str | os.PathLike,
         return open_remote(str(location), **(remote or RemoteOptions()).open_kwargs())
     path = Path(location)
     if (path / MANIFEST).is_file():
-        data = (path / MANIFEST).read_bytes()
-        return ShardedDataset(parse_manifest(data, str(path / MANIFEST)), LocalShards(path), str(path))
+        data = remote.manifest if remote is not None and remote.manifest else (path / MANIFEST).read_bytes()
+        return ShardedDataset(parse_manifest(data, str(path / MANIFEST)), LocalShards(path), str(path), data)
     return LmdbDataset(path)

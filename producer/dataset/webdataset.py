@@ -5,7 +5,8 @@ of its last path component): ``n01440764_10026.jpg`` and ``n01440764_10026.cls``
 becomes a record ``{"image": <the image member's bytes>, "label": <the cls member as an int>}``: the image is the
 member with an image extension (jpg, jpeg, png, webp, bmp, gif, tif, tiff), the label the ``cls`` (or
 ``cls.txt``, ``label``) member's decimal text. The tar is read as a stream (no extraction: nothing reaches the
-disk, member names cannot escape anywhere), one member of at most ``MAX_MEMBER_BYTES`` at a time.
+disk, member names cannot escape anywhere), one member of at most ``MAX_MEMBER_BYTES`` at a time, and a sample
+keeps only its image and label members in memory (other members, e.g. ``.json``, are passed over).
 
 Nothing is lost silently: a sample without an image or a label, a label that is not an integer >= 0, a member
 that is not a regular file or is too large, an unreadable or truncated tar: each is a ``(position, reason)`` the
@@ -22,6 +23,8 @@ from stoker.producer.dataset.format import MAX_RECORD_BYTES
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff")
 LABEL_EXTENSIONS = ("cls", "cls.txt", "label")
 MAX_MEMBER_BYTES = MAX_RECORD_BYTES
+MAX_LABEL = 10**6  # a larger class index is a corrupt label, not a dataset (the builder sizes classes by it)
+KEPT = frozenset(IMAGE_EXTENSIONS + LABEL_EXTENSIONS)  # what a sample keeps in memory; other members are passed
 
 Item = tuple[str, Callable[[], Mapping[str, Any]]]
 
@@ -49,8 +52,8 @@ def _record(position: str, members: dict[str, bytes]) -> Mapping[str, Any]:
         label = int(text.decode("ascii").strip())
     except (UnicodeDecodeError, ValueError):
         raise _Rejected(f"label {text[:32]!r} is not an integer") from None
-    if label < 0:
-        raise _Rejected(f"label {label} is negative")
+    if not 0 <= label <= MAX_LABEL:
+        raise _Rejected(f"label {label} is outside 0-{MAX_LABEL}")
     return {"image": image, "label": label}
 
 
@@ -84,8 +87,11 @@ def tar_items(name: str, stream: Any) -> Iterator[Item]:
                     yield sample()
                     members = {}
                 key = member_key
-                data = tar.extractfile(member)
-                members[extension] = data.read() if data is not None else b""
+                if extension in KEPT and extension not in members:  # one image and one label per sample at most
+                    data = tar.extractfile(member)
+                    members[extension] = data.read() if data is not None else b""
+                else:
+                    members.setdefault(extension, b"")  # named in a rejection, its bytes never read
     except (tarfile.TarError, EOFError, OSError) as exc:
         yield f"{name}", _rejected(f"the tar is unreadable from here on ({type(exc).__name__}: {exc})")
     if members:

@@ -60,7 +60,7 @@ from stoker.protocol.input_state import StreamKey
 from stoker.protocol.metrics_server import MetricsServer
 
 from stoker.producer.serve.batch_slots import SlotLayout, allocate
-from stoker.producer.dataset.shards import RemoteOptions, open_dataset
+from stoker.producer.dataset.shards import RemoteOptions, ShardedDataset, open_dataset
 from stoker.producer.serve.exact_forwarder import ExactForwarder
 from stoker.producer.serve.exact_server import ExactServer
 from stoker.producer.serve.forwarder import SlotForwarder
@@ -198,6 +198,9 @@ class ProducerDaemon:
         self.pipeline = load_pipeline(config.pipeline, dict(config.pipeline_args), dict(self.pipeline_standard))
         with open_dataset(config.lmdb_path, config.remote) as dataset:
             self.meta = dataset.meta
+            if isinstance(dataset, ShardedDataset):  # its workers read the manifest the daemon read, not a newer one
+                config = replace(config, remote=replace(config.remote, manifest=dataset.manifest_bytes))
+                self.config = config
         self.records = len(config.shard.records(self.meta.count))  # the shard's (a pool's: the dataset's)
         _check_shard_size(config, self.records)
         self.seed = config.seed if config.seed is not None else secrets.randbits(31)
