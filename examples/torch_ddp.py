@@ -88,6 +88,17 @@ def save_checkpoint(ckpt_dir: Path, state: dict, step: int, rank: int, rows: lis
         (path / "COMPLETE").write_text(str(step))
 
 
+def die_with_launcher() -> None:
+    """Linux: this rank gets SIGKILL when torchrun, its parent, goes (torchrun starts each rank in a session of its
+    own, so a rank left behind by a killed or crashed launcher would otherwise run on for ever)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if os.getppid() == 1:  # the launcher was already gone
+            os._exit(1)
+
+
 def preempt() -> None:
     """SIGKILL the whole job at once, as a preempted node pool would: torchrun and every rank it started (each in a
     session of its own; Linux's /proc lists them), then this rank. Nothing is saved after the last checkpoint."""
@@ -108,6 +119,7 @@ def train(args: argparse.Namespace) -> None:
 
     from stoker.consumer import TorchInput
 
+    die_with_launcher()
     cuda = torch.cuda.is_available()
     dist.init_process_group("nccl" if cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -157,7 +169,13 @@ def train(args: argparse.Namespace) -> None:
     dist.all_reduce(loss)
     if rank == 0:
         print(f"step {train_state.step}, final loss {loss.item() / world:.4f}", flush=True)
-    dist.destroy_process_group()
+    dist.barrier()
+    # Everything is saved and every rank is here: end without running destructors. Tearing down DDP's reducer
+    # and a gloo ProcessGroup at exit can deadlock in PyTorch (~ProcessGroupGloo joins its worker thread while
+    # holding the GIL, and that thread waits for the GIL to free a tensor): seen here, a rank left hanging.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def demo(args: argparse.Namespace) -> None:

@@ -33,7 +33,7 @@ WORLD = 2
 # pool needs that: a producer finishes once a trainer finished its whole run and every trainer it knows did too,
 # so a rank that said no hello before another rank's whole share was consumed would find the run over.
 RANK = textwrap.dedent('''
-    import json, sys
+    import json, os, sys
     import torch, torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from stoker.consumer import TorchInput
@@ -61,7 +61,8 @@ RANK = textwrap.dedent('''
     dist.all_reduce(total)
     with open(f"{logs}/rank{rank}.json", "w") as out:
         json.dump({"rows": rows, "total": int(total), "trainer_id": trainer_id}, out)
-    dist.destroy_process_group()
+    dist.barrier()
+    os._exit(0)  # no gloo teardown at exit: it can deadlock in PyTorch (see examples/torch_ddp.py)
 ''')
 
 
