@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Callable, Mapping, Optional, Sequence
 
-from stoker.cli.argument_parser import HelpFormatter, positive_int
+from stoker.cli.argument_parser import HelpFormatter, key_value, positive_int
 from stoker.cli.exit_codes import EXIT_OK
 
 if TYPE_CHECKING:
@@ -95,27 +95,21 @@ def add_lmdb_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]", 
     u.set_defaults(func=handlers["lmdb_upload"])
 
 
-def _key_value(text: str) -> tuple[str, str]:
-    key, sep, value = text.partition("=")
-    if not sep or not key.strip():
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    return key.strip(), value
-
-
 def add_storage_arguments(parser: argparse.ArgumentParser) -> None:
     """How to reach object storage: shared by ``stoker produce`` and ``stoker lmdb upload``."""
     parser.add_argument("--s3-endpoint", metavar="URL", default=None,
                         help="an S3-compatible server (MinIO, SeaweedFS, Ceph), e.g. http://minio:9000 (default: AWS)")
-    parser.add_argument("--storage-option", type=_key_value, action="append", metavar="KEY=VALUE", default=None,
+    parser.add_argument("--storage-option", type=key_value, action="append", metavar="KEY=VALUE", default=None,
                         help="an fsspec storage option for the URL's filesystem (repeatable; values are never "
                         "logged), e.g. anon=true")
 
 
-def _fsspec_options(args: argparse.Namespace) -> dict:
+def storage_of(args: argparse.Namespace, **more: object):
+    """The ``RemoteOptions`` of ``add_storage_arguments``' flags (``more``: a producer's cache flags)."""
     from stoker.producer.dataset.shards import RemoteOptions
 
-    return RemoteOptions(storage_options=tuple(args.storage_option or ()),
-                         s3_endpoint=args.s3_endpoint).fsspec_options()
+    return RemoteOptions(storage_options=tuple(args.storage_option or ()), s3_endpoint=args.s3_endpoint,
+                         **more)  # type: ignore[arg-type]
 
 
 def cmd_lmdb_build(args: argparse.Namespace) -> int:
@@ -124,7 +118,7 @@ def cmd_lmdb_build(args: argparse.Namespace) -> int:
     report = build_lmdb(args.src, args.out, overwrite=args.overwrite, threads=args.threads, progress=not args.quiet,
                         jsonl=args.jsonl, image_fields=args.image_field or ["image"], task=args.task,
                         allow_empty_classes=args.allow_empty_classes, shard_bytes=args.shard_size,
-                        source_format=args.source_format, storage_options=_fsspec_options(args))
+                        source_format=args.source_format, storage_options=storage_of(args).fsspec_options())
     meta = report.meta
     classes = f" in {len(meta.classes)} classes" if meta.classes else ""
     if args.quiet:  # with the progress bar the build named each one as it found it, once
@@ -282,10 +276,8 @@ def cmd_lmdb_info(args: argparse.Namespace) -> int:
 
 
 def cmd_lmdb_upload(args: argparse.Namespace) -> int:
-    from stoker.producer.dataset.shards import RemoteOptions
     from stoker.producer.dataset.upload import upload_dataset
 
-    remote = RemoteOptions(storage_options=tuple(args.storage_option or ()), s3_endpoint=args.s3_endpoint)
-    shards, size = upload_dataset(args.path, args.url, remote)
+    shards, size = upload_dataset(args.path, args.url, storage_of(args))
     print(f"uploaded {shards} shard(s), {size / 1e6:.1f} MB, then the manifest, to {args.url}")
     return EXIT_OK

@@ -18,7 +18,7 @@ import threading
 from typing import Callable, Sequence
 
 from stoker.cli.exit_codes import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
-from stoker.cli.lmdb_commands import cmd_lmdb_build, cmd_lmdb_info, cmd_lmdb_synth, cmd_lmdb_upload
+from stoker.cli.lmdb_commands import cmd_lmdb_build, cmd_lmdb_info, cmd_lmdb_synth, cmd_lmdb_upload, storage_of
 from stoker.cli.state_commands import cmd_state_info, cmd_state_merge
 from stoker.cli.parser import build_parser as parser_for
 
@@ -78,14 +78,6 @@ def _pair(args: argparse.Namespace, first: str, second: str) -> bool:
 
 # ---- stoker produce ------------------------------------------------------------------------
 
-def _remote_options(args: argparse.Namespace):
-    from stoker.producer.dataset.shards import RemoteOptions
-
-    return RemoteOptions(cache_dir=args.cache_dir, cache_bytes=args.cache_size,
-                         storage_options=tuple(args.storage_option or ()), s3_endpoint=args.s3_endpoint,
-                         retry_seconds=args.fetch_retry_seconds)
-
-
 def cmd_produce(args: argparse.Namespace) -> int:
     from stoker.producer.serve.daemon import ProducerConfig, ProducerDaemon
     from stoker.producer.serve.sharding import ShardSpec
@@ -101,7 +93,9 @@ def cmd_produce(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port, log_format=getattr(args, "log_format", "text"),
         repeat_batches=args.repeat_batches,
         fast_dct=args.fast_dct, exact=args.exact, epochs=args.epochs, trainer_timeout=args.trainer_timeout,
-        min_trainers=args.min_trainers, status_file=args.status_file, remote=_remote_options(args),
+        min_trainers=args.min_trainers, status_file=args.status_file,
+        remote=storage_of(args, cache_dir=args.cache_dir, cache_bytes=args.cache_size,
+                          retry_seconds=args.fetch_retry_seconds),
     )
     stop = stop_event_on_signals()
     if args.parent_pid is not None:

@@ -12,6 +12,7 @@ import os
 from typing import TYPE_CHECKING, Callable, Mapping
 
 from stoker.cli.argument_parser import HelpFormatter, StokerArgumentParser
+from stoker.cli.argument_parser import key_value as _key_value
 from stoker.cli.argument_parser import positive_int as _positive_int
 from stoker.cli.lmdb_commands import size_argument, add_lmdb_parser, add_storage_arguments
 from stoker.cli.state_commands import add_state_parser
@@ -35,13 +36,6 @@ def _trainer_id(text: str) -> str:
     if not is_valid_id(text):
         raise argparse.ArgumentTypeError(f"{text!r} must be 1-128 printable ASCII characters without spaces")
     return text
-
-
-def _key_value(text: str) -> tuple[str, str]:
-    key, sep, value = text.partition("=")
-    if not sep or not key.strip():
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    return key.strip(), value
 
 
 def _share(text: str) -> tuple[int, int]:

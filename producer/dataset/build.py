@@ -27,14 +27,14 @@ from __future__ import annotations
 import itertools
 import json
 import os
-from functools import partial
 from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from tqdm import tqdm
 
-from stoker.producer.dataset.writer import DatasetWriter, WriteReport, write_records
+from stoker.producer.dataset.sharded_writer import open_writer
+from stoker.producer.dataset.writer import WriteReport, write_records
 from stoker.producer.images.decode import check_encoded_image  # noqa: F401  (re-exported: the builders' check)
 
 BuildReport = WriteReport
@@ -203,12 +203,7 @@ def build_lmdb(
         task = task or "classification"
     # A folder or list build knows its whole schema; JSON lines know which fields are images.
     schema = None if jsonl else {"image": "image", "label": "int"}
-    writer_type: Any = DatasetWriter
-    if shard_bytes:
-        from stoker.producer.dataset.sharded_writer import ShardedWriter
-
-        writer_type = partial(ShardedWriter, shard_bytes=shard_bytes, classes=classes)
-    with writer_type(out, overwrite=overwrite, schema=schema, kinds=kinds) as writer:
+    with open_writer(out, shard_bytes, classes, overwrite=overwrite, schema=schema, kinds=kinds) as writer:
         write_records(writer, items, report, threads, progress, total, check_images=True,
                       label_classes=len(classes))
         if src.is_dir() and not jsonl:  # folders whose every file was skipped: refused before anything is published
@@ -223,11 +218,6 @@ def _build_from_webdataset(src: str, out: str | os.PathLike, overwrite: bool, th
     from stoker.producer.dataset.webdataset import webdataset_items
 
     report = WriteReport()
-    writer_type: Any = DatasetWriter
-    if shard_bytes:
-        from stoker.producer.dataset.sharded_writer import ShardedWriter
-
-        writer_type = partial(ShardedWriter, shard_bytes=shard_bytes)
     try:
         items = webdataset_items([src], storage_options)
         first = next(items)
@@ -235,7 +225,7 @@ def _build_from_webdataset(src: str, out: str | os.PathLike, overwrite: bool, th
         raise SourceError(f"{src}: {exc}") from None
     except StopIteration:
         raise SourceError(f"{src} holds no sample") from None
-    with writer_type(out, overwrite=overwrite, schema={"image": "image", "label": "int"}) as writer:
+    with open_writer(out, shard_bytes, overwrite=overwrite, schema={"image": "image", "label": "int"}) as writer:
         write_records(writer, itertools.chain([first], items), report, threads or os.cpu_count() or 1, progress,
                       None, check_images=True)
         labels = writer.label_counts

@@ -160,3 +160,12 @@ class ShardedWriter:
             finally:
                 shutil.rmtree(self.partial, ignore_errors=True)
                 self._lock.close()
+
+
+def open_writer(out: str | os.PathLike, shard_bytes: Optional[int] = None, classes: Sequence[str] = (),
+                **writer_args: Any) -> "DatasetWriter | ShardedWriter":
+    """The writer a build uses: one LMDB (``DatasetWriter``), or with ``shard_bytes`` a sharded dataset
+    (``ShardedWriter``, every shard storing ``classes``). ``writer_args``: ``overwrite``, ``schema``, ``kinds``."""
+    if shard_bytes:
+        return ShardedWriter(out, shard_bytes, classes=classes, **writer_args)
+    return DatasetWriter(out, **writer_args)

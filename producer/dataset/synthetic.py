@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import colorsys
 import os
-from typing import Any, Optional
+from typing import Optional
 
 import cv2
 import numpy as np
 from tqdm import tqdm
 
 from stoker.producer.dataset.format import DatasetMeta
-from stoker.producer.dataset.writer import DatasetWriter
+from stoker.producer.dataset.sharded_writer import open_writer
 
 
 def synthetic_image(seed: int, index: int, num_classes: int, min_side: int = 300, max_side: int = 500) -> tuple[np.ndarray, int]:
@@ -140,12 +140,7 @@ def build_synthetic(
     if task not in TASKS:
         raise ValueError(f"task {task!r}: choose one of {', '.join(TASKS)}")
     classes = [f"class_{c:03d}" for c in range(num_classes)]
-    writer: Any = DatasetWriter(out, overwrite=overwrite)
-    if shard_bytes:
-        from stoker.producer.dataset.sharded_writer import ShardedWriter
-
-        writer = ShardedWriter(out, shard_bytes, overwrite=overwrite, classes=classes)
-    with writer:
+    with open_writer(out, shard_bytes, classes, overwrite=overwrite) as writer:
         for index in tqdm(range(count), desc=f"synth {task}", unit="rec", disable=not progress):
             writer.add(synthetic_record(task, seed, index, num_classes))
         return writer.finish(classes, task=task, info={"synthetic": True, "seed": seed})

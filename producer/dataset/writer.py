@@ -28,7 +28,6 @@ from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
-from functools import partial
 from pathlib import Path
 from typing import IO, Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence, TypeVar
 
@@ -364,12 +363,9 @@ def write_lmdb(path: str | os.PathLike, records: Iterable[Mapping[str, Any]], *,
     if total is None and hasattr(records, "__len__"):
         total = len(records)  # type: ignore[arg-type]
     report = WriteReport()
-    writer_type: Any = DatasetWriter
-    if shard_bytes:
-        from stoker.producer.dataset.sharded_writer import ShardedWriter
+    from stoker.producer.dataset.sharded_writer import open_writer  # it builds on this module
 
-        writer_type = partial(ShardedWriter, shard_bytes=shard_bytes, classes=classes)
-    with writer_type(path, overwrite=overwrite, schema=schema) as writer:
+    with open_writer(path, shard_bytes, classes, overwrite=overwrite, schema=schema) as writer:
         items = ((f"record {i}", (lambda r=record: r)) for i, record in enumerate(records))
         write_records(writer, items, report, threads or os.cpu_count() or 1, progress, total, check_images,
                       label_classes=len(classes))
