@@ -246,7 +246,7 @@ def stuck(lmdb: Path, args: argparse.Namespace) -> dict[str, Any]:
                     out["freeze_to_epoch_complete_s"] = time.monotonic() - frozen
                 tally.take(stream)
             out.setdefault("freeze_to_epoch_complete_s", time.monotonic() - frozen)
-            out["stall_bound_s"] = _scheduler(stream).stall_bound()
+            out["stall_bound_s"] = _scheduler(stream).pace.stall_bound()
             out["images_per_s_two_left"] = _rate(stream, tally, args.seconds)
             stats = stream.stats
             out.update(splits_reserved=stats.splits_reserved, wasted_records=stats.wasted_records,
@@ -324,7 +324,8 @@ def scheduler_at_scale(records: int, batch: int, producers: int, batches: int) -
     build here): ``producers`` serve in turn, a newcomer joins halfway; CPU microseconds per batch for what the
     transport does on each (arrived, consumed, a top-up of every producer fewest first, a stall check every 0.25 s)
     and how many work items the newcomer got at its first top-up."""
-    from stoker.consumer.exact.split_scheduler import SplitScheduler, split_records
+    from stoker.consumer.exact.pool.split_plan import split_records
+    from stoker.consumer.exact.pool.split_scheduler import SplitScheduler
     from stoker.protocol.input_state import InputState, StreamKey
 
     key = StreamKey.parse(f"splits:{records}:0")

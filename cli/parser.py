@@ -53,14 +53,8 @@ if TYPE_CHECKING:
     Subcommands = argparse._SubParsersAction[argparse.ArgumentParser]
 
 
-def _add_produce(sub: Subcommands, common: argparse.ArgumentParser, handlers: Handlers) -> None:
-    """``stoker produce``: the daemon's flags (``ProducerConfig``)."""
-    p = sub.add_parser("produce", parents=[common], formatter_class=HelpFormatter, help="run a producer daemon",
-                       description="Serve batches made by a pipeline from an LMDB on a ZMQ PUSH socket until "
-                       "SIGTERM/SIGINT. The default imagenet pipeline sends images uint8 [B,H,W,3] RGB and labels "
-                       "int32 [B]; every batch also carries index int64 [B] and epoch int32 [B] (which record, which "
-                       "epoch). Pipelines: imagenet, detection, segmentation, or your own "
-                       "(--pipeline my_module:make_pipeline or path/to/file.py:make_pipeline).")
+def _add_dataset_source(p: argparse.ArgumentParser) -> None:
+    """``stoker produce``'s dataset: where it is, and how shards from object storage are cached and ordered."""
     p.add_argument("--lmdb", required=True, help="the dataset: an LMDB folder, a sharded dataset's folder, or a "
                    "sharded dataset in object storage (s3://bucket/prefix, any fsspec URL; shards fetched into "
                    "--cache-dir as they are needed)")
@@ -72,6 +66,27 @@ def _add_produce(sub: Subcommands, common: argparse.ArgumentParser, handlers: Ha
     p.add_argument("--fetch-retry-seconds", type=float, default=300.0, metavar="S",
                    help="object storage: how long a failing fetch is retried (backoff 0.5-8 s) before its shard's "
                    "records are skipped and counted")
+    p.add_argument("--shuffle-window", type=int, default=1, metavar="SHARDS",
+                   help="--shard auto on a sharded dataset: each epoch shuffles the shards, then the records within "
+                   "each window of this many consecutive shards, so a producer works on few shards at a time and "
+                   "the trainers hand each split to a producer whose cache holds its shard. Larger windows mix "
+                   "more shards into each batch and fetch more; 0: one shuffle of the whole dataset (every "
+                   "producer touches every shard each epoch). The same on every producer of a pool")
+    p.add_argument("--shard-affinity", choices=("on", "off"), default="on",
+                   help="--shard auto from object storage: tell the trainers which shards this host's cache holds, "
+                   "so they hand it the splits of those shards and each host fetches mostly its own (default on); "
+                   "off: they hand it any split (the baseline of benchmarks/shard_fetches.py)")
+
+
+def _add_produce(sub: Subcommands, common: argparse.ArgumentParser, handlers: Handlers) -> None:
+    """``stoker produce``: the daemon's flags (``ProducerConfig``)."""
+    p = sub.add_parser("produce", parents=[common], formatter_class=HelpFormatter, help="run a producer daemon",
+                       description="Serve batches made by a pipeline from an LMDB on a ZMQ PUSH socket until "
+                       "SIGTERM/SIGINT. The default imagenet pipeline sends images uint8 [B,H,W,3] RGB and labels "
+                       "int32 [B]; every batch also carries index int64 [B] and epoch int32 [B] (which record, which "
+                       "epoch). Pipelines: imagenet, detection, segmentation, or your own "
+                       "(--pipeline my_module:make_pipeline or path/to/file.py:make_pipeline).")
+    _add_dataset_source(p)
     add_storage_arguments(p)
     p.add_argument("--bind", default="tcp://*:5555", help="ZMQ address to bind; trainers connect to it")
     p.add_argument("--workers", type=_positive_int, default=os.cpu_count() or 1, help="decode/augment processes")

@@ -106,6 +106,14 @@ class Status:
     idle: bool = False
     #: it takes a trainer's ``goodbye`` (a producer of an older release does not: it would count one as a bad message)
     goodbye: bool = False
+    #: an elastic pool's producer of a sharded dataset in object storage: the shards its cache holds at most (None:
+    #: every shard is on its disk) and those it holds now (at most ``MAX_HELD``): the trainer hands it their splits
+    cache: Optional[int] = None
+    held: list[int] = field(default_factory=list)
+
+
+#: Shards a status names as cached: a status travels in one frame of at most 4 KiB (``unpack_producer_frame``).
+MAX_HELD = 256
 
 
 def _int(value: Any, what: str, low: int = 0, high: int = 2**31) -> int:
@@ -172,7 +180,7 @@ def encode_status(status: Status) -> bytes:
                           "completed": status.completed, "epochs": status.epochs, "finished": status.finished,
                           "spec": [[n, d, list(shape)] for n, d, shape in status.spec], "waiting": status.waiting,
                           "session": status.session, "stranger": status.stranger, "idle": status.idle,
-                          "goodbye": status.goodbye},
+                          "goodbye": status.goodbye, **_cache_fields(status)},
                          use_bin_type=True)
 
 
@@ -243,6 +251,10 @@ def decode_trainer_message(frame: Any) -> Hello | Credit | Describe | Work | Goo
     raise ProtocolError(f"unknown control message type {kind!r} (expected hello, credit, work, describe or goodbye)")
 
 
+def _cache_fields(status: Status) -> dict:
+    return {} if status.cache is None else {"cache": status.cache, "held": list(status.held[-MAX_HELD:])}
+
+
 def decode_status(body: dict) -> Status:
     """A producer's status (``body`` is the unpacked map); ProtocolError naming what is wrong."""
     stream, producer = body.get("stream"), body.get("producer")
@@ -271,8 +283,14 @@ def decode_status(body: dict) -> Status:
     idle, goodbye = body.get("idle", False), body.get("goodbye", False)
     if not isinstance(idle, bool) or not isinstance(goodbye, bool):
         raise ProtocolError("status 'idle' and 'goodbye' must be true or false")
+    cache, held = body.get("cache"), body.get("held", [])
+    if cache is not None:
+        cache = _int(cache, "status 'cache'", 1, 10**8)
+    if not isinstance(held, list) or len(held) > MAX_HELD:
+        raise ProtocolError(f"status 'held' must list at most {MAX_HELD} shard numbers")
+    held = [_int(n, "status 'held' shard", 0, 10**8) for n in held]
     return Status(stream, producer, _int(body.get("completed"), "status 'completed'"), epochs, finished, spec, waiting,
-                  session, stranger, idle, goodbye)
+                  session, stranger, idle, goodbye, cache, held)
 
 
 def unpack_producer_frame(frame: Any) -> Optional[dict]:

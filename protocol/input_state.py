@@ -3,6 +3,9 @@
 A *stream* is what one producer serves: shard ``I/N`` of a dataset of ``count``
 records, shuffled with ``seed``. Its key is ``"I/N:count:seed"``; the shard's
 records are ``I, I+N, I+2N, ...``, numbered ``k = 0, 1, 2, ...`` within the shard.
+An elastic pool's key is ``"splits:count:seed"``, or ``"splits:count:seed:BxW"`` for a
+dataset stored in shards of ``B`` records, whose epochs are two-level shuffles
+(``epoch_order``: the shards, then the records within each window of ``W`` shards).
 
 ``StreamProgress`` holds the number of completed epochs and, for each epoch still
 open, a bitmap over ``k`` of the records consumed. ``InputState`` maps stream keys
@@ -27,19 +30,37 @@ import numpy as np
 FORMAT = "stoker-input-state"
 VERSION = 1
 _KEY_RE = re.compile(r"^(\d+)/(\d+):(\d+):(-?\d+)$")
-_SPLITS_RE = re.compile(r"^splits:(\d+):(-?\d+)$")
+_SPLITS_RE = re.compile(r"^splits:(\d+):(-?\d+)(?::(\d+)x(\d+))?$")
+MAX_WINDOW = 1 << 16  # shards in one shuffle window
 MAX_STATE_BYTES = 256 * 1024 * 1024
 
 
-def epoch_order(shard_records: np.ndarray, seed: int, epoch: int, shuffle: bool = True) -> np.ndarray:
+def epoch_order(shard_records: np.ndarray, seed: int, epoch: int, shuffle: bool = True, block: int = 0,
+                window: int = 1) -> np.ndarray:
     """The shard's records in epoch ``epoch``'s order: a permutation seeded by ``(seed, epoch)``.
 
+    ``block`` > 0: a two-level shuffle of a dataset stored in blocks (its shards) of ``block`` consecutive
+    records (the last may hold fewer): the blocks are permuted, then the records within each *window* of
+    ``window`` consecutive blocks of that permutation, so consecutive positions come from few shards. With
+    ``block`` 0 the whole shard is one permutation.
+
     Part of the protocol: an elastic pool's work messages name positions in this order, so
-    producers and trainers must compute it alike (NumPy's PCG64 ``permutation``).
+    producers and trainers must compute it alike (NumPy's PCG64: ``permutation`` for the flat order; for the
+    two-level one, ``permutation`` of the blocks then ``integers(0, 2**32, n)`` as the sort keys within windows,
+    ties broken by position).
     """
     if not shuffle:
         return shard_records
-    return np.random.default_rng([seed, epoch]).permutation(shard_records)
+    rng = np.random.default_rng([seed, epoch])
+    if block <= 0:
+        return rng.permutation(shard_records)
+    records = len(shard_records)
+    blocks = -(-records // block)
+    rank = np.empty(blocks, np.int64)
+    rank[rng.permutation(blocks)] = np.arange(blocks, dtype=np.int64)
+    window_of = rank[np.arange(records, dtype=np.int64) // block] // max(1, window)
+    keys = (window_of << 32) | rng.integers(0, 2**32, records, dtype=np.int64)
+    return shard_records[np.argsort(keys, kind="stable")]
 
 
 def rows_by_epoch(epochs: np.ndarray) -> list[tuple[int, np.ndarray]]:
@@ -59,7 +80,9 @@ class StreamKey:
     """Shard ``index/count`` of a dataset of ``records`` records, shuffled with ``seed``.
 
     ``splits``: the whole dataset shared by an elastic pool (``--shard auto``): each trainer hands
-    out splits of every epoch to whichever producers are there (``"splits:count:seed"``).
+    out splits of every epoch to whichever producers are there (``"splits:count:seed"``). ``block``: a pool's
+    dataset is stored in shards of this many records (0: not known, one LMDB), and its epochs are two-level
+    shuffles with windows of ``window`` shards (``epoch_order``; ``"splits:count:seed:BxW"``).
     """
 
     index: int
@@ -67,15 +90,21 @@ class StreamKey:
     records: int
     seed: int
     splits: bool = False
+    block: int = 0
+    window: int = 1
 
     @classmethod
     def parse(cls, text: str) -> "StreamKey":
         match = _SPLITS_RE.match(text)
         if match:
-            records, seed = (int(g) for g in match.groups())
+            records, seed = int(match.group(1)), int(match.group(2))
+            block, window = (int(match.group(3)), int(match.group(4))) if match.group(3) else (0, 1)
             if not 0 <= records < 10**8:
                 raise ValueError(f"stream key {text!r} names an invalid dataset size")
-            return cls(0, 1, records, seed, splits=True)
+            if match.group(3) and not (1 <= block < 10**8 and 1 <= window <= MAX_WINDOW):
+                raise ValueError(f"stream key {text!r} names an invalid shard layout (BxW: B >= 1 records per "
+                                 f"shard, W 1-{MAX_WINDOW} shards per window)")
+            return cls(0, 1, records, seed, splits=True, block=block, window=window)
         match = _KEY_RE.match(text)
         if not match:
             raise ValueError(f"stream key {text!r} is not I/N:count:seed or splits:count:seed")
@@ -86,8 +115,19 @@ class StreamKey:
 
     def __str__(self) -> str:
         if self.splits:
-            return f"splits:{self.records}:{self.seed}"
+            layout = f":{self.block}x{self.window}" if self.block else ""
+            return f"splits:{self.records}:{self.seed}{layout}"
         return f"{self.index}/{self.count}:{self.records}:{self.seed}"
+
+    @property
+    def shards(self) -> int:
+        """Shards of the dataset's layout (``block``); 0 when the layout is not known."""
+        return -(-self.records // self.block) if self.block else 0
+
+    def order(self, epoch: int) -> np.ndarray:
+        """An elastic pool's epoch ``epoch``: every record of the dataset in order (``epoch_order``)."""
+        return epoch_order(np.arange(self.records, dtype=np.int64), self.seed, epoch, block=self.block,
+                           window=self.window)
 
     @property
     def size(self) -> int:

@@ -349,7 +349,7 @@ def test_an_elastic_pools_completed_epochs_are_logged_in_summary_not_a_line_each
 def test_the_epoch_log_says_the_first_epoch_then_at_most_a_line_per_interval_and_the_last_at_once(caplog):
     import logging
 
-    from stoker.consumer.exact.split_epoch import EpochLog
+    from stoker.consumer.exact.pool.split_epoch import EpochLog
 
     caplog.set_level(logging.INFO, logger="stoker.consumer")
     epoch_log = EpochLog(every=60.0)

@@ -14,7 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stoker.consumer.exact.split_scheduler import MIN_SPLITS, SplitScheduler, split_records
+from stoker.consumer.exact.pool.split_plan import MIN_SPLITS, split_records
+from stoker.consumer.exact.pool.split_scheduler import SplitScheduler
 from stoker.protocol import ProtocolError
 from stoker.protocol.exact_messages import (Credit, Hello, Work, WorkItem, decode_trainer_message, encode_work)
 from stoker.protocol.input_state import InputState, StreamKey, epoch_order

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from stoker.consumer import merge_states
 from stoker.consumer.exact.ledger import ConsumedLedger
-from stoker.consumer.exact.split_epoch import SplitEpoch, share_mask
-from stoker.consumer.exact.split_scheduler import split_records
+from stoker.consumer.exact.pool.split_epoch import SplitEpoch, share_mask
+from stoker.consumer.exact.pool.split_plan import split_records
 from stoker.consumer.exact.state import SavedState, pack_state, parse_state
 from stoker.consumer.exact.state import merge_saved, state_for_share
 from stoker.protocol.input_state import InputState, StreamKey, StreamProgress, epoch_order

@@ -48,10 +48,11 @@ from stoker.protocol.input_state import StreamKey, rows_by_epoch
 from stoker.consumer.exact.ledger import ConsumedLedger
 
 from stoker.consumer.exact.links import Link
-from stoker.consumer.exact.pool_work import PoolWork, pool_stream, serves_pool
+from stoker.consumer.exact.pool.pool_work import PoolWork, pool_stream, serves_pool
 from stoker.consumer.exact.producers import KnownProducer, ProducerLinks
 from stoker.consumer.exact.shard_stalls import ShardStallWatch, open_epochs, shard_waiting
-from stoker.consumer.exact.split_scheduler import SchedulerPlan, SplitScheduler
+from stoker.consumer.exact.pool.split_plan import SchedulerPlan
+from stoker.consumer.exact.pool.split_scheduler import SplitScheduler
 from stoker.consumer.receive_options import STALL_AFTER_S, STALL_LIMIT_S
 
 log = logging.getLogger("stoker.consumer")

@@ -55,9 +55,9 @@ import numpy as np
 
 from stoker.protocol.batch_codec import is_valid_id
 from stoker.protocol.exact_messages import MAX_SPLIT
-from stoker.protocol.input_state import InputState, StreamKey, StreamProgress, epoch_order
+from stoker.protocol.input_state import InputState, StreamKey, StreamProgress
 
-from stoker.consumer.exact.split_epoch import share_mask
+from stoker.consumer.exact.pool.split_epoch import share_mask
 
 STATE_FORMAT = "stoker-zmqinput-state"
 log = logging.getLogger("stoker.consumer")
@@ -196,8 +196,8 @@ def _covered(key: StreamKey, saved: SavedState, progress: Optional[StreamProgres
         raise ValueError(f"the state of trainer {saved.trainer} (rank {rank} of {world}) completed epochs of pool "
                          f"{key} without saying how it cut them: it cannot be merged")
     if epoch not in orders:
-        orders[epoch] = epoch_order(np.arange(key.records, dtype=np.int64), key.seed, epoch)
-    return share_mask(orders[epoch], split, rank, world)
+        orders[epoch] = key.order(epoch)
+    return share_mask(orders[epoch], split, rank, world, key.block, key.window)
 
 
 def _merge_stream(text: str, ranks: Sequence[SavedState], budget: list[int]) -> StreamProgress:

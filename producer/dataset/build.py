@@ -31,11 +31,14 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
+import numpy as np
 from tqdm import tqdm
 
 from stoker.producer.dataset.sharded_writer import open_writer
 from stoker.producer.dataset.writer import WriteReport, write_records
 from stoker.producer.images.decode import check_encoded_image  # noqa: F401  (re-exported: the builders' check)
+
+SHARD_ORDER_SEED = 0  # the order a sharded build writes a folder's or list's files in: a fixed shuffle
 
 BuildReport = WriteReport
 
@@ -165,7 +168,8 @@ def build_lmdb(
     With ``progress``, every file or line left out is printed as it is found; the returned report lists
     them all either way. SourceError names each class folder with no image that can be stored, unless
     ``allow_empty_classes`` (then each is a class with 0 records and a warning in the report). ``shard_bytes``:
-    write a sharded dataset (``sharded_writer.py``) of shards of about that size instead of one LMDB.
+    write a sharded dataset (``sharded_writer.py``) of shards of about that size instead of one LMDB, a folder's
+    or list's files in a seeded shuffled order (``SHARD_ORDER_SEED``), so each shard is a random sample.
     ``source_format="webdataset"``: ``src`` is WebDataset tar shards (a tar, a folder of them, or an fsspec URL or
     glob, ``webdataset.py``), classes ``"0"`` ... up to the largest label.
     """
@@ -181,6 +185,10 @@ def build_lmdb(
     if jsonl:
         if not src.is_file():
             raise SourceError(f"{src} does not exist; --jsonl expects a file of JSON objects, one per line")
+        if shard_bytes:
+            report.warnings.append("records go into shards in the order of the file's lines: shuffle the lines first "
+                                   "if they run by class, or each shard (and each batch of an elastic pool, whose "
+                                   "epochs shuffle shard by shard) holds few classes")
         items: Iterator[tuple[str, Callable[[], Mapping[str, Any]]]] = jsonl_records(src, image_fields)
         total = None
     else:
@@ -198,6 +206,8 @@ def build_lmdb(
             _check_empty_classes(src, classes, [files[label] for label in range(len(classes))], report, allow=False)
         for position, reason in report.skipped if progress else ():
             tqdm.write(f"skipped {position}: {reason}")
+        if shard_bytes:  # shards are random samples, not class runs: an epoch shuffles shard by shard
+            paths = [paths[i] for i in np.random.default_rng(SHARD_ORDER_SEED).permutation(len(paths))]
         items = ((str(path), _image_record(path, label)) for path, label in paths)
         total = len(paths)
         task = task or "classification"

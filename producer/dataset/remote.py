@@ -36,9 +36,10 @@ import secrets
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from stoker.producer.dataset.format import DatasetError
+from stoker.protocol.exact_messages import MAX_HELD
 from stoker.producer.dataset.shards import MANIFEST, ShardedDataset, ShardInfo, ShardUnavailable, parse_manifest
 
 log = logging.getLogger("stoker.producer")
@@ -97,6 +98,20 @@ class ShardCache:
             return self._local(shard, final)
         except OSError as exc:
             raise ShardUnavailable(f"shard {shard.name}: the cache at {self.dir} failed: {exc}") from None
+
+    def holdings(self, shards: Sequence[ShardInfo]) -> tuple[int, list[int]]:
+        """``(capacity, held)`` of ``ShardedDataset.holdings``: the budget over the mean shard size (1 at least), and
+        the shards (numbers in ``shards``) cached now, least recently used first."""
+        capacity = max(1, int(self.cache_bytes // max(1, sum(s.bytes for s in shards) / len(shards))))
+        held = []
+        for number, shard in enumerate(shards):
+            folder = self.dir / "shards" / shard.sha256
+            try:
+                if (folder / "data.mdb").is_file():  # its folder's time is its use (``_touch``)
+                    held.append((os.stat(folder).st_mtime, number))
+            except OSError:
+                continue
+        return capacity, [number for _, number in sorted(held)[-MAX_HELD:]]
 
     def _local(self, shard: ShardInfo, final: Path) -> Path:
         if _touch(final):  # cached: now the most recently used

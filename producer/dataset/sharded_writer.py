@@ -3,9 +3,10 @@
 ``ShardedWriter`` has the interface ``writer.write_records`` drives (``schema``, ``kinds``, ``schema_from``,
 ``check``, ``add``, ``finish``), so every builder path (folders, lists, JSON lines, ``write_lmdb``) writes shards
 with the same checks and report. Records go to ``shard-00000`` until its records' bytes reach ``shard_bytes``,
-then to the next: each shard is published by its own ``DatasetWriter`` inside this build's partial folder
-(``OUT.partial-XXXXXXXX``, locked as the single-LMDB builder locks its own), its ``data.mdb`` hashed, and the
-manifest written last, then the folder renamed to ``OUT``. A crash leaves a partial folder that the next build
+then to the next, each shard holding as many records as the first (one record count makes the layout an elastic
+pool shuffles by, ``protocol/input_state.epoch_order``; shards' bytes vary with their records'). Each shard is
+published by its own ``DatasetWriter`` inside this build's partial folder (``OUT.partial-XXXXXXXX``, locked as
+the single-LMDB builder locks its own), its ``data.mdb`` hashed, and the manifest written last, then the folder renamed to ``OUT``. A crash leaves a partial folder that the next build
 removes; never an ``OUT`` without its manifest.
 """
 
@@ -52,7 +53,8 @@ def parse_bytes(text: str) -> int:
 
 
 class ShardedWriter:
-    """See the module doc. ``shard_bytes``: a shard is closed once its records' encoded bytes reach it;
+    """See the module doc. ``shard_bytes``: the first shard is closed once its records' encoded bytes reach it, and
+    every later one at the first's record count;
     ``classes``: stored in every shard (so each reads alone with its class names) and the manifest."""
 
     def __init__(self, out: str | os.PathLike, shard_bytes: int, overwrite: bool = False,
@@ -68,6 +70,9 @@ class ShardedWriter:
         self.partial, self._lock = _lock_new_partial(self.out)
         self.classes = tuple(classes)
         self.shards: list[ShardInfo] = []
+        #: every shard holds the first's record count (the first is cut at ``shard_bytes``): the layout an elastic
+        #: pool's two-level epochs need is then one number (``Manifest.records_per_shard``)
+        self.records_per_shard = 0
         self._closed_labels: Counter[int] = Counter()  # label counts of the shards closed so far
         self.count = 0
         self._schema = {n: FieldKind.parse(k) for n, k in schema.items()} if schema is not None else None
@@ -105,7 +110,8 @@ class ShardedWriter:
         if not self._schema_from and writer.schema_from:
             self._schema_from = writer.schema_from
         self.count += 1
-        if writer.bytes_added >= self.shard_bytes:
+        if (writer.count >= self.records_per_shard if self.records_per_shard
+                else writer.bytes_added >= self.shard_bytes):
             self._close_shard()
             self._current = self._new_shard()
         return self.count - 1
@@ -124,6 +130,7 @@ class ShardedWriter:
         self._schema = dict(writer.schema or {})
         self._closed_labels.update(writer.label_counts)
         meta = writer.finish(classes=self.classes)
+        self.records_per_shard = self.records_per_shard or meta.count
         data = writer.out / "data.mdb"
         first = sum(s.records for s in self.shards)
         self.shards.append(ShardInfo(writer.out.name, first, meta.count, data.stat().st_size, file_sha256(data)))

@@ -29,7 +29,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Iterator, Optional, Protocol
+from typing import Any, Iterator, Optional, Protocol, Sequence
 
 from stoker.producer.dataset.format import (DatasetError, DatasetMeta, FieldKind, LmdbDataset, RecordError,
                                             record_key)
@@ -64,6 +64,15 @@ class Manifest:
         if not 0 <= index < self.meta.count:
             raise IndexError(f"record {index} is outside the dataset's {self.meta.count}")
         return bisect.bisect_right(self._firsts, index) - 1
+
+    @cached_property
+    def records_per_shard(self) -> int:
+        """The records every shard holds (the last may hold fewer), 0 if they differ: an elastic pool's epochs are
+        two-level shuffles (shards, then records within them) only over such a layout, which is one number."""
+        first = self.shards[0].records
+        if len(self.shards) < 2 or any(s.records != first for s in self.shards[:-1]) or self.shards[-1].records > first:
+            return 0
+        return first
 
     @cached_property
     def _firsts(self) -> list[int]:
@@ -139,11 +148,14 @@ def _meta(body: dict, count: int, bad: Any) -> DatasetMeta:
 class ShardSource(Protocol):
     """Where a sharded dataset's shards are: ``local(shard)`` is the folder holding its ``data.mdb`` (fetched first
     where needed; RecordError-worthy failures raise ``ShardUnavailable``). ``evicts``: a shard's folder may be
-    removed while a reader has it open (a bounded cache): the reader then lets go of it and asks again."""
+    removed while a reader has it open (a bounded cache): the reader then lets go of it and asks again;
+    ``holdings(shards)``: an evicting source's capacity and cached shards (``ShardedDataset.holdings``)."""
 
     evicts: bool
 
     def local(self, shard: ShardInfo) -> Path: ...
+
+    def holdings(self, shards: Sequence[ShardInfo]) -> tuple[int, list[int]]: ...
 
 
 class ShardUnavailable(RuntimeError):
@@ -247,6 +259,14 @@ class ShardedDataset:
 
     def size_bytes(self) -> int:
         return sum(s.bytes for s in self.manifest.shards)
+
+    def holdings(self) -> tuple[Optional[int], list[int]]:
+        """``(capacity, held)``: how many shards this host's cache holds at most (None: every shard is on local
+        disk) and which it holds now, least recently used first (at most ``MAX_HELD``). What an elastic pool's
+        trainer hands splits by (protocol ``status``: ``cache``, ``held``); reads no shard."""
+        if not self.source.evicts:
+            return None, []
+        return self.source.holdings(self.manifest.shards)
 
     def close(self) -> None:
         while self._open:

@@ -69,7 +69,7 @@ from stoker.producer.pipeline import load_pipeline
 from stoker.producer.process import StatusFile
 from stoker.producer.serve.peer_security import HandshakeFailureLog, RefusalLoggingAuthenticator
 from stoker.producer.serve.serving_policy import ServingPolicy
-from stoker.producer.serve.sharding import ShardSpec
+from stoker.producer.serve.sharding import ShardSpec, pool_block
 from stoker.producer.serve.split_server import SplitServer
 from stoker.producer.measure.stage_stats import StageStats, rate_report
 from stoker.producer.serve.worker import WorkerConfig, run_worker
@@ -98,7 +98,6 @@ def default_producer_id(endpoint: str, shard: ShardSpec) -> str:
     """
     host = "".join(c for c in socket.gethostname() if "!" <= c <= "~")  # printable ASCII, no spaces
     return with_instance(f"{host}:{endpoint.rsplit(':', 1)[-1]}#{shard}")
-
 
 
 def _bind_advice(bind: str, why: str) -> str:
@@ -160,6 +159,8 @@ class ProducerConfig:
     min_trainers: int = 1
     status_file: Optional[str] = None  # JSON lines for programs (module docstring); None: none
     remote: RemoteOptions = RemoteOptions()  # a dataset in object storage: cache, credentials' options, retries
+    shuffle_window: int = 1  # a pool on a sharded dataset: shards per shuffle window (``epoch_order``; 0: flat)
+    shard_affinity: bool = True  # tell trainers which shards this host caches, so they hand it their splits
 
 
 class ProducerDaemon:
@@ -196,11 +197,16 @@ class ProducerDaemon:
                                   ("fast_dct", config.fast_dct))
         # Built here to fail fast (and for the layout); each worker builds its own from the same reference.
         self.pipeline = load_pipeline(config.pipeline, dict(config.pipeline_args), dict(self.pipeline_standard))
+        self.holdings: Callable[[], tuple[Optional[int], list[int]]] = lambda: (None, [])
         with open_dataset(config.lmdb_path, config.remote) as dataset:
             self.meta = dataset.meta
+            block = pool_block(config.shard.auto, config.shuffle_window,
+                               dataset.manifest if isinstance(dataset, ShardedDataset) else None)
             if isinstance(dataset, ShardedDataset):  # its workers read the manifest the daemon read, not a newer one
                 config = replace(config, remote=replace(config.remote, manifest=dataset.manifest_bytes))
                 self.config = config
+                if config.shard_affinity:  # reads the cache's folder, not the shards: fine once closed
+                    self.holdings = dataset.holdings
         self.records = len(config.shard.records(self.meta.count))  # the shard's (a pool's: the dataset's)
         _check_shard_size(config, self.records)
         self.seed = config.seed if config.seed is not None else secrets.randbits(31)
@@ -239,7 +245,7 @@ class ProducerDaemon:
         self.layout = SlotLayout(self.pipeline.batch_arrays(exact=config.exact), config.batch_size,
                                  slots=config.sndhwm + 1)
         self.stream = StreamKey(config.shard.index, config.shard.count, self.meta.count, self.seed,
-                                splits=config.shard.auto)
+                                splits=config.shard.auto, block=block, window=max(1, config.shuffle_window))
 
     def run(self, stop: threading.Event) -> None:
         """Serve until ``stop`` is set; then stop everything and return. Never returns early on bad data."""
@@ -292,7 +298,7 @@ class ProducerDaemon:
         policy: ServingPolicy
         if cfg.shard.auto:
             policy = SplitServer(self.stream, self.producer_id, cfg.epochs, cfg.trainer_timeout, spec,
-                                 make_ahead=cfg.workers)
+                                 make_ahead=cfg.workers, holdings=self.holdings)
         else:
             policy = ExactServer(self.stream, self.producer_id, cfg.epochs, cfg.trainer_timeout, spec,
                                  cfg.min_trainers)

@@ -9,13 +9,18 @@ that permutation, so workers split each epoch exactly.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 
-from stoker.protocol.input_state import epoch_order
+from stoker.producer.dataset.shards import Manifest
+from stoker.protocol.input_state import MAX_WINDOW, epoch_order
 
-__all__ = ["RecordRng", "ShardSpec", "epoch_order", "worker_stream"]
+__all__ = ["RecordRng", "ShardSpec", "epoch_order", "pool_block", "worker_stream"]
+
+log = logging.getLogger("stoker.producer")
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,24 @@ class ShardSpec:
 
     def __str__(self) -> str:
         return "auto" if self.auto else f"{self.index}/{self.count}"
+
+
+def pool_block(auto: bool, shuffle_window: int, manifest: Optional[Manifest]) -> int:
+    """The shard size (records) an elastic pool's epochs are two-level shuffles over (``epoch_order``), 0 for one
+    shuffle of the whole dataset: a pool (``auto``) on a dataset of several shards of one size, unless
+    ``--shuffle-window 0``. Shards of different sizes (a manifest this release did not write) are named.
+    ValueError for a window outside 0-``MAX_WINDOW``."""
+    if not 0 <= shuffle_window <= MAX_WINDOW:
+        raise ValueError(f"--shuffle-window must be 0-{MAX_WINDOW} shards, got {shuffle_window}")
+    if not auto or shuffle_window < 1 or manifest is None or len(manifest.shards) < 2:
+        return 0
+    if not manifest.records_per_shard:
+        log.warning("the dataset's shards hold different numbers of records, so each epoch is one shuffle of the "
+                    "whole dataset: every producer reads every shard each epoch, and a cache smaller than the "
+                    "dataset fetches shards again and again. Rebuild it with `stoker lmdb build --shard-size` of "
+                    "this release (shards of one record count)")
+        return 0
+    return manifest.records_per_shard
 
 
 def worker_stream(shard_records: np.ndarray, seed: int, worker: int, workers: int, shuffle: bool = True):

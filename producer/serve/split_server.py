@@ -3,7 +3,7 @@
 In an elastic pool no producer owns a shard. Each trainer owns the input state and hands
 out *splits* of every epoch (``work`` messages: positions ``start..end-1`` of the epoch's
 order of the whole dataset, less what it already has) to whichever producers are there,
-and takes back the splits of a producer that left (consumer/exact/split_scheduler.py). This
+and takes back the splits of a producer that left (consumer/exact/pool/split_scheduler.py). This
 server keeps, per trainer, the records still to make from its splits, and:
 
 - ``next_chunk(n)`` picks up to ``n`` records of one trainer's splits, round-robin over
@@ -31,7 +31,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -40,7 +40,6 @@ from stoker.protocol.exact_messages import MAX_SPLIT, Credit, Hello, Status, Wor
 from stoker.protocol.input_state import StreamKey
 
 from stoker.producer.serve.serving_policy import Chunk
-from stoker.producer.serve.sharding import epoch_order
 from stoker.producer.serve.trainer_registry import Trainer, TrainerRegistry
 
 _ORDERS_KEPT = 3  # epoch orders cached (a permutation of the dataset each)
@@ -58,11 +57,14 @@ class SplitServer:
     """Serving decisions of an elastic-pool producer (a ``PoolPolicy``); see the module doc. One thread drives it."""
 
     def __init__(self, key: StreamKey, producer_id: str, epochs: Optional[int] = None, trainer_timeout: float = 10.0,
-                 spec: Optional[list[tuple[str, str, list[int]]]] = None, make_ahead: int = 2) -> None:
+                 spec: Optional[list[tuple[str, str, list[int]]]] = None, make_ahead: int = 2,
+                 holdings: Optional[Callable[[], tuple[Optional[int], list[int]]]] = None) -> None:
         if not key.splits:
             raise ValueError(f"stream {key} is not an elastic pool's (splits:count:seed)")
         self.key, self.producer_id, self.epochs = key, producer_id, epochs
         self.make_ahead = make_ahead
+        #: ``(capacity, held)`` of this host's shard cache, said in each status (``ShardedDataset.holdings``)
+        self.holdings = holdings or (lambda: (None, []))
         self.spec = list(spec or [])
         self.trainers: TrainerRegistry[_PoolTrainer] = TrainerRegistry(trainer_timeout, self._forget)
         self._orders: OrderedDict[int, np.ndarray] = OrderedDict()
@@ -75,7 +77,7 @@ class SplitServer:
 
     def _order(self, epoch: int) -> np.ndarray:
         if epoch not in self._orders:
-            self._orders[epoch] = epoch_order(np.arange(self.key.records, dtype=np.int64), self.key.seed, epoch)
+            self._orders[epoch] = self.key.order(epoch)
             while len(self._orders) > _ORDERS_KEPT:
                 self._orders.popitem(last=False)
         self._orders.move_to_end(epoch)
@@ -209,7 +211,9 @@ class SplitServer:
         return self.epochs is not None and self._any_finished and not self._pending
 
     def status(self) -> Status:
-        return Status(str(self.key), self.producer_id, 0, self.epochs, self.finished, self.spec, 0)
+        capacity, held = self.holdings() if self.key.block else (None, [])
+        return Status(str(self.key), self.producer_id, 0, self.epochs, self.finished, self.spec, 0, cache=capacity,
+                      held=held)
 
     def summary(self) -> str:
         return f"{self.skipped_total} records skipped"

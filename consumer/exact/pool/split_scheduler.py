@@ -14,7 +14,7 @@ data-parallel trainers take disjoint shares, so nothing has to be agreed between
   A producer left idle with nothing free takes a *backup* of the split the slowest holder is
   serving, when that holder's measured pace (``producer_pace``) is ``BACKUP_FACTOR`` times slower
   than the idle producer's (a straggler at an epoch's end, as MapReduce's backup tasks and LATE do).
-- ``stalls(now)``: a producer holding splits that made no progress for ``stall_bound()``, while the
+- ``stalls(now)``: a producer holding splits that made no progress for ``pace.stall_bound()``, while the
   trainer's queue had room or other producers moved on (``producer_pace`` judges), is *stuck*: its
   splits are handed to the others and it gets no new work until a batch of it arrives again (then it
   simply goes on: what it made meanwhile is dropped where others served it first).
@@ -33,57 +33,29 @@ data-parallel trainers take disjoint shares, so nothing has to be agreed between
 Exactness follows from the trainer alone: a record is delivered to a step at most once per
 epoch (``arrived``), and every record of the share is asked for until it arrived (``release``,
 ``stalls``). Times are ``time.monotonic()`` unless a test passes ``now``.
-Not thread-safe: the transport calls it under its lock. ``SchedulerPlan`` makes one once the
-dataset is known (the first pool producer's status) from what the trainer was configured with.
+Not thread-safe: the transport calls it under its lock. ``SchedulerPlan`` (split_plan.py) makes
+one once the dataset is known (the first pool producer's status).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Iterator, Optional
 
 import numpy as np
 
 from stoker.protocol.exact_messages import MAX_SPLIT, WorkItem
-from stoker.protocol.input_state import StreamKey, StreamProgress, epoch_order
+from stoker.protocol.input_state import StreamKey, StreamProgress
 
-from stoker.consumer.exact.producer_pace import PoolPace
-from stoker.consumer.exact.split_epoch import EpochLog, SplitEpoch
+from stoker.consumer.exact.pool.producer_pace import PoolPace
+from stoker.consumer.exact.pool.shard_affinity import ShardHoldings
+from stoker.consumer.exact.pool.split_epoch import EpochLog, SplitEpoch
 from stoker.consumer.receive_options import STALL_AFTER_S
 
 EPOCHS_AHEAD = 1
 DEFAULT_AHEAD = 2  # unfinished splits each producer holds at least: one being served, one to go on with
-#: Batches of work a producer holds beyond its credit: what its workers make ahead of credit (one each,
-#: ``SplitServer.make_ahead``) with room to spare. With small splits, two splits were two batches, too few to keep
-#: a producer's workers and credit busy: an elastic pool ran at 0.85 of its old rate in benchmarks/exact_cost.py.
-PIPELINE_BATCHES = 8
-SPLIT_BATCHES = 16  # the largest split: this many batches of records
-#: The fewest splits an epoch (of one trainer's share) is cut into, where batches allow: a pool of P producers
-#: holding DEFAULT_AHEAD each needs 2P of them free, and a small dataset of few large splits left a joining
-#: producer without any (issue 29: 1,024 records in splits of 16 batches made two splits an epoch).
-MIN_SPLITS = 64
 BACKUP_FACTOR = 3.0  # back a split up when its holder needs this many times longer than an idle producer would
 BACKUP_CHECK_S = 0.25  # idle producers look for a split to back up at most this often (it scans every holder)
-
-
-def splits_ahead(split: int, batch_size: int, credit: int) -> int:
-    """Unfinished splits each producer holds: ``DEFAULT_AHEAD``, or enough to cover its credit and
-    ``PIPELINE_BATCHES`` more batches if that is more (what is in flight between it and the trainer)."""
-    batches_per_split = max(1, split // max(1, batch_size))
-    return max(DEFAULT_AHEAD, -(-(credit + PIPELINE_BATCHES) // batches_per_split))
-
-
-def split_records(records: int, batch_size: int, world: int = 1) -> int:
-    """Records per split of a pool of ``records``: whole batches, at most ``SPLIT_BATCHES``, and few enough that an
-    epoch of one of ``world`` shares has ``MIN_SPLITS`` splits where the dataset allows (a batch at least).
-
-    A function of its arguments only: trainers sharing a pool must cut epochs alike (their shares are splits)."""
-    batch_size = max(1, batch_size)
-    batches = max(1, min(SPLIT_BATCHES, records // max(1, world * MIN_SPLITS) // batch_size))
-    if batches * batch_size <= MAX_SPLIT:
-        return batches * batch_size
-    return (MAX_SPLIT // batch_size) * batch_size or MAX_SPLIT
 
 
 class SplitScheduler:
@@ -100,7 +72,7 @@ class SplitScheduler:
         self.key, self.progress, self.epochs, self.split = key, progress, epochs, split
         self.rank, self.world, self.ahead, self.stall_after = rank, world, ahead, stall_after
         self.records = key.records
-        self.splits = -(-self.records // split)
+        self.splits = -(-self.records // split)  # splits of an epoch (at least: a shard layout cuts at its windows too)
         if rank >= self.splits:
             raise ValueError(f"share {rank}/{world} of an elastic pool is empty: {self.records} records make only "
                              f"{self.splits} split(s) of {split}; run fewer trainers or smaller batches")
@@ -120,6 +92,7 @@ class SplitScheduler:
         self.backups = 0  # splits also handed to an idle producer because their holder straggled
         self.stalls_seen = 0  # times a producer was taken for stuck
         self.epoch_log = EpochLog()  # "epoch N complete", summarised (a small dataset completes one a second)
+        self.holdings = ShardHoldings(key.shards) if key.block else None  # producers' caches, by shard
         self._open_epochs()
 
     # ---- epochs ----------------------------------------------------------------------------
@@ -136,9 +109,9 @@ class SplitScheduler:
             opened = False
             for e in range(self.progress.completed, last + 1):
                 if e not in self.open and (self.epochs is None or e < self.epochs):
-                    order = epoch_order(np.arange(self.records, dtype=np.int64), self.key.seed, e)
+                    order = self.key.order(e)
                     self.open[e] = SplitEpoch(order, self.progress.consumed(e).copy(), self.split, self.rank,
-                                              self.world)
+                                              self.world, self.key.block, self.key.window)
                     opened = True
             if not opened or not any(self.open[e].left == 0 for e in self.open):
                 return
@@ -174,17 +147,23 @@ class SplitScheduler:
     def _free(self, e: int, s: int) -> bool:
         return self.open[e].unfinished(s) and not self.holders.get((e, s))
 
-    def _next_free(self) -> Optional[tuple[int, int]]:
+    def _next_free(self, producer: int) -> Optional[tuple[int, int]]:
+        """The split to hand ``producer``: by its cache (``ShardHoldings``), else given back, else the next."""
+        if self.holdings is not None and self.holdings.bounded:
+            found = self.holdings.pick(producer, sorted(self.open.items()), self._free)
+            if found is not None:
+                return found
         for e in sorted(self.open):
             epoch = self.open[e]
             while epoch.returned:
                 s = epoch.returned.popleft()
                 if self._free(e, s):
                     return e, s
-            while epoch.cursor < self.splits:
+            while epoch.cursor < len(epoch.starts):
                 s = epoch.cursor
                 epoch.cursor += 1
                 if self._mine(s) and self._free(e, s):
+                    epoch.mark_handed(s)
                     return e, s
         return None
 
@@ -217,6 +196,8 @@ class SplitScheduler:
         mine = self.assigned.setdefault(producer, {})
         self.pace.holds(producer, now, idle=not mine)
         mine[es] = None
+        if self.holdings is not None:
+            self.holdings.use(producer, int(self.open[es[0]].split_shard[es[1]]))
         self.holders.setdefault(es, []).append(producer)
         self.handed_out += 1
         self._note_room(producer)
@@ -231,7 +212,7 @@ class SplitScheduler:
             return []
         items = []
         while len(mine) < self.ahead:
-            free = self._next_free()
+            free = self._next_free(producer)
             if free is None:
                 break
             items.append(self._hold(producer, free, now))
@@ -284,6 +265,8 @@ class SplitScheduler:
         self._hungry.discard(producer)
         self.assigned.pop(producer, None)
         self.pace.forget(producer)
+        if self.holdings is not None:
+            self.holdings.forget(producer)
         self.released += count
         return count
 
@@ -293,13 +276,9 @@ class SplitScheduler:
         """The trainer's queue is full: producers wait for credit now, so nobody is judged stuck or slow."""
         self.pace.queue_full(time.monotonic() if now is None else now)
 
-    def stall_bound(self) -> float:
-        """Seconds without progress after which a producer holding work is stuck (``PoolPace.stall_bound``)."""
-        return self.pace.stall_bound()
-
     def stalls(self, now: Optional[float] = None) -> list[tuple[int, float, int]]:
         """Producers newly taken for stuck, as ``(producer, seconds without progress, records it held)``: each held
-        work, made no progress for ``stall_bound()`` while the trainer's queue had room, and another producer is
+        work, made no progress for ``pace.stall_bound()`` while the trainer's queue had room, and another producer is
         there to take its splits, which go back to be handed out again (``reserved``)."""
         if self.stall_after is None:
             return []
@@ -377,20 +356,3 @@ class SplitScheduler:
                 epoch.finish(records[(records >= 0) & (records < self.records)])
         self._close_done()
         self._open_epochs()
-
-
-@dataclass(frozen=True)
-class SchedulerPlan:
-    """Everything an elastic pool's scheduler is made from but the dataset, which the first pool producer's status
-    names: ``scheduler(...)`` then cuts it (``split_records``) and sizes each producer's work (``splits_ahead``)."""
-
-    batch_size: int  # splits are whole batches of the trainer's spec
-    credit: int  # batches a producer may send ahead: what it holds covers them
-    share: tuple[int, int] = (0, 1)  # (rank, world): this trainer's splits
-    stall_after: Optional[float] = STALL_AFTER_S
-
-    def scheduler(self, key: StreamKey, progress: StreamProgress, epochs: Optional[int]) -> SplitScheduler:
-        """The scheduler of pool ``key`` (``epochs``: None for ever); ValueError if this trainer's share is empty."""
-        split = split_records(key.records, self.batch_size, self.share[1])
-        return SplitScheduler(key, progress, epochs, split, *self.share,
-                              ahead=splits_ahead(split, self.batch_size, self.credit), stall_after=self.stall_after)

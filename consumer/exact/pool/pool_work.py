@@ -29,7 +29,7 @@ from stoker.protocol.batch_spec import BatchMismatchError, BatchSpec
 from stoker.protocol.exact_messages import MAX_WORK_ITEMS, Status, Work, encode_work
 
 from stoker.consumer.exact.producers import KnownProducer
-from stoker.consumer.exact.split_scheduler import SplitScheduler
+from stoker.consumer.exact.pool.split_scheduler import SplitScheduler
 
 log = logging.getLogger("stoker.consumer")
 
@@ -72,7 +72,7 @@ class PoolWork:
         if status.stream != self.key or status.epochs != sched.epochs:
             return (f"serves {status.stream} ({status.epochs} epochs) but this trainer's pool is {sched.key} "
                     f"({sched.epochs} epochs); start every producer of a pool on the same dataset with the "
-                    "same --seed and --epochs")
+                    "same --seed, --epochs and --shuffle-window")
         if self._spec is not None and status.spec:
             try:
                 self._spec.check_declared(status.producer, status.spec)
@@ -91,6 +91,9 @@ class PoolWork:
                 log.error("producer %s gets no work: %s", status.producer, why)
             return
         self.pooled.add(i)
+        if self.scheduler.holdings is not None:  # which shards it caches: it gets their splits
+            with self._lock:
+                self.scheduler.holdings.note(i, status.cache, status.held)
         if i in self._stuck:
             self._stuck.discard(i)
             log.warning("elastic pool: producer %s answers again: it takes new work", self._producers[i].name())
@@ -158,7 +161,7 @@ class PoolWork:
             log.warning("elastic pool: producer %s sent no new record for %.0f s while this trainer waited "
                         "(stall bound %.1f s); its %d record(s) go to the other producers. It gets no new work "
                         "until it answers again", self._producers[producer].name(), silent,
-                        self.scheduler.stall_bound(), held)
+                        self.scheduler.pace.stall_bound(), held)
             # A new session: the producer drops what it queued for us (it would make it for nothing) and rejoins
             # the pool when it answers; batches it made before are stale and dropped.
             self._stuck.add(producer)

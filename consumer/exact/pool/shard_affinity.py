@@ -1,0 +1,102 @@
+"""Which shards each producer of an elastic pool holds, as its trainer models it, and the split to hand it by that.
+
+A pool over a sharded dataset (a stream key with a layout, ``splits:count:seed:BxW``) orders each epoch shard by
+shard (``epoch_order``), so a split's records come from one shard or two. A producer reading object storage caches
+at most ``capacity`` shards, least recently used out; its status says that capacity and the shards it holds when it
+joins (``Status.cache``, ``Status.held``). The trainer cannot see the cache afterwards, so it models it: every split
+it hands a producer uses that split's shard in the producer's model, as the producer's cache does.
+
+``ShardHoldings.pick(producer, epochs)`` is the split a producer should take next: a returned or new split of a
+shard it holds; else one of a shard nobody holds (a fetch nobody else could have saved); else None, and the
+scheduler falls back to the epoch's next free split (a fetch, but the epoch must complete: work is never held back
+for affinity). A producer with its whole dataset on disk (capacity None) takes shards nobody holds first, leaving
+the cached shards to the producers that hold them. Exactness does not depend on any of this.
+Not thread-safe: the scheduler's caller holds the transport's lock.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Callable, Iterable, Optional, Sequence
+
+import numpy as np
+
+from stoker.consumer.exact.pool.split_epoch import SplitEpoch
+
+
+class ShardHoldings:
+    """See the module doc. ``shards``: shards in the dataset's layout."""
+
+    def __init__(self, shards: int) -> None:
+        self.shards = shards
+        self.holders = np.zeros(shards, np.int32)  # bounded producers modelled to hold each shard
+        self._lru: dict[int, OrderedDict[int, None]] = {}  # producer -> its shards, least recently used first
+        self._held: dict[int, np.ndarray] = {}  # producer -> bool [shards]
+        self._capacity: dict[int, int] = {}
+
+    @property
+    def bounded(self) -> bool:
+        """Whether any producer's cache is bounded (else every producer holds everything: nothing to prefer)."""
+        return bool(self._lru)
+
+    def note(self, producer: int, capacity: Optional[int], held: Sequence[int] = ()) -> None:
+        """Producer ``producer`` joined, caching at most ``capacity`` shards (None: every shard on its disk) and
+        holding ``held`` (least recently used first; numbers outside the layout are ignored)."""
+        self.forget(producer)
+        if capacity is None:
+            return
+        self._capacity[producer] = max(1, capacity)
+        self._lru[producer] = OrderedDict()
+        self._held[producer] = np.zeros(self.shards, bool)
+        for shard in held:
+            if 0 <= shard < self.shards:
+                self.use(producer, shard)
+
+    def use(self, producer: int, shard: int) -> None:
+        """Producer ``producer`` was handed a split of ``shard``: its cache holds it now, the least recently used
+        out beyond its capacity. Nothing for a producer with every shard on disk."""
+        lru = self._lru.get(producer)
+        if lru is None:
+            return
+        if shard in lru:
+            lru.move_to_end(shard)
+            return
+        lru[shard] = None
+        self._held[producer][shard] = True
+        self.holders[shard] += 1
+        while len(lru) > self._capacity[producer]:
+            old, _ = lru.popitem(last=False)
+            self._held[producer][old] = False
+            self.holders[old] -= 1
+
+    def forget(self, producer: int) -> None:
+        """Producer ``producer`` left (or restarted: it says what it holds when it joins again)."""
+        for shard in self._lru.pop(producer, {}):
+            self.holders[shard] -= 1
+        self._held.pop(producer, None)
+        self._capacity.pop(producer, None)
+
+    def holds(self, producer: int, shard: int) -> bool:
+        held = self._held.get(producer)
+        return held is None or bool(held[shard])
+
+    def pick(self, producer: int, epochs: Iterable[tuple[int, SplitEpoch]],
+             free: Callable[[int, int], bool]) -> Optional[tuple[int, int]]:
+        """The split ``(epoch, split)`` producer ``producer`` should take (module doc), or None. ``epochs``: the open
+        ones, oldest first; ``free(e, s)``: whether split ``s`` of epoch ``e`` may be handed out."""
+        epochs = list(epochs)
+        held = self._held.get(producer)
+        if held is not None:
+            for e, epoch in epochs:
+                for s in epoch.returned:
+                    if held[epoch.split_shard[s]] and free(e, s):
+                        epoch.returned.remove(s)
+                        return e, s
+                s = epoch.take_pending(held, lambda s, e=e: free(e, s))
+                if s is not None:
+                    return e, s
+        for e, epoch in epochs:
+            s = epoch.take_pending(self.holders == 0, lambda s, e=e: free(e, s))
+            if s is not None:
+                return e, s
+        return None

@@ -1,0 +1,176 @@
+"""Shard-aware epochs of an elastic pool: the two-level order both sides compute, and the trainer handing each split
+to a producer whose cache holds its shard (consumer/exact/pool/shard_affinity.py).
+
+The pool runs in-process here: a real ``SplitScheduler`` hands out work items, simulated producers serve them (the
+records of the items, computed from the order as a real ``SplitServer`` does) through a least-recently-used cache
+of a quarter of the shards, counting every shard they would fetch. The same pool with the same order but no cache
+reported is the baseline that ignores shards. The real producers, S3 server and cache are in
+tests/test_object_storage.py and benchmarks/shard_fetches.py.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict
+
+import numpy as np
+import pytest
+
+from stoker.consumer.exact.pool.split_scheduler import SplitScheduler
+from stoker.protocol.exact_messages import ProtocolError, Status, decode_status, encode_status
+from stoker.protocol.input_state import InputState, StreamKey, epoch_order
+from stoker.producer.dataset.shards import Manifest, ShardInfo
+from stoker.producer.dataset.format import DatasetMeta, FieldKind
+from stoker.producer.serve.sharding import pool_block
+from stoker.producer.serve.split_server import SplitServer
+
+import msgpack
+
+
+def test_the_two_level_order_is_a_permutation_shard_by_shard_and_the_flat_order_is_unchanged():
+    records, block = 1000, 64
+    order = epoch_order(np.arange(records), 3, 2, block=block)
+    assert sorted(order.tolist()) == list(range(records))
+    shards = order // block
+    runs = 1 + int((np.diff(shards) != 0).sum())
+    assert runs == -(-records // block)  # each shard's records are one run of positions
+    assert not np.array_equal(order, epoch_order(np.arange(records), 3, 3, block=block))  # epochs differ
+    assert np.array_equal(order, epoch_order(np.arange(records), 3, 2, block=block))  # and are reproducible
+    within = order[shards == shards[0]]
+    assert not np.array_equal(within, np.sort(within))  # records are shuffled within their shard
+    # Windows of 3 shards (of 15 whole ones): each run of 3 x 64 positions holds 3 shards, mixed.
+    windowed = epoch_order(np.arange(960), 3, 2, block=block, window=3) // block
+    runs = [windowed[i:i + 3 * block] for i in range(0, 960, 3 * block)]
+    assert all(len(set(r.tolist())) == 3 and (np.diff(r) != 0).sum() > 2 for r in runs)
+    # Keys without a layout order as every release before: one PCG64 permutation.
+    assert np.array_equal(epoch_order(np.arange(records), 3, 2),
+                          np.random.default_rng([3, 2]).permutation(np.arange(records)))
+
+
+def test_a_pool_key_carries_its_layout_and_bad_layouts_are_refused():
+    key = StreamKey.parse("splits:1000:3:64x2")
+    assert (key.block, key.window, key.shards, str(key)) == (64, 2, 16, "splits:1000:3:64x2")
+    assert StreamKey.parse("splits:1000:3") == StreamKey(0, 1, 1000, 3, splits=True)
+    for bad in ("splits:1000:3:0x1", "splits:1000:3:64x0", "splits:1000:3:64x999999", "splits:1000:3:64",
+                "0/2:1000:3:64x1"):
+        with pytest.raises(ValueError):
+            StreamKey.parse(bad)
+    assert np.array_equal(key.order(1), epoch_order(np.arange(1000), 3, 1, block=64, window=2))
+
+
+def test_a_status_carries_the_cache_and_bounds_it():
+    status = Status("splits:1000:3:64x1", "p1", 0, 2, False, cache=4, held=[3, 1])
+    body = msgpack.unpackb(encode_status(status))
+    assert decode_status(body) == status
+    assert "cache" not in msgpack.unpackb(encode_status(Status("splits:1000:3", "p1", 0, 2, False)))
+    for bad in ({"cache": 0}, {"cache": 4, "held": list(range(257))}, {"cache": 4, "held": [-1]},
+                {"cache": 4, "held": "x"}):
+        with pytest.raises(ProtocolError):
+            decode_status({**body, **bad})
+
+
+def _manifest(counts):
+    shards, first = [], 0
+    for i, n in enumerate(counts):
+        shards.append(ShardInfo(f"shard-{i:05d}", first, n, 100, "0" * 64))
+        first += n
+    return Manifest(DatasetMeta(count=first, fields={"label": FieldKind.parse("int")}), tuple(shards))
+
+
+def test_the_layout_is_the_shards_record_count_and_uneven_shards_fall_back_to_one_shuffle(caplog):
+    assert pool_block(True, 1, _manifest([50, 50, 20])) == 50
+    assert pool_block(False, 1, _manifest([50, 50, 20])) == 0  # fixed shards: as before
+    assert pool_block(True, 0, _manifest([50, 50, 20])) == 0  # --shuffle-window 0
+    assert pool_block(True, 1, _manifest([50])) == 0 and pool_block(True, 1, None) == 0
+    assert pool_block(True, 1, _manifest([50, 40, 50])) == 0
+    assert "different numbers of records" in caplog.text and "Rebuild" in caplog.text
+    with pytest.raises(ValueError, match="shuffle-window"):
+        pool_block(True, -1, None)
+
+
+class _Producer:
+    """A pool producer: its split server computes the records of the work it gets; its cache is an LRU of
+    ``capacity`` shards that counts fetches."""
+
+    def __init__(self, key: StreamKey, capacity: int) -> None:
+        self.key, self.capacity = key, capacity
+        self.cache: OrderedDict[int, None] = OrderedDict()
+        self.fetches = 0
+        self.items: list = []
+
+    def serve_one(self) -> tuple[np.ndarray, np.ndarray]:
+        item = self.items.pop(0)
+        records = self.key.order(item.epoch)[item.start:item.end]
+        keep = np.ones(len(records), bool)
+        keep[np.asarray(item.skip, np.int64)] = False
+        records = records[keep]
+        for shard in (records // self.key.block).tolist():
+            if shard in self.cache:
+                self.cache.move_to_end(shard)
+            else:
+                self.fetches += 1
+                self.cache[shard] = None
+                while len(self.cache) > self.capacity:
+                    self.cache.popitem(last=False)
+        return np.full(len(records), item.epoch), records
+
+
+def _run_pool(report_cache: bool, producers=4, shards=32, block=96, epochs=4, split=32, seed=5):
+    key = StreamKey(0, 1, shards * block - 17, seed, splits=True, block=block, window=1)
+    state = InputState()
+    sched = SplitScheduler(key, state.progress(str(key)), epochs, split, ahead=2, stall_after=None)
+    pool = [_Producer(key, shards // producers) for _ in range(producers)]
+    if report_cache:
+        for i, p in enumerate(pool):
+            sched.holdings.note(i, p.capacity, [])
+    seen: Counter = Counter()
+    rng = np.random.default_rng(0)
+    for _ in range(100_000):
+        if sched.finished:
+            break
+        for i in sched.wants_work():
+            pool[i].items += sched.top_up(i)
+        for i in range(producers):
+            if not pool[i].items:
+                pool[i].items += sched.top_up(i)
+        busy = [i for i in range(producers) if pool[i].items]
+        i = busy[int(rng.integers(len(busy)))]  # producers go at random paces
+        e, r = pool[i].serve_one()
+        keep = sched.arrived(e, r, np.ones(len(r), bool), producer=i)
+        seen.update(zip(e[keep].tolist(), r[keep].tolist()))
+        sched.consumed(e[keep], r[keep])
+        state.mark(str(key), e[keep], r[keep])
+    assert sched.finished
+    twice = sum(1 for n in seen.values() if n > 1)
+    never = sum(1 for e in range(epochs) for r in range(key.records) if (e, r) not in seen)
+    return sum(p.fetches for p in pool), twice, never
+
+
+def test_splits_go_to_the_producer_that_holds_their_shard_many_times_fewer_fetches_and_still_exact():
+    aware, twice, never = _run_pool(report_cache=True)
+    blind, twice_blind, never_blind = _run_pool(report_cache=False)
+    assert (twice, never, twice_blind, never_blind) == (0, 0, 0, 0)
+    shards, epochs = 32, 4
+    assert aware < 0.5 * shards * epochs  # mostly each producer's own quarter, fetched about once
+    assert blind >= 3 * aware, (aware, blind)
+
+
+def test_a_joining_producer_takes_the_splits_of_the_shards_its_cache_holds():
+    key = StreamKey(0, 1, 16 * 50, 1, splits=True, block=50, window=1)
+    sched = SplitScheduler(key, InputState().progress(str(key)), 1, 10, ahead=3, stall_after=None)
+    sched.holdings.note(0, 4, [])
+    sched.holdings.note(1, 4, [7, 11])
+    items = sched.top_up(1)
+    shards = {int(s) for item in items for s in (key.order(0)[item.start:item.end] // 50).tolist()}
+    assert shards <= {7, 11} | set(range(16)) and (7 in shards or 11 in shards)
+    first = key.order(0)[items[0].start:items[0].end] // 50
+    assert set(first.tolist()) <= {7, 11} or len(set(first.tolist())) == 2
+    # Producer 0 holds nothing: it takes shards nobody holds, never 7 or 11 while 1 holds them.
+    mine = {int(s) for item in sched.top_up(0) for s in (key.order(0)[item.start + 5:item.start + 6] // 50).tolist()}
+    assert not mine & {7, 11}
+
+
+def test_a_pool_producer_says_its_cache_in_its_status_only_for_a_layout():
+    sharded = SplitServer(StreamKey.parse("splits:800:1:50x1"), "p", 1, holdings=lambda: (4, [2, 3]))
+    assert (sharded.status().cache, sharded.status().held) == (4, [2, 3])
+    flat = SplitServer(StreamKey.parse("splits:800:1"), "p", 1, holdings=lambda: (4, [2, 3]))
+    assert flat.status().cache is None
