@@ -40,10 +40,18 @@ def add_lmdb_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]", 
                         "it (see --allow-empty-classes). Ends with the records per class. The result appears at OUT only when complete.")
     b.add_argument("src", help="image folder (SRC/<class>/<files>), list file, or with --jsonl a JSON-lines file")
     b.add_argument("out", help="output LMDB directory")
-    b.add_argument("--from", dest="source_format", choices=("files", "webdataset"), default="files",
+    b.add_argument("--from", dest="source_format", choices=("files", "webdataset", "tfrecord"), default="files",
                    help="files: SRC is a folder, a list file or (--jsonl) JSON lines; webdataset: SRC is WebDataset "
                    "tar shards (a tar, a folder of them, or a URL or glob such as s3://bucket/train-*.tar), each "
-                   "sample's image and .cls label stored, every sample or member left out named")
+                   "sample's image and .cls label stored, every sample or member left out named; tfrecord: SRC is "
+                   "TFRecord files of tf.train.Example (a file, a folder of them, or a URL or glob such as "
+                   "s3://bucket/train-*), read without TensorFlow, frames checked by their CRC, each Example's image "
+                   "and label features stored (--image-key, --label-key), every one left out named")
+    b.add_argument("--image-key", default="image/encoded",
+                   help="--from tfrecord: the bytes feature holding the encoded image")
+    b.add_argument("--label-key", default="image/class/label",
+                   help="--from tfrecord: the int64 feature holding the class index (stored as it is: 1-based "
+                   "labels, as TensorFlow's ImageNet script writes, leave class 0 empty)")
     b.add_argument("--jsonl", action="store_true",
                    help="SRC is JSON lines: one object per line, image fields holding paths relative to SRC's folder, "
                    "other fields stored as their JSON values (e.g. {\"image\": \"a.jpg\", \"boxes\": [[x1, y1, "
@@ -118,7 +126,8 @@ def cmd_lmdb_build(args: argparse.Namespace) -> int:
     report = build_lmdb(args.src, args.out, overwrite=args.overwrite, threads=args.threads, progress=not args.quiet,
                         jsonl=args.jsonl, image_fields=args.image_field or ["image"], task=args.task,
                         allow_empty_classes=args.allow_empty_classes, shard_bytes=args.shard_size,
-                        source_format=args.source_format, storage_options=storage_of(args).fsspec_options())
+                        source_format=args.source_format, storage_options=storage_of(args).fsspec_options(),
+                        tfrecord_keys=(args.image_key, args.label_key))
     meta = report.meta
     classes = f" in {len(meta.classes)} classes" if meta.classes else ""
     if args.quiet:  # with the progress bar the build named each one as it found it, once
@@ -133,7 +142,7 @@ def cmd_lmdb_build(args: argparse.Namespace) -> int:
         print(_per_class(meta.classes, meta.class_counts, limit=_BUILD_CLASS_LINES, lmdb=args.out))
     listed = " (listed above)" if report.skipped else ""
     print(f"wrote {meta.count} records{classes} to {args.out}; skipped {len(report.skipped)} "
-          f"{'lines' if args.jsonl else 'samples' if args.source_format == 'webdataset' else 'files'}{listed}")
+          f"{'lines' if args.jsonl else 'files' if args.source_format == 'files' else 'samples'}{listed}")
     return EXIT_OK
 
 

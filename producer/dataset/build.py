@@ -162,6 +162,7 @@ def build_lmdb(
     shard_bytes: int | None = None,
     source_format: str = "files",
     storage_options: Mapping[str, Any] | None = None,
+    tfrecord_keys: tuple[str, str] = ("image/encoded", "image/class/label"),
 ) -> WriteReport:
     """Build ``out`` from a folder, list file or (``jsonl``) JSON-lines file ``src``; see the module doc.
 
@@ -171,11 +172,12 @@ def build_lmdb(
     write a sharded dataset (``sharded_writer.py``) of shards of about that size instead of one LMDB, a folder's
     or list's files in a seeded shuffled order (``SHARD_ORDER_SEED``), so each shard is a random sample.
     ``source_format="webdataset"``: ``src`` is WebDataset tar shards (a tar, a folder of them, or an fsspec URL or
-    glob, ``webdataset.py``), classes ``"0"`` ... up to the largest label.
+    glob, ``webdataset.py``), classes ``"0"`` ... up to the largest label; ``"tfrecord"``: TFRecord files of
+    ``tf.train.Example`` (``tfrecord.py``; ``tfrecord_keys``: the image and label features' names), the same way.
     """
-    if source_format == "webdataset":
-        return _build_from_webdataset(str(src), out, overwrite, threads, progress, task, shard_bytes,
-                                      dict(storage_options or {}))
+    if source_format in ("webdataset", "tfrecord"):
+        return _build_from_stream(source_format, str(src), out, overwrite, threads, progress, task, shard_bytes,
+                                  dict(storage_options or {}), tfrecord_keys)
     src = Path(src)
     threads = threads or os.cpu_count() or 1
     classes: list[str] = []
@@ -223,13 +225,20 @@ def build_lmdb(
     return report
 
 
-def _build_from_webdataset(src: str, out: str | os.PathLike, overwrite: bool, threads: int | None, progress: bool,
-                           task: str, shard_bytes: int | None, storage_options: dict[str, Any]) -> WriteReport:
-    from stoker.producer.dataset.webdataset import webdataset_items
+def _build_from_stream(source_format: str, src: str, out: str | os.PathLike, overwrite: bool, threads: int | None,
+                       progress: bool, task: str, shard_bytes: int | None, storage_options: dict[str, Any],
+                       tfrecord_keys: tuple[str, str]) -> WriteReport:
+    """A build from records read as a stream (WebDataset tars, TFRecord files): classes "0" ... the largest label."""
+    if source_format == "webdataset":
+        from stoker.producer.dataset.webdataset import webdataset_items
 
+        items = webdataset_items([src], storage_options)
+    else:
+        from stoker.producer.dataset.tfrecord import tfrecord_items
+
+        items = tfrecord_items([src], storage_options, *tfrecord_keys)
     report = WriteReport()
     try:
-        items = webdataset_items([src], storage_options)
         first = next(items)
     except (OSError, ValueError) as exc:
         raise SourceError(f"{src}: {exc}") from None
