@@ -118,3 +118,30 @@ def test_parsing_is_linear_in_the_bytes_of_a_deeply_repeated_example():
     assert len(parse_example(many)) == 2000
     with pytest.raises(BadExample, match="more than 4096"):
         parse_example(_example(**{f"f{i}": i for i in range(4097)}))
+
+
+def test_a_tar_extended_header_claiming_gigabytes_is_refused_before_it_is_read():
+    """tarfile reads a GNU long name or a pax header whole: WebDataset import bounds it first (webdataset.py)."""
+    import tarfile
+
+    from stoker.producer.dataset.webdataset import tar_items
+
+    class Endless:
+        """The header, then as many bytes as asked for: a tar whose header is the truth, up to 64 MiB read."""
+
+        def __init__(self, head: bytes) -> None:
+            self.head, self.served = head, 0
+
+        def read(self, n=-1):
+            assert 0 <= n and self.served + n < 64 << 20, "tarfile read the claimed header into memory"
+            out = (self.head[self.served:self.served + n] + b"a" * n)[:n]
+            self.served += n
+            return out
+
+    for kind in (tarfile.XHDTYPE, tarfile.GNUTYPE_LONGNAME):
+        header = tarfile.TarInfo("././@LongLink")
+        header.type, header.size = kind, 2**32
+        stream = Endless(header.tobuf(tarfile.GNU_FORMAT))
+        (position, load), = list(tar_items("t.tar", stream))
+        with pytest.raises(ValueError, match="extended header of 4294967296 bytes"):
+            load()

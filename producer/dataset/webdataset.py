@@ -5,7 +5,8 @@ of its last path component): ``n01440764_10026.jpg`` and ``n01440764_10026.cls``
 becomes a record ``{"image": <the image member's bytes>, "label": <the cls member as an int>}``: the image is the
 member with an image extension (jpg, jpeg, png, webp, bmp, gif, tif, tiff), the label the ``cls`` (or
 ``cls.txt``, ``label``) member's decimal text. The tar is read as a stream (no extraction: nothing reaches the
-disk, member names cannot escape anywhere), one member of at most ``MAX_MEMBER_BYTES`` at a time, and a sample
+disk, member names cannot escape anywhere), one member of at most ``MAX_MEMBER_BYTES`` at a time (an extended header of
+at most ``MAX_HEADER_BYTES``, checked before tarfile reads it), and a sample
 keeps only its image and label members in memory (other members, e.g. ``.json``, are passed over).
 
 Nothing is lost silently: a sample without an image or a label, a label that is not an integer >= 0, a member
@@ -25,6 +26,19 @@ LABEL_EXTENSIONS = ("cls", "cls.txt", "label")
 MAX_MEMBER_BYTES = MAX_RECORD_BYTES
 MAX_LABEL = 10**6  # a larger class index is a corrupt label, not a dataset (the builder sizes classes by it)
 KEPT = frozenset(IMAGE_EXTENSIONS + LABEL_EXTENSIONS)  # what a sample keeps in memory; other members are passed
+MAX_HEADER_BYTES = 1 << 20  # a GNU long name or a pax header: tarfile reads it whole, so it is bounded first
+_EXTENDED = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE, tarfile.XGLTYPE,
+             tarfile.SOLARIS_XHDTYPE)
+
+
+class BoundedTarInfo(tarfile.TarInfo):
+    """A TarInfo that refuses an extended header (GNU long name, pax) larger than ``MAX_HEADER_BYTES`` before
+    tarfile reads it into memory: its size field is the tar's word, not ours to trust."""
+
+    def _proc_member(self, tar: tarfile.TarFile) -> tarfile.TarInfo:
+        if self.type in _EXTENDED and self.size > MAX_HEADER_BYTES:
+            raise tarfile.HeaderError(f"an extended header of {self.size} bytes (at most {MAX_HEADER_BYTES})")
+        return super()._proc_member(tar)  # type: ignore[misc]
 
 Item = tuple[str, Callable[[], Mapping[str, Any]]]
 
@@ -73,7 +87,7 @@ def tar_items(name: str, stream: Any) -> Iterator[Item]:
         return position, lambda: _record(position, record_members)
 
     try:
-        with tarfile.open(fileobj=stream, mode="r|*") as tar:
+        with tarfile.open(fileobj=stream, mode="r|*", tarinfo=BoundedTarInfo) as tar:
             for member in tar:
                 member_key, extension = _split(member.name)
                 if not member.isfile():
