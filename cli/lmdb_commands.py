@@ -99,6 +99,9 @@ def add_lmdb_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]", 
                         "storage library's usual chain (for S3: AWS_* variables, ~/.aws files, instance roles).")
     u.add_argument("path", help="the sharded dataset's folder")
     u.add_argument("url", help="where to put it, e.g. s3://bucket/datasets/train")
+    u.add_argument("--overwrite", action="store_true",
+                   help="replace a dataset already at URL: its manifest is removed first, so no producer starts on "
+                   "half-replaced shards; restart producers that were reading it")
     add_storage_arguments(u)
     u.set_defaults(func=handlers["lmdb_upload"])
 
@@ -287,6 +290,6 @@ def cmd_lmdb_info(args: argparse.Namespace) -> int:
 def cmd_lmdb_upload(args: argparse.Namespace) -> int:
     from stoker.producer.dataset.upload import upload_dataset
 
-    shards, size = upload_dataset(args.path, args.url, storage_of(args))
+    shards, size = upload_dataset(args.path, args.url, storage_of(args), overwrite=args.overwrite)
     print(f"uploaded {shards} shard(s), {size / 1e6:.1f} MB, then the manifest, to {args.url}")
     return EXIT_OK

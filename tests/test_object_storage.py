@@ -7,6 +7,7 @@ silently or served twice."""
 from __future__ import annotations
 
 import json
+import shutil
 import os
 import subprocess
 import sys
@@ -185,3 +186,29 @@ def test_webdataset_tars_in_a_bucket_build_a_sharded_dataset(weed, tmp_path):
                          env={**os.environ, **CREDENTIALS})
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"wrote {len(good)} records in 3 classes" in out.stdout and "skipped 10 samples" in out.stdout
+
+
+def test_an_upload_over_a_dataset_needs_overwrite_and_removes_the_old_manifest_first(weed, dataset, tmp_path):
+    url, shards = _upload(weed, dataset, "again")
+    env = {**os.environ, **CREDENTIALS}
+
+    def upload(source: Path, *flags: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "stoker.cli.main", "lmdb", "upload", str(source), url,
+                               "--s3-endpoint", weed.endpoint, *flags], capture_output=True, text=True, timeout=120,
+                              env=env)
+    refused = upload(dataset)
+    assert refused.returncode != 0 and "already at" in refused.stderr and "--overwrite" in refused.stderr
+    assert weed.fs().exists("stoker/again/manifest.json")  # untouched
+    # A replacement that fails half-way (its third shard is corrupt here) leaves no manifest naming replaced shards:
+    # the old one went first, so a producer starting now is told there is no dataset, never served mixed shards.
+    broken = tmp_path / "broken"
+    shutil.copytree(dataset, broken)
+    with open(broken / shards[2]["name"] / "data.mdb", "r+b") as f:
+        f.seek(-1, os.SEEK_END)
+        last = f.read(1)
+        f.seek(-1, os.SEEK_END)
+        f.write(bytes([last[0] ^ 0xFF]))
+    failed = upload(broken, "--overwrite")
+    assert failed.returncode != 0 and "does not match the manifest" in failed.stderr
+    assert not weed.fs().exists("stoker/again/manifest.json")
+    assert upload(dataset, "--overwrite").returncode == 0 and weed.fs().exists("stoker/again/manifest.json")

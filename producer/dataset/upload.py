@@ -2,7 +2,10 @@
 
 Every shard's ``data.mdb`` is checked against the manifest (size and SHA-256) before it is sent, so a corrupt
 local copy is never published; shards go first and the manifest last, so a reader that finds the manifest finds
-every shard it names. Each put is retried like a fetch (``remote.retried``). DatasetError naming what is wrong.
+every shard it names. Over a dataset already there only with ``overwrite``, and then its manifest goes first: no
+producer starting meanwhile reads a manifest whose shards are being replaced (one already running, pinned to the old
+manifest, refuses the replaced shards by their SHA-256 and skips their records, counted, until it is restarted).
+Each put is retried like a fetch (``remote.retried``). DatasetError naming what is wrong.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from stoker.producer.dataset.shards import MANIFEST, RemoteOptions, ShardUnavail
 
 
 def upload_dataset(path: str | os.PathLike, url: str, remote: RemoteOptions = RemoteOptions(),
-                   progress: bool = True) -> tuple[int, int]:
+                   progress: bool = True, overwrite: bool = False) -> tuple[int, int]:
     """Copy the sharded dataset at ``path`` to ``url``; ``(shards, bytes)`` sent."""
     path = Path(path)
     if not (path / MANIFEST).is_file():
@@ -29,6 +32,16 @@ def upload_dataset(path: str | os.PathLike, url: str, remote: RemoteOptions = Re
     manifest = parse_manifest(manifest_bytes, str(path / MANIFEST))
     fs, root = storage(url, remote.fsspec_options())
     root = root.rstrip("/")
+    try:
+        existing = retried(f"looking for a dataset at {url}", lambda: fs.exists(f"{root}/{MANIFEST}"),
+                           remote.retry_seconds)
+        if existing and not overwrite:
+            raise DatasetError(f"a dataset is already at {url} ({MANIFEST} is there): pass --overwrite to replace it "
+                               "(its manifest is removed first; restart the producers reading it afterwards)")
+        if existing:
+            retried(f"removing the old {MANIFEST} at {url}", lambda: fs.rm(f"{root}/{MANIFEST}"), remote.retry_seconds)
+    except ShardUnavailable as exc:
+        raise DatasetError(str(exc)) from None
     sent = 0
     for shard in tqdm(manifest.shards, desc="upload", unit="shard", disable=not progress):
         local = path / shard.name / "data.mdb"
