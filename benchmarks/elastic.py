@@ -292,7 +292,7 @@ def _epoch_seconds(lmdb: Path, args: argparse.Namespace, slow: bool, epochs: int
 def straggler(lmdb: Path, args: argparse.Namespace) -> dict[str, Any]:
     """Epoch time, two healthy producers plus one at a quarter speed vs the two alone, interleaved rounds; and the
     same straggler with backups off (an ablation: the scheduler runs in this process, its factor is patched)."""
-    from stoker.consumer.exact import split_scheduler
+    from stoker.consumer.exact.pool import split_scheduler
 
     def configured(name: str) -> dict[str, Any]:
         factor = split_scheduler.BACKUP_FACTOR

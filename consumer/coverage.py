@@ -91,10 +91,8 @@ class Coverage:
             return
         self.records = key.records
         epochs, indices = np.asarray(epochs)[rows].astype(np.int64), np.asarray(indices)[rows].astype(np.int64)
-        ok = (indices >= key.index) & (indices < key.records) & (epochs >= 0)
-        if key.count > 1:
-            ok &= (indices - key.index) % key.count == 0  # rows of another shard: not this shard's to count
-        shard.add(epochs[ok], (indices[ok] - key.index) // key.count)
+        ok = key.owns(indices) & (epochs >= 0)  # rows of another shard: not this shard's to count
+        shard.add(epochs[ok], key.local(indices[ok]))
 
     def _shard(self, key: StreamKey) -> "_ShardEpochs | None":
         label = shard_label(key)

@@ -3,9 +3,10 @@
 A *stream* is what one producer serves: shard ``I/N`` of a dataset of ``count``
 records, shuffled with ``seed``. Its key is ``"I/N:count:seed"``; the shard's
 records are ``I, I+N, I+2N, ...``, numbered ``k = 0, 1, 2, ...`` within the shard.
-An elastic pool's key is ``"splits:count:seed"``, or ``"splits:count:seed:BxW"`` for a
-dataset stored in shards of ``B`` records, whose epochs are two-level shuffles
-(``epoch_order``: the shards, then the records within each window of ``W`` shards).
+An elastic pool's key is ``"splits:count:seed"``. Either ends in ``":BxW"`` for a dataset
+stored in shards of ``B`` records: a fixed shard ``I/N`` is then the dataset's shards
+``j % N == I``, whole, and epochs are two-level shuffles (``epoch_order``: the shards, then
+the records within each window of ``W`` shards).
 
 ``StreamProgress`` holds the number of completed epochs and, for each epoch still
 open, a bitmap over ``k`` of the records consumed. ``InputState`` maps stream keys
@@ -29,7 +30,7 @@ import numpy as np
 
 FORMAT = "stoker-input-state"
 VERSION = 1
-_KEY_RE = re.compile(r"^(\d+)/(\d+):(\d+):(-?\d+)$")
+_KEY_RE = re.compile(r"^(\d+)/(\d+):(\d+):(-?\d+)(?::(\d+)x(\d+))?$")
 _SPLITS_RE = re.compile(r"^splits:(\d+):(-?\d+)(?::(\d+)x(\d+))?$")
 MAX_WINDOW = 1 << 16  # shards in one shuffle window
 MAX_STATE_BYTES = 256 * 1024 * 1024
@@ -80,9 +81,10 @@ class StreamKey:
     """Shard ``index/count`` of a dataset of ``records`` records, shuffled with ``seed``.
 
     ``splits``: the whole dataset shared by an elastic pool (``--shard auto``): each trainer hands
-    out splits of every epoch to whichever producers are there (``"splits:count:seed"``). ``block``: a pool's
-    dataset is stored in shards of this many records (0: not known, one LMDB), and its epochs are two-level
-    shuffles with windows of ``window`` shards (``epoch_order``; ``"splits:count:seed:BxW"``).
+    out splits of every epoch to whichever producers are there (``"splits:count:seed"``). ``block``: the
+    dataset is stored in shards of this many records (0: not known, one LMDB); then a fixed shard ``I/N`` is the
+    dataset's shards ``j`` with ``j % N == I``, whole, and every epoch is a two-level shuffle with windows of
+    ``window`` shards (``epoch_order``; the key ends in ``":BxW"``).
     """
 
     index: int
@@ -96,57 +98,83 @@ class StreamKey:
     @classmethod
     def parse(cls, text: str) -> "StreamKey":
         match = _SPLITS_RE.match(text)
+        fixed = None if match else _KEY_RE.match(text)
+        if not match and not fixed:
+            raise ValueError(f"stream key {text!r} is not I/N:count:seed or splits:count:seed (either with :BxW)")
+        groups = (match or fixed).groups()  # type: ignore[union-attr]
+        block, window = (int(groups[-2]), int(groups[-1])) if groups[-2] is not None else (0, 1)
+        if groups[-2] is not None and not (1 <= block < 10**8 and 1 <= window <= MAX_WINDOW):
+            raise ValueError(f"stream key {text!r} names an invalid shard layout (BxW: B >= 1 records per "
+                             f"shard, W 1-{MAX_WINDOW} shards per window)")
         if match:
-            records, seed = int(match.group(1)), int(match.group(2))
-            block, window = (int(match.group(3)), int(match.group(4))) if match.group(3) else (0, 1)
+            records, seed = int(groups[0]), int(groups[1])
             if not 0 <= records < 10**8:
                 raise ValueError(f"stream key {text!r} names an invalid dataset size")
-            if match.group(3) and not (1 <= block < 10**8 and 1 <= window <= MAX_WINDOW):
-                raise ValueError(f"stream key {text!r} names an invalid shard layout (BxW: B >= 1 records per "
-                                 f"shard, W 1-{MAX_WINDOW} shards per window)")
             return cls(0, 1, records, seed, splits=True, block=block, window=window)
-        match = _KEY_RE.match(text)
-        if not match:
-            raise ValueError(f"stream key {text!r} is not I/N:count:seed or splits:count:seed")
-        index, count, records, seed = (int(g) for g in match.groups())
+        index, count, records, seed = (int(g) for g in groups[:4])
         if count < 1 or not 0 <= index < count or not 0 <= records < 10**8:
             raise ValueError(f"stream key {text!r} names an invalid shard")
-        return cls(index, count, records, seed)
+        return cls(index, count, records, seed, block=block, window=window)
 
     def __str__(self) -> str:
+        layout = f":{self.block}x{self.window}" if self.block else ""
         if self.splits:
-            layout = f":{self.block}x{self.window}" if self.block else ""
             return f"splits:{self.records}:{self.seed}{layout}"
-        return f"{self.index}/{self.count}:{self.records}:{self.seed}"
+        return f"{self.index}/{self.count}:{self.records}:{self.seed}{layout}"
 
     @property
     def shards(self) -> int:
         """Shards of the dataset's layout (``block``); 0 when the layout is not known."""
         return -(-self.records // self.block) if self.block else 0
 
+    def _strided(self) -> bool:
+        return not self.splits and self.count > 1
+
+    def stream_records(self) -> np.ndarray:
+        """int64 [size]: the dataset's records this stream serves, ascending (position ``k`` -> record)."""
+        if not self._strided():
+            return np.arange(self.records, dtype=np.int64)
+        if not self.block:
+            return np.arange(self.index, self.records, self.count, dtype=np.int64)
+        blocks = np.arange(self.index, self.shards, self.count, dtype=np.int64)
+        records = (blocks[:, None] * self.block + np.arange(self.block, dtype=np.int64)[None, :]).ravel()
+        return records[records < self.records]
+
     def order(self, epoch: int) -> np.ndarray:
-        """An elastic pool's epoch ``epoch``: every record of the dataset in order (``epoch_order``)."""
-        return epoch_order(np.arange(self.records, dtype=np.int64), self.seed, epoch, block=self.block,
-                           window=self.window)
+        """The stream's records in epoch ``epoch``'s order (``epoch_order``; a pool's: the whole dataset's)."""
+        return epoch_order(self.stream_records(), self.seed, epoch, block=self.block, window=self.window)
 
     @property
     def size(self) -> int:
         """Records in the shard."""
-        return len(range(self.index, self.records, self.count))
+        if not self._strided() or not self.block:
+            return len(range(self.index, self.records, self.count))
+        blocks = len(range(self.index, self.shards, self.count))
+        short = self.shards * self.block - self.records  # what the dataset's last shard lacks
+        return blocks * self.block - (short if (self.shards - 1) % self.count == self.index and blocks else 0)
+
+    def owns(self, indices: np.ndarray) -> np.ndarray:
+        """bool per record index: whether this stream serves it."""
+        indices = np.asarray(indices, np.int64)
+        ok = (indices >= 0) & (indices < self.records)
+        if not self._strided():
+            return ok
+        if self.block:
+            return ok & ((indices // self.block) % self.count == self.index)
+        return ok & ((indices - self.index) % self.count == 0)
 
     def local(self, indices: np.ndarray) -> np.ndarray:
         """Record indices -> positions ``k`` within the shard; ValueError for records of other shards."""
         indices = np.asarray(indices, np.int64)
         if not indices.size:
             return indices
-        if indices.min() < 0 or indices.max() >= self.records:
+        if not self.owns(indices).all():
             raise ValueError(f"record indices outside shard {self}")
-        if self.count == 1:
+        if not self._strided():
             return indices.copy()  # the whole dataset (one shard, an elastic pool): positions are the indices
-        shifted = indices - self.index
-        if (shifted % self.count).any():
-            raise ValueError(f"record indices outside shard {self}")
-        return shifted // self.count
+        if self.block:
+            return (indices // self.block) // self.count * self.block + indices % self.block
+        return (indices - self.index) // self.count
 
 
 @dataclass

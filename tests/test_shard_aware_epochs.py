@@ -20,7 +20,7 @@ from stoker.protocol.exact_messages import ProtocolError, Status, decode_status,
 from stoker.protocol.input_state import InputState, StreamKey, epoch_order
 from stoker.producer.dataset.shards import Manifest, ShardInfo
 from stoker.producer.dataset.format import DatasetMeta, FieldKind
-from stoker.producer.serve.sharding import pool_block
+from stoker.producer.serve.sharding import ShardSpec, layout_block
 from stoker.producer.serve.split_server import SplitServer
 
 import msgpack
@@ -51,10 +51,29 @@ def test_a_pool_key_carries_its_layout_and_bad_layouts_are_refused():
     assert (key.block, key.window, key.shards, str(key)) == (64, 2, 16, "splits:1000:3:64x2")
     assert StreamKey.parse("splits:1000:3") == StreamKey(0, 1, 1000, 3, splits=True)
     for bad in ("splits:1000:3:0x1", "splits:1000:3:64x0", "splits:1000:3:64x999999", "splits:1000:3:64",
-                "0/2:1000:3:64x1"):
+                "0/2:1000:3:0x1"):
         with pytest.raises(ValueError):
             StreamKey.parse(bad)
     assert np.array_equal(key.order(1), epoch_order(np.arange(1000), 3, 1, block=64, window=2))
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 5, 16])
+def test_fixed_shards_of_a_layout_are_whole_dataset_shards_disjoint_and_complete(count):
+    keys = [StreamKey.parse(f"{i}/{count}:1000:3:64x1") for i in range(count)]
+    served = [k.stream_records() for k in keys]
+    assert sorted(np.concatenate(served).tolist()) == list(range(1000))
+    for key, records in zip(keys, served):
+        assert len(records) == key.size and str(key) == f"{key.index}/{count}:1000:3:64x1"
+        assert set((records // 64).tolist()) == set(range(key.index, 16, count))  # whole shards j % N == I
+        assert np.array_equal(key.local(records), np.arange(key.size))
+        assert key.owns(np.arange(1000)).sum() == key.size
+        assert sorted(key.order(2).tolist()) == records.tolist()
+        if count > 1:
+            with pytest.raises(ValueError):
+                key.local(np.setdiff1d(np.arange(1000), records)[:1])
+    # Without a layout a fixed shard is every N-th record, as before.
+    last = count - 1
+    assert StreamKey.parse(f"{last}/{count}:1000:3").stream_records().tolist() == list(range(last, 1000, count))
 
 
 def test_a_status_carries_the_cache_and_bounds_it():
@@ -77,14 +96,17 @@ def _manifest(counts):
 
 
 def test_the_layout_is_the_shards_record_count_and_uneven_shards_fall_back_to_one_shuffle(caplog):
-    assert pool_block(True, 1, _manifest([50, 50, 20])) == 50
-    assert pool_block(False, 1, _manifest([50, 50, 20])) == 0  # fixed shards: as before
-    assert pool_block(True, 0, _manifest([50, 50, 20])) == 0  # --shuffle-window 0
-    assert pool_block(True, 1, _manifest([50])) == 0 and pool_block(True, 1, None) == 0
-    assert pool_block(True, 1, _manifest([50, 40, 50])) == 0
+    auto = ShardSpec(auto=True)
+    assert layout_block(auto, 1, _manifest([50, 50, 20])) == 50
+    assert layout_block(ShardSpec(1, 3), 1, _manifest([50, 50, 20])) == 50  # fixed shards: whole dataset shards
+    assert layout_block(auto, 0, _manifest([50, 50, 20])) == 0  # --shuffle-window 0
+    assert layout_block(auto, 1, _manifest([50])) == 0 and layout_block(auto, 1, None) == 0
+    assert layout_block(auto, 1, _manifest([50, 40, 50])) == 0
     assert "different numbers of records" in caplog.text and "Rebuild" in caplog.text
     with pytest.raises(ValueError, match="shuffle-window"):
-        pool_block(True, -1, None)
+        layout_block(auto, -1, None)
+    with pytest.raises(ValueError, match="would serve nothing"):
+        layout_block(ShardSpec(0, 4), 1, _manifest([50, 50, 20]))
 
 
 class _Producer:

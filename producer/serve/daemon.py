@@ -69,7 +69,7 @@ from stoker.producer.pipeline import load_pipeline
 from stoker.producer.process import StatusFile
 from stoker.producer.serve.peer_security import HandshakeFailureLog, RefusalLoggingAuthenticator
 from stoker.producer.serve.serving_policy import ServingPolicy
-from stoker.producer.serve.sharding import ShardSpec, pool_block
+from stoker.producer.serve.sharding import ShardSpec, layout_block
 from stoker.producer.serve.split_server import SplitServer
 from stoker.producer.measure.stage_stats import StageStats, rate_report
 from stoker.producer.serve.worker import WorkerConfig, run_worker
@@ -200,16 +200,18 @@ class ProducerDaemon:
         self.holdings: Callable[[], tuple[Optional[int], list[int]]] = lambda: (None, [])
         with open_dataset(config.lmdb_path, config.remote) as dataset:
             self.meta = dataset.meta
-            block = pool_block(config.shard.auto, config.shuffle_window,
-                               dataset.manifest if isinstance(dataset, ShardedDataset) else None)
+            block = layout_block(config.shard, config.shuffle_window,
+                                 dataset.manifest if isinstance(dataset, ShardedDataset) else None)
             if isinstance(dataset, ShardedDataset):  # its workers read the manifest the daemon read, not a newer one
                 config = replace(config, remote=replace(config.remote, manifest=dataset.manifest_bytes))
                 self.config = config
                 if config.shard_affinity:  # reads the cache's folder, not the shards: fine once closed
                     self.holdings = dataset.holdings
-        self.records = len(config.shard.records(self.meta.count))  # the shard's (a pool's: the dataset's)
-        _check_shard_size(config, self.records)
         self.seed = config.seed if config.seed is not None else secrets.randbits(31)
+        self.stream = StreamKey(config.shard.index, config.shard.count, self.meta.count, self.seed,
+                                splits=config.shard.auto, block=block, window=max(1, config.shuffle_window))
+        self.records = self.stream.size  # the shard's (a pool's: the dataset's)
+        _check_shard_size(config, self.records)
         self.status = StatusFile(config.status_file)
         self._ctx = zmq.Context()
         # Exact mode: a ROUTER, so each batch goes to one trainer with credit and we know which.
@@ -244,8 +246,6 @@ class ProducerDaemon:
         self.stats = StageStats(config.workers, mp.get_context("spawn"))
         self.layout = SlotLayout(self.pipeline.batch_arrays(exact=config.exact), config.batch_size,
                                  slots=config.sndhwm + 1)
-        self.stream = StreamKey(config.shard.index, config.shard.count, self.meta.count, self.seed,
-                                splits=config.shard.auto, block=block, window=max(1, config.shuffle_window))
 
     def run(self, stop: threading.Event) -> None:
         """Serve until ``stop`` is set; then stop everything and return. Never returns early on bad data."""
@@ -308,7 +308,7 @@ class ProducerDaemon:
     def _worker_config(self, internal: str) -> WorkerConfig:
         cfg = self.config
         return WorkerConfig(
-            lmdb_path=str(cfg.lmdb_path), endpoint=internal, producer_id=self.producer_id, shard=cfg.shard,
+            lmdb_path=str(cfg.lmdb_path), endpoint=internal, producer_id=self.producer_id, stream=str(self.stream),
             batch_size=cfg.batch_size, seed=self.seed, workers=cfg.workers, pipeline=cfg.pipeline,
             pipeline_args=cfg.pipeline_args, pipeline_standard=self.pipeline_standard, slots=self.layout.slots,
             log_level=logging.getLogger().getEffectiveLevel(), log_format=cfg.log_format,

@@ -47,7 +47,6 @@ from stoker.protocol.exact_messages import Credit, Hello, Records, Status
 from stoker.protocol.input_state import StreamKey, rows_by_epoch
 
 from stoker.producer.serve.serving_policy import Chunk
-from stoker.producer.serve.sharding import epoch_order
 from stoker.producer.serve.trainer_registry import Trainer, TrainerRegistry
 
 _FREE, _MAKING = -1, -2  # owner codes besides a trainer's slot number
@@ -94,7 +93,7 @@ class ExactServer:
         self.spec = list(spec or [])
         self.min_trainers = min_trainers  # serve nothing before this many trainers joined (synchronous jobs)
         self._joined: set[str] = set()
-        self.records = np.arange(key.index, key.records, key.count, dtype=np.int64)
+        self.records = key.stream_records()
         self.started = False
         self.completed = 0
         self.open: dict[int, _Epoch] = {}
@@ -113,7 +112,7 @@ class ExactServer:
     def _epoch(self, e: int) -> _Epoch:
         if e not in self.open:
             size = len(self.records)
-            positions = self.key.local(epoch_order(self.records, self.key.seed, e))
+            positions = self.key.local(self.key.order(e))
             self.open[e] = _Epoch(positions, np.zeros(size, bool), np.zeros(size, bool),
                                   np.full(size, _FREE, np.int32))
         return self.open[e]

@@ -1,24 +1,26 @@
 """Which records a producer serves, and in which order each epoch.
 
-A shard ``I/N`` is the records with ``index % N == I``: disjoint across the N
-producers and together the whole dataset. Each epoch permutes the shard with a
-generator seeded by ``(seed, epoch)``, so order is reproducible and differs per
-epoch. Within a producer, worker ``w`` of ``W`` takes every W-th element of
-that permutation, so workers split each epoch exactly.
+A shard ``I/N`` is the records with ``index % N == I``, or on a dataset stored in
+shards of one size (``layout_block``) the dataset's shards ``j % N == I``, whole:
+either way disjoint across the N producers and together the whole dataset
+(``StreamKey.stream_records``). Each epoch permutes the shard with a generator seeded
+by ``(seed, epoch)`` (two-level over a layout: ``epoch_order``), so order is
+reproducible and differs per epoch. Within a producer, worker ``w`` of ``W`` takes
+every W-th element of that permutation, so workers split each epoch exactly.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterator, Optional
 
 import numpy as np
 
 from stoker.producer.dataset.shards import Manifest
-from stoker.protocol.input_state import MAX_WINDOW, epoch_order
+from stoker.protocol.input_state import MAX_WINDOW, StreamKey, epoch_order
 
-__all__ = ["RecordRng", "ShardSpec", "epoch_order", "pool_block", "worker_stream"]
+__all__ = ["RecordRng", "ShardSpec", "epoch_order", "layout_block", "worker_stream"]
 
 log = logging.getLogger("stoker.producer")
 
@@ -47,22 +49,25 @@ class ShardSpec:
             raise ValueError(f"--shard expects I/N such as 0/2, or auto, got {text!r}") from None
         return cls(index, count)
 
-    def records(self, dataset_size: int) -> np.ndarray:
-        return np.arange(self.index, dataset_size, self.count, dtype=np.int64)
-
     def __str__(self) -> str:
         return "auto" if self.auto else f"{self.index}/{self.count}"
 
 
-def pool_block(auto: bool, shuffle_window: int, manifest: Optional[Manifest]) -> int:
-    """The shard size (records) an elastic pool's epochs are two-level shuffles over (``epoch_order``), 0 for one
-    shuffle of the whole dataset: a pool (``auto``) on a dataset of several shards of one size, unless
-    ``--shuffle-window 0``. Shards of different sizes (a manifest this release did not write) are named.
-    ValueError for a window outside 0-``MAX_WINDOW``."""
+def layout_block(shard: ShardSpec, shuffle_window: int, manifest: Optional[Manifest]) -> int:
+    """The shard size (records) of the stream's layout (``StreamKey.block``), 0 for none: on a dataset of several
+    shards of one size, unless ``--shuffle-window 0``, a pool's epochs and a fixed shard's are two-level shuffles
+    (``epoch_order``) and a fixed shard ``I/N`` is whole dataset shards. Shards of different sizes (a manifest
+    this release did not write) are named. ValueError for a window outside 0-``MAX_WINDOW``, or for more fixed
+    shards than the dataset has (some would serve nothing)."""
     if not 0 <= shuffle_window <= MAX_WINDOW:
         raise ValueError(f"--shuffle-window must be 0-{MAX_WINDOW} shards, got {shuffle_window}")
-    if not auto or shuffle_window < 1 or manifest is None or len(manifest.shards) < 2:
+    if shuffle_window < 1 or manifest is None or len(manifest.shards) < 2:
         return 0
+    if not shard.auto and shard.count > len(manifest.shards) and manifest.records_per_shard:
+        raise ValueError(f"--shard {shard}: the dataset has {len(manifest.shards)} shards and a fixed shard is whole "
+                         f"dataset shards, so {shard.count - len(manifest.shards)} of {shard.count} producers would "
+                         "serve nothing; run at most as many producers as shards, --shard auto (an elastic pool "
+                         "shares splits), or --shuffle-window 0 (fixed shards of every N-th record)")
     if not manifest.records_per_shard:
         log.warning("the dataset's shards hold different numbers of records, so each epoch is one shuffle of the "
                     "whole dataset: every producer reads every shard each epoch, and a cache smaller than the "
@@ -72,11 +77,11 @@ def pool_block(auto: bool, shuffle_window: int, manifest: Optional[Manifest]) ->
     return manifest.records_per_shard
 
 
-def worker_stream(shard_records: np.ndarray, seed: int, worker: int, workers: int, shuffle: bool = True):
-    """Yield ``(epoch, record_index)`` forever: worker ``worker``'s share of each epoch."""
+def worker_stream(key: StreamKey, worker: int, workers: int) -> Iterator[tuple[int, int]]:
+    """Yield ``(epoch, record_index)`` forever: worker ``worker``'s share of each epoch of stream ``key``."""
     epoch = 0
     while True:
-        order = epoch_order(shard_records, seed, epoch, shuffle)
+        order = key.order(epoch)
         for index in order[worker::workers]:
             yield epoch, int(index)
         epoch += 1

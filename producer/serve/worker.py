@@ -40,7 +40,7 @@ from stoker.producer.dataset.format import LmdbDataset, RecordError, record_key
 from stoker.producer.dataset.shards import RemoteOptions, ShardedDataset, open_dataset
 from stoker.producer.serve.logs import configure_logging
 from stoker.producer.pipeline import SampleError, load_pipeline
-from stoker.producer.serve.sharding import RecordRng, ShardSpec, worker_stream
+from stoker.producer.serve.sharding import RecordRng, worker_stream
 from stoker.producer.measure.stage_stats import StageStats
 
 log = logging.getLogger("stoker.producer.serve.worker")
@@ -56,7 +56,7 @@ class WorkerConfig:
     lmdb_path: str
     endpoint: str
     producer_id: str
-    shard: ShardSpec
+    stream: str  # the daemon's stream key: which records, in which order (``StreamKey``)
     batch_size: int
     seed: int
     workers: int
@@ -139,8 +139,7 @@ class _BatchMaker:
         self.rows = [sample_rows(arrays) for arrays in self.views]
         self.rngs = RecordRng(config.seed)
         self.skips = _SkipLog(worker)
-        records = config.shard.records(len(dataset))
-        self.stream = worker_stream(records, config.seed, worker, config.workers, shuffle=True)
+        self.stream = worker_stream(StreamKey.parse(config.stream), worker, config.workers)
         self.kept: list[dict[str, np.ndarray]] = []  # --repeat-batches: the batches sent again and again
 
     def make(self, slot: int, work: Optional[list[tuple[int, int]]], stop: Any) -> Optional[tuple[float, float, int]]:
@@ -272,7 +271,7 @@ def run_worker(worker: int, config: WorkerConfig, stats: StageStats, stop: Any, 
     dataset = open_dataset(config.lmdb_path, config.remote)
     maker = _BatchMaker(worker, config, pipeline, layout, buffer, dataset, stats)
     # Named in every batch header, so a trainer sees producers whose shards overlap.
-    stream_key = str(StreamKey(config.shard.index, config.shard.count, len(dataset), config.seed))
+    stream_key = config.stream
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.ROUTING_ID, routing_id)
