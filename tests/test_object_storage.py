@@ -212,3 +212,19 @@ def test_an_upload_over_a_dataset_needs_overwrite_and_removes_the_old_manifest_f
     assert failed.returncode != 0 and "does not match the manifest" in failed.stderr
     assert not weed.fs().exists("stoker/again/manifest.json")
     assert upload(dataset, "--overwrite").returncode == 0 and weed.fs().exists("stoker/again/manifest.json")
+
+
+def test_fixed_shards_from_a_bucket_are_whole_dataset_shards_each_producer_fetching_only_its_own(weed, dataset,
+                                                                                                  tmp_path):
+    url, shards = _upload(weed, dataset, "fixed")
+    caches = [tmp_path / f"cache{i}" for i in range(2)]
+    producers = [_producer(weed, url, cache, "--shard", f"{i}/2", "--epochs", "2") for i, cache in enumerate(caches)]
+    try:
+        seen = _epochs([p.endpoint for p in producers])
+    finally:
+        for p in producers:
+            p.stop()
+    assert sorted(seen) == [(e, i) for e in range(2) for i in range(RECORDS)] and set(seen.values()) == {1}
+    for i, cache in enumerate(caches):
+        fetched = {json.loads(line)["shard"] for line in (cache / "fetches.jsonl").read_text().splitlines()}
+        assert fetched == {s["name"] for j, s in enumerate(shards) if j % 2 == i}
