@@ -260,6 +260,10 @@ def cmd_lmdb_info(args: argparse.Namespace) -> int:
             shards = ds.manifest.shards
             print(f"format:   stoker-shards version 1: {len(shards)} shard(s) of stoker-lmdb, "
                   f"{min(s.records for s in shards)}-{max(s.records for s in shards)} records each")
+            per = ds.manifest.records_per_shard
+            if len(shards) > 1:
+                print(f"layout:   {per} records per shard: epochs shuffle shard by shard" if per else "layout:   "
+                      "shards of different record counts: epochs are flat shuffles (rebuild to go shard by shard)")
         else:
             print(f"format:   stoker-lmdb version {meta.version}")
         print(f"records:  {meta.count}")
