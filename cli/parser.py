@@ -67,11 +67,12 @@ def _add_dataset_source(p: argparse.ArgumentParser) -> None:
                    help="object storage: how long a failing fetch is retried (backoff 0.5-8 s) before its shard's "
                    "records are skipped and counted")
     p.add_argument("--shuffle-window", type=int, default=1, metavar="SHARDS",
-                   help="--shard auto on a sharded dataset: each epoch shuffles the shards, then the records within "
-                   "each window of this many consecutive shards, so a producer works on few shards at a time and "
-                   "the trainers hand each split to a producer whose cache holds its shard. Larger windows mix "
-                   "more shards into each batch and fetch more; 0: one shuffle of the whole dataset (every "
-                   "producer touches every shard each epoch). The same on every producer of a pool")
+                   help="a sharded dataset: each epoch shuffles the shards, then the records within each window of "
+                   "this many consecutive shards, so a producer works on few shards at a time; with --shard auto the "
+                   "trainers hand each split to a producer whose cache holds its shard, and a fixed --shard I/N is "
+                   "whole dataset shards (j %% N == I). Larger windows mix more shards into each batch and fetch "
+                   "more; 0: one shuffle of the whole dataset and fixed shards of every N-th record (as before "
+                   "sharded datasets). The same on every producer of a job")
     p.add_argument("--shard-affinity", choices=("on", "off"), default="on",
                    help="--shard auto from object storage: tell the trainers which shards this host's cache holds, "
                    "so they hand it the splits of those shards and each host fetches mostly its own (default on); "

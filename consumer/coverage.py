@@ -75,6 +75,7 @@ class Coverage:
         self.records = 0  #: the dataset's size, from the first stream counted
         self.untracked_batches = 0  #: batches of shards past the bounds, not counted
         self._shards: dict[str, _ShardEpochs] = {}
+        self._layouts: dict[str, int] = {}  # label -> the layout (``StreamKey.block``) its bitmaps are positions of
 
     def add(self, stream: str, epochs: np.ndarray, indices: np.ndarray,
             rows: Union[np.ndarray, slice] = slice(None)) -> None:
@@ -97,11 +98,14 @@ class Coverage:
     def _shard(self, key: StreamKey) -> "_ShardEpochs | None":
         label = shard_label(key)
         shard = self._shards.get(label)
+        if shard is not None and (shard.size, self._layouts.get(label)) != (key.size, key.block):
+            return None  # the same shard number over another layout (a misconfigured job, named elsewhere)
         if shard is None:
             tracked = sum(s.size for s in self._shards.values())
             if len(self._shards) >= self.max_shards or tracked + key.size > self.max_records:
                 return None
             shard = self._shards[label] = _ShardEpochs(key.size, self.epochs)
+            self._layouts[label] = key.block
         return shard
 
     def snapshot(self) -> dict[tuple[str, int], tuple[int, int]]:

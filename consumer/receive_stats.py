@@ -137,6 +137,8 @@ def shard_conflict(a: str, a_stream: str, b: str, b_stream: str) -> Optional[str
                 "every producer of a pool with --shard auto")
     if ka.count != kb.count:
         why = f"their shard counts disagree ({ka.index}/{ka.count} vs {kb.index}/{kb.count})"
+    elif ka.block != kb.block and ka.block and kb.block:
+        why = f"they read the dataset in shards of {ka.block} and of {kb.block} records (two builds of it)"
     elif ka.block != kb.block:
         why = (f"one serves whole dataset shards of {ka.block or kb.block} records and the other every "
                f"{ka.count}-th record (a sharded dataset read with and without --shuffle-window 0)")

@@ -47,6 +47,22 @@ def test_shards_whose_epochs_drift_apart_each_show_their_completed_epochs_whole(
         "shard 1/2, epoch 6: 6/6 (100%), epoch 7: 6/6 (100%), epoch 8: 6/6 (100%), epoch 9: 6/6 (100%)"]
 
 
+def test_fixed_shards_of_a_layout_count_their_whole_dataset_shards_and_another_layout_is_not_mixed_in():
+    # 250 records in dataset shards of 50: shard 0/2 is dataset shards 0, 2, 4 (150 records).
+    coverage = Coverage()
+    mine = np.concatenate([np.arange(0, 50), np.arange(100, 150), np.arange(200, 250)])
+    _feed(coverage, "0/2:250:5:50x1", np.zeros(150, np.int64), mine)
+    _feed(coverage, "0/2:250:5:50x1", np.ones(3, np.int64), np.array([0, 149, 60]))  # 60: shard 1's, not counted
+    assert coverage.snapshot() == {("0/2", 0): (150, 150), ("0/2", 1): (2, 150)}
+    # The same shard number read flat (--shuffle-window 0: every 2nd record) is not counted into those bitmaps.
+    _feed(coverage, "0/2:250:5", np.zeros(2, np.int64), np.array([0, 2]))
+    assert coverage.snapshot() == {("0/2", 0): (150, 150), ("0/2", 1): (2, 150)}
+    flat_first = Coverage()  # and the other way round: the flat shard's bitmaps (125 records) come first
+    _feed(flat_first, "0/2:250:5", np.zeros(2, np.int64), np.array([0, 248]))
+    _feed(flat_first, "0/2:250:5:50x1", np.zeros(2, np.int64), np.array([0, 249]))
+    assert flat_first.snapshot() == {("0/2", 0): (2, 125)}
+
+
 def test_a_whole_dataset_stream_reads_as_before_and_an_elastic_pool_is_one_coverage_labelled_all():
     for stream in ("0/1:1200:3", "splits:1200:3"):
         coverage = Coverage()

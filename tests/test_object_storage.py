@@ -19,6 +19,7 @@ from typing import Iterator
 import pytest
 
 from stoker.consumer import BatchStream
+from stoker.producer.dataset.shards import RemoteOptions, open_dataset
 from stoker.producer.dataset.format import LmdbDataset
 from stoker.producer.dataset.synthetic import build_synthetic
 from stoker.producer.dataset.writer import write_lmdb
@@ -93,7 +94,7 @@ def _cache_bytes(cache: Path) -> int:
     return sum(f.stat().st_size for f in (cache / "shards").rglob("data.mdb"))
 
 
-def test_a_pool_started_on_empty_disks_trains_exact_epochs_from_a_bucket(weed, dataset, tmp_path):
+def test_a_pool_started_on_empty_disks_trains_exact_epochs_from_a_bucket(weed, dataset, tmp_path, monkeypatch):
     url, shards = _upload(weed, dataset, "pool")
     caches = [tmp_path / f"cache{i}" for i in range(2)]
     producers = [_producer(weed, url, cache, "--shard", "auto", "--epochs", "2") for cache in caches]
@@ -103,10 +104,19 @@ def test_a_pool_started_on_empty_disks_trains_exact_epochs_from_a_bucket(weed, d
         for p in producers:
             p.stop()
     assert sorted(seen) == [(e, i) for e in range(2) for i in range(RECORDS)] and set(seen.values()) == {1}
+    for name, value in CREDENTIALS.items():
+        monkeypatch.setenv(name, value)
     for cache in caches:  # each producer fetched what it needed into its own cache, within the budget
         fetches = [json.loads(line) for line in (cache / "fetches.jsonl").read_text().splitlines()]
         assert fetches and {f["shard"] for f in fetches} <= {s["name"] for s in shards}
         assert _cache_bytes(cache) <= 3_000_000
+        # What its status tells the trainers: the budget in shards, and the shards in the cache's folder.
+        with open_dataset(url, RemoteOptions(cache_dir=str(cache), cache_bytes=3_000_000,
+                                             s3_endpoint=weed.endpoint)) as remote:
+            capacity, held = remote.holdings()
+        in_folder = {p.parent.name for p in (cache / "shards").glob("*/data.mdb")}
+        assert capacity == 3_000_000 * len(shards) // sum(s["bytes"] for s in shards)
+        assert held and {shards[n]["sha256"] for n in held} == in_folder
 
 
 def test_a_missing_object_is_named_and_its_shards_records_skipped_and_counted(weed, dataset, tmp_path):
@@ -188,7 +198,7 @@ def test_webdataset_tars_in_a_bucket_build_a_sharded_dataset(weed, tmp_path):
     assert f"wrote {len(good)} records in 3 classes" in out.stdout and "skipped 10 samples" in out.stdout
 
 
-def test_an_upload_over_a_dataset_needs_overwrite_and_removes_the_old_manifest_first(weed, dataset, tmp_path):
+def test_an_upload_over_a_dataset_needs_overwrite_and_a_corrupt_replacement_leaves_the_bucket_as_it_was(weed, dataset, tmp_path):
     url, shards = _upload(weed, dataset, "again")
     env = {**os.environ, **CREDENTIALS}
 
@@ -199,8 +209,7 @@ def test_an_upload_over_a_dataset_needs_overwrite_and_removes_the_old_manifest_f
     refused = upload(dataset)
     assert refused.returncode != 0 and "already at" in refused.stderr and "--overwrite" in refused.stderr
     assert weed.fs().exists("stoker/again/manifest.json")  # untouched
-    # A replacement that fails half-way (its third shard is corrupt here) leaves no manifest naming replaced shards:
-    # the old one went first, so a producer starting now is told there is no dataset, never served mixed shards.
+    # A replacement whose local copy is corrupt (its third shard here) is refused before the bucket changes.
     broken = tmp_path / "broken"
     shutil.copytree(dataset, broken)
     with open(broken / shards[2]["name"] / "data.mdb", "r+b") as f:
@@ -210,8 +219,9 @@ def test_an_upload_over_a_dataset_needs_overwrite_and_removes_the_old_manifest_f
         f.write(bytes([last[0] ^ 0xFF]))
     failed = upload(broken, "--overwrite")
     assert failed.returncode != 0 and "does not match the manifest" in failed.stderr
-    assert not weed.fs().exists("stoker/again/manifest.json")
-    assert upload(dataset, "--overwrite").returncode == 0 and weed.fs().exists("stoker/again/manifest.json")
+    assert weed.fs().exists("stoker/again/manifest.json")
+    done = upload(dataset, "--overwrite")
+    assert done.returncode == 0 and weed.fs().exists("stoker/again/manifest.json"), done.stderr[-2000:]
 
 
 def test_fixed_shards_from_a_bucket_are_whole_dataset_shards_each_producer_fetching_only_its_own(weed, dataset,

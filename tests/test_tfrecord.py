@@ -113,8 +113,14 @@ def test_random_files_frame_or_stop_with_a_reason(data):
         assert (payload is None) == bool(why)
 
 
-def test_parsing_is_linear_in_the_bytes_of_a_deeply_repeated_example():
-    many = _example(**{f"f{i}": np.int64(i).item() for i in range(2000)})
+def test_a_build_decodes_the_first_value_of_its_two_features_only_and_features_are_bounded():
+    huge = tf.train.Example(features=tf.train.Features(feature={
+        "image/encoded": tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"\xff\xd8", b"second"])),
+        "image/class/label": tf.train.Feature(int64_list=tf.train.Int64List(value=[4] + [1] * 100_000)),
+        "junk": tf.train.Feature(int64_list=tf.train.Int64List(value=list(range(100_000))))})).SerializeToString()
+    assert parse_example(huge, {"image/encoded", "image/class/label"}, limit=1) == {
+        "image/encoded": [b"\xff\xd8"], "image/class/label": [4], "junk": []}  # junk framed, never decoded
+    many = _example(**{f"f{i}": i for i in range(2000)})
     assert len(parse_example(many)) == 2000
     with pytest.raises(BadExample, match="more than 4096"):
         parse_example(_example(**{f"f{i}": i for i in range(4097)}))

@@ -89,6 +89,7 @@ class ShardCache:
         for sub in ("shards", "tmp", "locks"):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
         self._failed: dict[str, tuple[float, str]] = {}  # sha -> (when, why): not fetched again for a while
+        self._numbers: Optional[tuple[int, dict[str, int]]] = None  # (capacity, sha -> shard number), for holdings
 
     def local(self, shard: ShardInfo) -> Path:
         """The folder of ``shard``'s checked ``data.mdb``, fetched first if needed; ShardUnavailable if it cannot be
@@ -101,14 +102,22 @@ class ShardCache:
 
     def holdings(self, shards: Sequence[ShardInfo]) -> tuple[int, list[int]]:
         """``(capacity, held)`` of ``ShardedDataset.holdings``: the budget over the mean shard size (1 at least), and
-        the shards (numbers in ``shards``) cached now, least recently used first."""
-        capacity = max(1, int(self.cache_bytes // max(1, sum(s.bytes for s in shards) / len(shards))))
+        the shards (numbers in ``shards``) cached now, least recently used first. Lists the cache's folder (what
+        the budget holds), not the manifest."""
+        if self._numbers is None or len(self._numbers[1]) != len(shards):
+            self._numbers = (max(1, int(self.cache_bytes // max(1, sum(s.bytes for s in shards) / len(shards)))),
+                             {s.sha256: n for n, s in enumerate(shards)})
+        capacity, numbers = self._numbers
         held = []
-        for number, shard in enumerate(shards):
-            folder = self.dir / "shards" / shard.sha256
+        try:
+            entries = list(os.scandir(self.dir / "shards"))
+        except OSError:
+            return capacity, []
+        for entry in entries:
+            number = numbers.get(entry.name)
             try:
-                if (folder / "data.mdb").is_file():  # its folder's time is its use (``_touch``)
-                    held.append((os.stat(folder).st_mtime, number))
+                if number is not None and os.path.isfile(os.path.join(entry.path, "data.mdb")):
+                    held.append((entry.stat().st_mtime, number))  # its folder's time is its use (``_touch``)
             except OSError:
                 continue
         return capacity, [number for _, number in sorted(held)[-MAX_HELD:]]

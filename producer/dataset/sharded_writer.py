@@ -77,6 +77,8 @@ class ShardedWriter:
         self._closer = ThreadPoolExecutor(1, thread_name_prefix="stoker-shard-close")
         self._closing: list[Future] = []
         self._records_closed = 0
+        self._opened = 0  # shards begun (their names' numbers)
+        self._current_closing = False  # finish() handed the current shard to the closing thread
         #: every shard holds the first's record count (the first is cut at ``shard_bytes``): the layout an elastic
         #: pool's two-level epochs need is then one number (``Manifest.records_per_shard``)
         self.records_per_shard = 0
@@ -119,24 +121,32 @@ class ShardedWriter:
         self.count += 1
         if (writer.count >= self.records_per_shard if self.records_per_shard
                 else writer.bytes_added >= self.shard_bytes):
-            self._close_shard()
-            self._current = self._new_shard()
+            self._current = self._new_shard()  # if this fails, ``writer`` is still current, not closing
+            self._close_shard(writer)
         return self.count - 1
 
     # ---- shards ------------------------------------------------------------------------------------
 
     def _new_shard(self) -> DatasetWriter:
         schema = {n: k.to_meta() for n, k in self._schema.items()} if self._schema is not None else None
-        return DatasetWriter(self.partial / f"shard-{len(self._closing):05d}", schema=schema, kinds=self._kinds)
+        self._opened += 1
+        return DatasetWriter(self.partial / f"shard-{self._opened - 1:05d}", schema=schema, kinds=self._kinds)
 
-    def _close_shard(self) -> None:
-        writer = self._current
+    def _close_shard(self, writer: DatasetWriter) -> None:
+        """Hand ``writer``'s shard to the closing thread, once the shard before it closed (at most one closes at
+        a time, and its error surfaces here, not at the end of the build)."""
         if not writer.count:
             writer.__exit__(None)  # an empty last shard: its partial folder goes
             return
         self._schema = dict(writer.schema or {})
         self._closed_labels.update(writer.label_counts)
         self.records_per_shard = self.records_per_shard or writer.count
+        if self._closing:
+            try:
+                self._closing[-1].result()
+            except BaseException:
+                writer.__exit__(None)  # never queued: this thread closes it (and the build fails)
+                raise
         self._closing.append(self._closer.submit(self._close, writer, self._records_closed, self.classes))
         self._records_closed += writer.count
 
@@ -153,7 +163,8 @@ class ShardedWriter:
     def finish(self, classes: Sequence[str] = (), task: str = "", info: Optional[Mapping[str, Any]] = None) -> DatasetMeta:
         """Close the last shard, write the manifest last, rename the folder into place; the whole dataset's meta."""
         self.classes = tuple(classes) or self.classes
-        self._close_shard()
+        self._current_closing = True
+        self._close_shard(self._current)
         self._closed()
         if not self.shards or self._schema is None:
             raise DatasetError(f"no record was written to {self.out}: nothing to publish")
@@ -177,15 +188,14 @@ class ShardedWriter:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._closer.shutdown(wait=True)  # no shard is closing (in LMDB, or into the partial folder) past here
         if not self._finished:
             try:
-                self._current.__exit__(None)
+                if not self._current_closing:
+                    self._current.__exit__(None)
             finally:
-                self._closer.shutdown(wait=True)  # nothing writes into the partial folder while it goes
                 shutil.rmtree(self.partial, ignore_errors=True)
                 self._lock.close()
-        else:
-            self._closer.shutdown(wait=True)
 
 
 def open_writer(out: str | os.PathLike, shard_bytes: Optional[int] = None, classes: Sequence[str] = (),

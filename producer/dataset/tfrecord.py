@@ -9,7 +9,8 @@ a map from feature names to lists of bytes, floats or int64s. Each Example becom
 Both layers are parsers of untrusted bytes, written here and fuzzed (tests/test_tfrecord.py): no length is trusted
 (a frame is at most ``MAX_RECORD_BYTES``, read only after its length's CRC matched; every protobuf length is checked
 against what is left of its message), a varint is at most 10 bytes, an Example at most ``MAX_FEATURES`` features,
-and the work is linear in the bytes. Nothing is lost silently: a frame whose bytes fail their CRC, an Example that
+the work is linear in the bytes, and a build decodes only the first value of its two features (the rest is
+framed, never decoded into Python objects). Nothing is lost silently: a frame whose bytes fail their CRC, an Example that
 does not parse or lacks its image or label, a label outside 0-``MAX_LABEL``: each is a ``(position, reason)`` the
 builder lists and counts (``FILE#N``, the frame's number), and the build goes on. A frame whose *length* fails its
 CRC or a truncated file ends that file's reading (nothing after it can be framed), named the same way.
@@ -18,7 +19,7 @@ CRC or a truncated file ends that file's reading (nothing after it can be framed
 from __future__ import annotations
 
 import struct
-from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
+from typing import Any, Callable, Collection, Iterator, Mapping, Optional, Sequence
 
 from stoker.producer.dataset.format import MAX_RECORD_BYTES
 
@@ -84,10 +85,13 @@ def _signed(value: int) -> int:
     return value - (1 << 64) if value >= 1 << 63 else value
 
 
-def _feature(buf: bytes, start: int, end: int) -> Feature:
-    """A ``tf.train.Feature``: its list of bytes (field 1), floats (2) or int64s (3), packed or not."""
+def _feature(buf: bytes, start: int, end: int, limit: Optional[int] = None) -> Feature:
+    """A ``tf.train.Feature``: its list of bytes (field 1), floats (2) or int64s (3), packed or not; at most the
+    first ``limit`` values (None: all)."""
     values: Feature = []
     for kind, wire, span in _fields(buf, start, end):
+        if limit is not None and len(values) >= limit:
+            break
         if kind not in (1, 2, 3) or wire != 2:
             continue  # an unknown field: protobuf passes over it
         for number, item_wire, item in _fields(buf, *span):
@@ -96,23 +100,30 @@ def _feature(buf: bytes, start: int, end: int) -> Feature:
             if kind == 1 and item_wire == 2:
                 values.append(buf[item[0]:item[1]])
             elif kind == 2 and item_wire == 2 and (item[1] - item[0]) % 4 == 0:
-                values.extend(struct.unpack_from(f"<{(item[1] - item[0]) // 4}f", buf, item[0]))
+                count = (item[1] - item[0]) // 4 if limit is None else min(limit, (item[1] - item[0]) // 4)
+                values.extend(struct.unpack_from(f"<{count}f", buf, item[0]))
             elif kind == 2 and item_wire == 5:
                 values.append(struct.unpack_from("<f", buf, item[0])[0])
             elif kind == 3 and item_wire == 2:
                 pos = item[0]
-                while pos < item[1]:
+                while pos < item[1] and (limit is None or len(values) < limit):
                     value, pos = _varint(buf, pos, item[1])
                     values.append(_signed(value))
             elif kind == 3 and item_wire == 0:
                 values.append(_signed(item))
             else:
                 raise BadExample(f"a feature's list holds a value of wire type {item_wire}")
+            if limit is not None and len(values) >= limit:
+                return values[:limit]
     return values
 
 
-def parse_example(data: bytes) -> dict[str, Feature]:
-    """The features of a serialized ``tf.train.Example``: name -> list of values. BadExample naming what is wrong."""
+def parse_example(data: bytes, names: Optional[Collection[str]] = None, limit: Optional[int] = None
+                  ) -> dict[str, Feature]:
+    """The features of a serialized ``tf.train.Example``: name -> list of values. BadExample naming what is wrong.
+    ``names``: decode only these features (others are framed, never decoded: a build reads two features of each
+    Example, and an 8 MB list of int64s would cost seconds and hundreds of MB); ``limit``: at most so many
+    values of each."""
     features: dict[str, Feature] = {}
     for number, wire, span in _fields(data, 0, len(data)):
         if number != 1 or wire != 2:
@@ -121,7 +132,7 @@ def parse_example(data: bytes) -> dict[str, Feature]:
             if entry_number != 1 or entry_wire != 2:
                 continue
             name: Optional[str] = None
-            value: Feature = []
+            value_span: Optional[tuple[int, int]] = None
             for part, part_wire, part_span in _fields(data, *entry):
                 if part == 1 and part_wire == 2:
                     try:
@@ -129,17 +140,20 @@ def parse_example(data: bytes) -> dict[str, Feature]:
                     except UnicodeDecodeError:
                         raise BadExample("a feature's name is not UTF-8") from None
                 elif part == 2 and part_wire == 2:
-                    value = _feature(data, *part_span)
+                    value_span = part_span
             if name is None:
                 raise BadExample("a feature has no name")
-            features[name] = value
+            if names is None or name in names:
+                features[name] = _feature(data, *value_span, limit=limit) if value_span is not None else []
+            else:
+                features.setdefault(name, [])  # named in a rejection, never decoded
             if len(features) > MAX_FEATURES:
                 raise BadExample(f"more than {MAX_FEATURES} features")
     return features
 
 
 def _record(data: bytes, image_key: str, label_key: str) -> Mapping[str, Any]:
-    features = parse_example(data)
+    features = parse_example(data, {image_key, label_key}, limit=1)
     image, label = features.get(image_key), features.get(label_key)
     if not image or not isinstance(image[0], bytes):
         raise BadExample(f"no bytes feature {image_key!r} (the image; --image-key names another); it has "

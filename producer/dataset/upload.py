@@ -1,7 +1,7 @@
 """``stoker lmdb upload``: a sharded dataset copied to object storage, manifest last.
 
-Every shard's ``data.mdb`` is checked against the manifest (size and SHA-256) before it is sent, so a corrupt
-local copy is never published; shards go first and the manifest last, so a reader that finds the manifest finds
+Every shard's ``data.mdb`` is checked against the manifest (size and SHA-256) before anything is sent, so a
+corrupt local copy is never published and leaves the bucket as it was; shards go first and the manifest last, so a reader that finds the manifest finds
 every shard it names. Over a dataset already there only with ``overwrite``, and then its manifest goes first: no
 producer starting meanwhile reads a manifest whose shards are being replaced (one already running, pinned to the old
 manifest, refuses the replaced shards by their SHA-256 and skips their records, counted, until it is restarted).
@@ -30,6 +30,11 @@ def upload_dataset(path: str | os.PathLike, url: str, remote: RemoteOptions = Re
                            "`stoker lmdb build SRC OUT --shard-size 256MB`")
     manifest_bytes = (path / MANIFEST).read_bytes()
     manifest = parse_manifest(manifest_bytes, str(path / MANIFEST))
+    for shard in tqdm(manifest.shards, desc="check", unit="shard", disable=not progress):  # before the bucket changes
+        local = path / shard.name / "data.mdb"
+        if not local.is_file() or local.stat().st_size != shard.bytes or file_sha256(local) != shard.sha256:
+            raise DatasetError(f"{local} does not match the manifest (missing, or other size or SHA-256): rebuild "
+                               "the dataset")
     fs, root = storage(url, remote.fsspec_options())
     root = root.rstrip("/")
     try:
@@ -45,9 +50,6 @@ def upload_dataset(path: str | os.PathLike, url: str, remote: RemoteOptions = Re
     sent = 0
     for shard in tqdm(manifest.shards, desc="upload", unit="shard", disable=not progress):
         local = path / shard.name / "data.mdb"
-        if not local.is_file() or local.stat().st_size != shard.bytes or file_sha256(local) != shard.sha256:
-            raise DatasetError(f"{local} does not match the manifest (missing, or other size or SHA-256): rebuild "
-                               "the dataset")
         try:
             retried(f"uploading {local} to {url}", lambda: fs.put_file(str(local), f"{root}/{shard.name}/data.mdb"),
                     remote.retry_seconds)

@@ -65,6 +65,7 @@ class SplitServer:
         self.make_ahead = make_ahead
         #: ``(capacity, held)`` of this host's shard cache, said in each status (``ShardedDataset.holdings``)
         self.holdings = holdings or (lambda: (None, []))
+        self._cache_seen: Optional[tuple[float, tuple[Optional[int], list[int]]]] = None
         self.spec = list(spec or [])
         self.trainers: TrainerRegistry[_PoolTrainer] = TrainerRegistry(trainer_timeout, self._forget)
         self._orders: OrderedDict[int, np.ndarray] = OrderedDict()
@@ -210,8 +211,15 @@ class SplitServer:
     def finished(self) -> bool:
         return self.epochs is not None and self._any_finished and not self._pending
 
+    def _cache(self) -> tuple[Optional[int], list[int]]:
+        """This host's cache, looked at most once a second (a status goes to every trainer every second)."""
+        now = time.monotonic()
+        if self._cache_seen is None or now - self._cache_seen[0] >= 1.0:
+            self._cache_seen = (now, self.holdings())
+        return self._cache_seen[1]
+
     def status(self) -> Status:
-        capacity, held = self.holdings() if self.key.block else (None, [])
+        capacity, held = self._cache() if self.key.block else (None, [])
         return Status(str(self.key), self.producer_id, 0, self.epochs, self.finished, self.spec, 0, cache=capacity,
                       held=held)
 

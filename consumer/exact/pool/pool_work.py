@@ -59,8 +59,10 @@ class PoolWork:
         self._refused: set[str] = set()  # producer ids named for serving another pool
         self._told_finished: set[tuple[int, int]] = set()  # (producer, session) told the run is complete
         share = f", share {scheduler.rank}/{scheduler.world}" if scheduler.world > 1 else ""
-        log.info("elastic pool of %d records (seed %d): handing out splits of %d records (%d an epoch)%s",
-                 scheduler.records, scheduler.key.seed, scheduler.split, scheduler.splits, share)
+        layout = (f", shard by shard ({scheduler.key.block} records each, {scheduler.key.window} a window)"
+                  if scheduler.key.block else "")
+        log.info("elastic pool of %d records (seed %d): handing out splits of at most %d records (%d or more an "
+                 "epoch)%s%s", scheduler.records, scheduler.key.seed, scheduler.split, scheduler.splits, layout, share)
 
     @property
     def finished(self) -> bool:

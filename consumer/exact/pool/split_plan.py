@@ -58,5 +58,7 @@ class SchedulerPlan:
     def scheduler(self, key: StreamKey, progress: StreamProgress, epochs: Optional[int]) -> SplitScheduler:
         """The scheduler of pool ``key`` (``epochs``: None for ever); ValueError if this trainer's share is empty."""
         split = split_records(key.records, self.batch_size, self.share[1])
+        # A layout cuts splits at each window of shards too: they are no larger than a window.
+        longest = min(split, key.block * key.window) if key.block else split
         return SplitScheduler(key, progress, epochs, split, *self.share,
-                              ahead=splits_ahead(split, self.batch_size, self.credit), stall_after=self.stall_after)
+                              ahead=splits_ahead(longest, self.batch_size, self.credit), stall_after=self.stall_after)
