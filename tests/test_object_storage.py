@@ -238,3 +238,20 @@ def test_fixed_shards_from_a_bucket_are_whole_dataset_shards_each_producer_fetch
     for i, cache in enumerate(caches):
         fetched = {json.loads(line)["shard"] for line in (cache / "fetches.jsonl").read_text().splitlines()}
         assert fetched == {s["name"] for j, s in enumerate(shards) if j % 2 == i}
+
+
+def test_a_cold_fixed_producer_fetching_ahead_fetches_each_shard_once_and_serves_exact_epochs(weed, dataset,
+                                                                                             tmp_path):
+    """Shard by shard, each worker asks for the next shard while it reads one: the fetch ahead and the reads share
+    the per-shard locks, so whoever comes first fetches and nobody fetches twice (who wins is the scheduler's)."""
+    url, shards = _upload(weed, dataset, "ahead")
+    cache = tmp_path / "cache"
+    producer = _producer(weed, url, cache, "--exact", "--epochs", "2", cache_size="100MB")
+    try:
+        seen = _epochs([producer.endpoint])
+    finally:
+        producer.stop()
+    assert sorted(seen) == [(e, i) for e in range(2) for i in range(RECORDS)] and set(seen.values()) == {1}
+    fetches = [json.loads(line) for line in (cache / "fetches.jsonl").read_text().splitlines()]
+    assert sorted(f["shard"] for f in fetches) == sorted(s["name"] for s in shards)
+    assert all(isinstance(f["ahead"], bool) for f in fetches)

@@ -18,8 +18,11 @@ reads the manifest and returns a ``ShardedDataset`` whose shards a ``ShardCache`
   and its reason); a missing object or a refused permission is not retried. A shard that cannot be had raises
   ``ShardUnavailable`` (its records are skipped, counted and named), remembered for ``FAILED_HOLD_S`` so each of
   its records does not fetch again.
-- *Counted*: every fetch appends one JSON line to ``CACHE/fetches.jsonl`` (shard, bytes, seconds, worker pid),
-  so a benchmark or an operator counts fetches across processes; ``stoker produce`` logs each at INFO.
+- *Fetched ahead* (``prefetch``): a reader going shard by shard asks for the next shard while it reads this
+  one; one background thread per process fetches it through the same locks, so the read finds it in place.
+- *Counted*: every fetch appends one JSON line to ``CACHE/fetches.jsonl`` (shard, bytes, seconds, worker pid,
+  whether it was ahead), so a benchmark or an operator counts fetches across processes; ``stoker produce`` logs
+  each at INFO.
 
 Credentials come from the storage library's standard chains (for s3fs: environment variables, ``~/.aws``
 files, instance and pod roles); ``storage_options`` pass anything else (an endpoint). Nothing of them is logged.
@@ -34,6 +37,8 @@ import logging
 import os
 import secrets
 import shutil
+import queue
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
@@ -49,6 +54,8 @@ DEFAULT_RETRY_SECONDS = 300.0
 FAILED_HOLD_S = 30.0
 CHUNK = 4 << 20
 _NOT_RETRIED = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
+PREFETCH_MIN_SHARDS = 3  # a budget of fewer shards fetches nothing ahead: it would evict the shard being read
+PREFETCH_THREAD = "stoker-prefetch"
 
 
 def default_cache_dir() -> Path:
@@ -90,6 +97,8 @@ class ShardCache:
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
         self._failed: dict[str, tuple[float, str]] = {}  # sha -> (when, why): not fetched again for a while
         self._numbers: Optional[tuple[int, dict[str, int]]] = None  # (capacity, sha -> shard number), for holdings
+        self._prefetcher: Optional[threading.Thread] = None
+        self._prefetch_queue: queue.Queue = queue.Queue(maxsize=2)
 
     def local(self, shard: ShardInfo) -> Path:
         """The folder of ``shard``'s checked ``data.mdb``, fetched first if needed; ShardUnavailable if it cannot be
@@ -104,10 +113,8 @@ class ShardCache:
         """``(capacity, held)`` of ``ShardedDataset.holdings``: the budget over the mean shard size (1 at least), and
         the shards (numbers in ``shards``) cached now, least recently used first. Lists the cache's folder (what
         the budget holds), not the manifest."""
-        if self._numbers is None or len(self._numbers[1]) != len(shards):
-            self._numbers = (max(1, int(self.cache_bytes // max(1, sum(s.bytes for s in shards) / len(shards)))),
-                             {s.sha256: n for n, s in enumerate(shards)})
-        capacity, numbers = self._numbers
+        self.holdings_capacity(shards)
+        capacity, numbers = self._numbers  # type: ignore[misc]
         held = []
         try:
             entries = list(os.scandir(self.dir / "shards"))
@@ -121,6 +128,36 @@ class ShardCache:
             except OSError:
                 continue
         return capacity, [number for _, number in sorted(held)[-MAX_HELD:]]
+
+    def prefetch(self, shards: Sequence[ShardInfo], number: int) -> None:
+        """Fetch ``shards[number]`` on this process's prefetch thread (started on first use; at most two waiting,
+        more are dropped), if the budget holds ``PREFETCH_MIN_SHARDS`` shards: in a smaller one the fetch
+        ahead would evict the shard being read. A failure is left to the read that needs the shard (it fetches
+        again, or finds it failed, and reports it)."""
+        if self.holdings_capacity(shards) < PREFETCH_MIN_SHARDS:
+            return
+        if self._prefetcher is None:
+            self._prefetcher = threading.Thread(target=self._prefetch_loop, name=PREFETCH_THREAD, daemon=True)
+            self._prefetcher.start()
+        try:
+            self._prefetch_queue.put_nowait(shards[number])
+        except queue.Full:
+            pass  # the reads are ahead of the fetches: this one will fetch it itself
+
+    def _prefetch_loop(self) -> None:
+        while True:
+            shard = self._prefetch_queue.get()
+            try:
+                self.local(shard)
+            except Exception as exc:  # noqa: BLE001 - a hint failed; the read reports what it finds
+                log.debug("fetching shard %s ahead failed (%s); its read will fetch it", shard.name, exc)
+
+    def holdings_capacity(self, shards: Sequence[ShardInfo]) -> int:
+        """Shards the budget holds: the budget over the mean shard size, 1 at least."""
+        if self._numbers is None or len(self._numbers[1]) != len(shards):
+            self._numbers = (max(1, int(self.cache_bytes // max(1, sum(s.bytes for s in shards) / len(shards)))),
+                             {s.sha256: n for n, s in enumerate(shards)})
+        return self._numbers[0]
 
     def _local(self, shard: ShardInfo, final: Path) -> Path:
         if _touch(final):  # cached: now the most recently used
@@ -192,7 +229,8 @@ class ShardCache:
         log.info("fetched shard %s (%.1f MB in %.2f s) into %s", shard.name, shard.bytes / 1e6, seconds, self.dir)
         with open(self.dir / "fetches.jsonl", "a") as out:  # one short line per write: O_APPEND keeps them whole
             out.write(json.dumps({"shard": shard.name, "sha256": shard.sha256, "bytes": shard.bytes,
-                                  "seconds": round(seconds, 4), "pid": os.getpid()}) + "\n")
+                                  "seconds": round(seconds, 4), "pid": os.getpid(),
+                                  "ahead": threading.current_thread().name == PREFETCH_THREAD}) + "\n")
 
     def _download(self, url: str, tmp: Path, expected: int) -> tuple[str, int]:
         """``(sha256, size)`` of the object, streamed into ``tmp``; it stops one block past ``expected`` bytes (an

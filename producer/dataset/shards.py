@@ -149,13 +149,16 @@ class ShardSource(Protocol):
     """Where a sharded dataset's shards are: ``local(shard)`` is the folder holding its ``data.mdb`` (fetched first
     where needed; RecordError-worthy failures raise ``ShardUnavailable``). ``evicts``: a shard's folder may be
     removed while a reader has it open (a bounded cache): the reader then lets go of it and asks again;
-    ``holdings(shards)``: an evicting source's capacity and cached shards (``ShardedDataset.holdings``)."""
+    ``holdings(shards)``: an evicting source's capacity and cached shards (``ShardedDataset.holdings``);
+    ``prefetch(shards, number)``: fetch one ahead, in the background."""
 
     evicts: bool
 
     def local(self, shard: ShardInfo) -> Path: ...
 
     def holdings(self, shards: Sequence[ShardInfo]) -> tuple[int, list[int]]: ...
+
+    def prefetch(self, shards: Sequence[ShardInfo], number: int) -> None: ...
 
 
 class ShardUnavailable(RuntimeError):
@@ -259,6 +262,12 @@ class ShardedDataset:
 
     def size_bytes(self) -> int:
         return sum(s.bytes for s in self.manifest.shards)
+
+    def prefetch(self, number: int) -> None:
+        """Fetch shard ``number`` ahead, in the background, where the source is a cache (a hint: an error is the
+        read's to report when it comes to that shard)."""
+        if self.source.evicts:
+            self.source.prefetch(self.manifest.shards, number)
 
     def holdings(self) -> tuple[Optional[int], list[int]]:
         """``(capacity, held)``: how many shards this host's cache holds at most (None: every shard is on local

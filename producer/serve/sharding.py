@@ -12,6 +12,7 @@ every W-th element of that permutation, so workers split each epoch exactly.
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
@@ -109,3 +110,38 @@ class RecordRng:
                             "state": {"counter": np.array([0, 0, index, epoch], np.uint64), "key": self._key},
                             "buffer": np.zeros(4, np.uint64), "buffer_pos": 4, "has_uint32": 0, "uinteger": 0}
         return self._generator
+
+
+class ShardLookahead:
+    """The dataset shard that comes after another in a stream's epoch order, to fetch it ahead: a shard-by-shard
+    epoch (a layout, ``StreamKey.block``) reaches each shard once, and a cold cache would stall on every one.
+    For fixed shards and plain streams (their order is the key's); a pool producer serves what its trainers hand
+    it, so ``active`` is False there. Epoch orders are computed once per epoch, two kept."""
+
+    def __init__(self, key: StreamKey) -> None:
+        self.key = key
+        self.active = bool(key.block) and not key.splits
+        self._next: OrderedDict[int, tuple[dict[int, int], int]] = OrderedDict()  # epoch -> (next of each, first)
+        self._at: Optional[tuple[int, int]] = None
+
+    def _sequence(self, epoch: int) -> tuple[dict[int, int], int]:
+        if epoch not in self._next:
+            shards = self.key.order(epoch) // self.key.block
+            _, first = np.unique(shards, return_index=True)
+            sequence = shards[np.sort(first)].tolist()  # the shards in the order the epoch reaches them
+            self._next[epoch] = (dict(zip(sequence[:-1], sequence[1:])), sequence[0])
+            while len(self._next) > 2:
+                self._next.popitem(last=False)
+        return self._next[epoch]
+
+    def after(self, epoch: int, index: int) -> Optional[int]:
+        """When reading record ``index`` of ``epoch`` begins another shard: the shard after it (the next epoch's
+        first after the last); else None."""
+        if not self.active:
+            return None
+        shard = index // self.key.block
+        if self._at == (epoch, shard):
+            return None
+        self._at = (epoch, shard)
+        following, _ = self._sequence(epoch)
+        return following[shard] if shard in following else self._sequence(epoch + 1)[1]

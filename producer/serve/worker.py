@@ -40,7 +40,7 @@ from stoker.producer.dataset.format import LmdbDataset, RecordError, record_key
 from stoker.producer.dataset.shards import RemoteOptions, ShardedDataset, open_dataset
 from stoker.producer.serve.logs import configure_logging
 from stoker.producer.pipeline import SampleError, load_pipeline
-from stoker.producer.serve.sharding import RecordRng, worker_stream
+from stoker.producer.serve.sharding import RecordRng, ShardLookahead, worker_stream
 from stoker.producer.measure.stage_stats import StageStats
 
 log = logging.getLogger("stoker.producer.serve.worker")
@@ -139,7 +139,9 @@ class _BatchMaker:
         self.rows = [sample_rows(arrays) for arrays in self.views]
         self.rngs = RecordRng(config.seed)
         self.skips = _SkipLog(worker)
-        self.stream = worker_stream(StreamKey.parse(config.stream), worker, config.workers)
+        key = StreamKey.parse(config.stream)
+        self.stream = worker_stream(key, worker, config.workers)
+        self.lookahead = ShardLookahead(key)  # shard by shard: the next shard is fetched while this one is read
         self.kept: list[dict[str, np.ndarray]] = []  # --repeat-batches: the batches sent again and again
 
     def make(self, slot: int, work: Optional[list[tuple[int, int]]], stop: Any) -> Optional[tuple[float, float, int]]:
@@ -153,6 +155,9 @@ class _BatchMaker:
     def _make_row(self, rows: dict[str, np.ndarray], epoch: int, index: int) -> Optional[tuple[float, float]]:
         """Record ``index`` made into ``rows``: ``(read seconds, transform seconds)``, or None if it failed."""
         t0 = time.perf_counter()
+        following = self.lookahead.after(epoch, index)
+        if following is not None and isinstance(self.dataset, ShardedDataset):
+            self.dataset.prefetch(following)
         try:
             record = self.dataset.read(index)
             t1 = time.perf_counter()
