@@ -197,7 +197,7 @@ class ProducerDaemon:
                                   ("fast_dct", config.fast_dct))
         # Built here to fail fast (and for the layout); each worker builds its own from the same reference.
         self.pipeline = load_pipeline(config.pipeline, dict(config.pipeline_args), dict(self.pipeline_standard))
-        self.holdings: Callable[[], tuple[Optional[int], list[int]]] = lambda: (None, [])
+        self.sharded: Optional[ShardedDataset] = None  # its cache, for a pool's statuses and fetches ahead
         with open_dataset(config.lmdb_path, config.remote) as dataset:
             self.meta = dataset.meta
             block = layout_block(config.shard, config.shuffle_window,
@@ -205,8 +205,7 @@ class ProducerDaemon:
             if isinstance(dataset, ShardedDataset):  # its workers read the manifest the daemon read, not a newer one
                 config = replace(config, remote=replace(config.remote, manifest=dataset.manifest_bytes))
                 self.config = config
-                if config.shard_affinity:  # reads the cache's folder, not the shards: fine once closed
-                    self.holdings = dataset.holdings
+                self.sharded = dataset  # closed: what a pool asks of it (holdings, prefetch) opens no shard
         self.seed = config.seed if config.seed is not None else secrets.randbits(31)
         self.stream = StreamKey(config.shard.index, config.shard.count, self.meta.count, self.seed,
                                 splits=config.shard.auto, block=block, window=max(1, config.shuffle_window))
@@ -298,7 +297,7 @@ class ProducerDaemon:
         policy: ServingPolicy
         if cfg.shard.auto:
             policy = SplitServer(self.stream, self.producer_id, cfg.epochs, cfg.trainer_timeout, spec,
-                                 make_ahead=cfg.workers, holdings=self.holdings)
+                                 make_ahead=cfg.workers, cache=self.sharded, say_cache=cfg.shard_affinity)
         else:
             policy = ExactServer(self.stream, self.producer_id, cfg.epochs, cfg.trainer_timeout, spec,
                                  cfg.min_trainers)

@@ -31,7 +31,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Optional, Protocol
 
 import numpy as np
 
@@ -53,18 +53,27 @@ class _PoolTrainer(Trainer):
     finished: bool = False
 
 
+class ShardCacheView(Protocol):
+    """What a pool producer asks of its dataset's cache (``ShardedDataset``)."""
+
+    def holdings(self) -> tuple[Optional[int], list[int]]: ...
+
+    def prefetch(self, number: int) -> None: ...
+
+
 class SplitServer:
     """Serving decisions of an elastic-pool producer (a ``PoolPolicy``); see the module doc. One thread drives it."""
 
     def __init__(self, key: StreamKey, producer_id: str, epochs: Optional[int] = None, trainer_timeout: float = 10.0,
                  spec: Optional[list[tuple[str, str, list[int]]]] = None, make_ahead: int = 2,
-                 holdings: Optional[Callable[[], tuple[Optional[int], list[int]]]] = None) -> None:
+                 cache: Optional[ShardCacheView] = None, say_cache: bool = True) -> None:
         if not key.splits:
             raise ValueError(f"stream {key} is not an elastic pool's (splits:count:seed)")
         self.key, self.producer_id, self.epochs = key, producer_id, epochs
         self.make_ahead = make_ahead
-        #: ``(capacity, held)`` of this host's shard cache, said in each status (``ShardedDataset.holdings``)
-        self.holdings = holdings or (lambda: (None, []))
+        #: this host's shard cache (a ``ShardedDataset``): what it holds is said in each status (unless not
+        #: ``say_cache``: ``--shard-affinity off``), and the shards of the splits handed to us are fetched ahead
+        self.cache, self.say_cache = cache, say_cache
         self._cache_seen: Optional[tuple[float, tuple[Optional[int], list[int]]]] = None
         self.spec = list(spec or [])
         self.trainers: TrainerRegistry[_PoolTrainer] = TrainerRegistry(trainer_timeout, self._forget)
@@ -113,6 +122,8 @@ class SplitServer:
                                 f"{MAX_QUEUED}: a trainer keeps a few splits ahead, not more")
         for item in work.items:
             records = self._order(item.epoch)[item.start:item.end].copy()  # not a view: the order may be evicted
+            if self.cache is not None and self.key.block and len(records):  # a split is one shard, mostly
+                self.cache.prefetch(int(records[len(records) // 2]) // self.key.block)
             if item.skip:
                 keep = np.ones(len(records), bool)
                 keep[np.asarray(item.skip, np.int64)] = False
@@ -215,11 +226,11 @@ class SplitServer:
         """This host's cache, looked at most once a second (a status goes to every trainer every second)."""
         now = time.monotonic()
         if self._cache_seen is None or now - self._cache_seen[0] >= 1.0:
-            self._cache_seen = (now, self.holdings())
+            self._cache_seen = (now, self.cache.holdings() if self.cache is not None else (None, []))
         return self._cache_seen[1]
 
     def status(self) -> Status:
-        capacity, held = self._cache() if self.key.block else (None, [])
+        capacity, held = self._cache() if self.key.block and self.say_cache else (None, [])
         return Status(str(self.key), self.producer_id, 0, self.epochs, self.finished, self.spec, 0, cache=capacity,
                       held=held)
 
