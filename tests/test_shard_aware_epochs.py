@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from stoker.consumer.exact.pool.split_scheduler import SplitScheduler
-from stoker.protocol.exact_messages import Hello, ProtocolError, Status, Work, WorkItem, decode_status, encode_status
+from stoker.protocol.exact_messages import ProtocolError, Status, decode_status, encode_status
 from stoker.protocol.input_state import InputState, StreamKey, epoch_order
 from stoker.producer.dataset.shards import Manifest, ShardInfo
 from stoker.producer.dataset.format import DatasetMeta, FieldKind
@@ -191,13 +191,8 @@ def test_a_joining_producer_takes_the_splits_of_the_shards_its_cache_holds():
 
 def test_a_pool_producer_says_its_cache_in_its_status_only_for_a_layout():
     class Cache:
-        fetched: list = []
-
         def holdings(self):
             return 4, [2, 3]
-
-        def prefetch(self, number):
-            self.fetched.append(number)
 
     key = StreamKey.parse("splits:800:1:50x1")
     sharded = SplitServer(key, "p", 1, cache=Cache())
@@ -205,10 +200,7 @@ def test_a_pool_producer_says_its_cache_in_its_status_only_for_a_layout():
     assert SplitServer(key, "p", 1, cache=Cache(), say_cache=False).status().cache is None  # --shard-affinity off
     flat = SplitServer(StreamKey.parse("splits:800:1"), "p", 1, cache=Cache())
     assert flat.status().cache is None
-    # The shards of the splits handed to it are fetched ahead, in the order they come.
-    sharded.on_hello(b"t", Hello("trainer", 1, 4, InputState()))
-    assert sharded.on_work(b"t", Work(1, [WorkItem(0, 0, 10, []), WorkItem(0, 50, 60, [])]))
-    assert Cache.fetched == [int(key.order(0)[5]) // 50, int(key.order(0)[55]) // 50]
+
 
 
 def test_the_lookahead_names_the_next_shard_of_the_epoch_once_per_shard_then_the_next_epochs_first():

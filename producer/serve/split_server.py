@@ -58,8 +58,6 @@ class ShardCacheView(Protocol):
 
     def holdings(self) -> tuple[Optional[int], list[int]]: ...
 
-    def prefetch(self, number: int) -> None: ...
-
 
 class SplitServer:
     """Serving decisions of an elastic-pool producer (a ``PoolPolicy``); see the module doc. One thread drives it."""
@@ -72,7 +70,7 @@ class SplitServer:
         self.key, self.producer_id, self.epochs = key, producer_id, epochs
         self.make_ahead = make_ahead
         #: this host's shard cache (a ``ShardedDataset``): what it holds is said in each status (unless not
-        #: ``say_cache``: ``--shard-affinity off``), and the shards of the splits handed to us are fetched ahead
+        #: ``say_cache``: ``--shard-affinity off``). Nothing is fetched ahead here: see docs/decisions.md
         self.cache, self.say_cache = cache, say_cache
         self._cache_seen: Optional[tuple[float, tuple[Optional[int], list[int]]]] = None
         self.spec = list(spec or [])
@@ -122,8 +120,6 @@ class SplitServer:
                                 f"{MAX_QUEUED}: a trainer keeps a few splits ahead, not more")
         for item in work.items:
             records = self._order(item.epoch)[item.start:item.end].copy()  # not a view: the order may be evicted
-            if self.cache is not None and self.key.block and len(records):  # a split is one shard, mostly
-                self.cache.prefetch(int(records[len(records) // 2]) // self.key.block)
             if item.skip:
                 keep = np.ones(len(records), bool)
                 keep[np.asarray(item.skip, np.int64)] = False
