@@ -24,6 +24,8 @@ import json
 import os
 import platform
 import resource
+import subprocess
+import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
@@ -142,6 +144,15 @@ def producer_flags(batch_size: int, image_size: int | None = None, workers: int 
     to it (``shard``, ``producer_id``, ``epochs``, ``exact``, ``trainer_timeout``, ...)."""
     return produce_flags(workers=workers, batch_size=batch_size, image_size=image_size,
                          repeat_batches=2 if repeat_batches else None, seed=seed, **more)
+
+
+def run_stoker(*argv: str, env: dict | None = None, timeout: float = 600) -> None:
+    """``stoker ARGV...`` by this interpreter (``lmdb synth``, ``lmdb upload``, ...); RuntimeError with its stderr's
+    tail if it fails."""
+    done = subprocess.run([sys.executable, "-m", "stoker.cli.main", *argv], capture_output=True, text=True,
+                          env=env, timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"stoker {' '.join(argv)} failed: {done.stderr[-2000:]}")
 
 
 def launch_producer(lmdb: str | os.PathLike, flags: Sequence[str], **process_args: Any) -> ProducerProcess:

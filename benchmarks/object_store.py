@@ -19,16 +19,14 @@ Run:  python benchmarks/object_store.py [--records 512] [--shard-size 8MB] [--ro
 
 from __future__ import annotations
 
-import json
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 from delivery import delivered_rate
-from harness import add_out_argument, benchmark_parser, launch_producer, machine_info, producer_flags, write_results
+from harness import (add_out_argument, benchmark_parser, launch_producer, machine_info, producer_flags, run_stoker,
+                     write_results)
 from local_s3 import LocalS3
 
 
@@ -46,13 +44,6 @@ def parse_args():
     return parser.parse_args()
 
 
-def _stoker(*argv: str, env: dict) -> None:
-    done = subprocess.run([sys.executable, "-m", "stoker.cli.main", *argv], capture_output=True, text=True,
-                          env=env, timeout=600)
-    if done.returncode != 0:
-        raise RuntimeError(f"stoker {' '.join(argv)} failed: {done.stderr[-2000:]}")
-
-
 def _round(location: str, args, s3: LocalS3, cache: Path | None) -> tuple[float, float, float]:
     """(images/s, seconds from start to the first batch, the fetches' MB/s) of one producer."""
     flags = producer_flags(args.batch_size, args.image_size, args.workers, seed=0)
@@ -67,9 +58,11 @@ def _round(location: str, args, s3: LocalS3, cache: Path | None) -> tuple[float,
 
 
 def _fetch_mb_per_s(cache: Path | None) -> float:
-    if cache is None or not (cache / "fetches.jsonl").exists():
+    from stoker.producer.dataset.remote import fetch_log
+
+    fetches = fetch_log(cache) if cache is not None else []
+    if not fetches:
         return 0.0
-    fetches = [json.loads(line) for line in (cache / "fetches.jsonl").read_text().splitlines()]
     return sum(f["bytes"] for f in fetches) / 1e6 / max(1e-9, sum(f["seconds"] for f in fetches))
 
 
@@ -82,9 +75,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, LocalS3(Path(tmp) / "s3") as s3:
         tmp_path = Path(tmp)
         build_synthetic(tmp_path / "single", args.records, seed=0, progress=False)
-        _stoker("lmdb", "synth", str(tmp_path / "sharded"), "--count", str(args.records), "--seed", "0",
+        run_stoker("lmdb", "synth", str(tmp_path / "sharded"), "--count", str(args.records), "--seed", "0",
                 "--shard-size", args.shard_size, "--quiet", env=s3.environment())
-        _stoker("lmdb", "upload", str(tmp_path / "sharded"), "s3://stoker/bench", "--s3-endpoint", s3.endpoint,
+        run_stoker("lmdb", "upload", str(tmp_path / "sharded"), "s3://stoker/bench", "--s3-endpoint", s3.endpoint,
                 env=s3.environment())
         url = "s3://stoker/bench"
         with open_dataset(tmp_path / "sharded") as sharded:

@@ -20,17 +20,15 @@ Run:  python benchmarks/shard_fetches.py [--records 1024] [--shards 16] [--produ
 
 from __future__ import annotations
 
-import json
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
 from contextlib import ExitStack
 from pathlib import Path
 
-from harness import add_out_argument, benchmark_parser, launch_producer, machine_info, producer_flags, write_results
+from harness import (add_out_argument, benchmark_parser, launch_producer, machine_info, producer_flags, run_stoker,
+                     write_results)
 from local_s3 import LocalS3
 
 
@@ -47,13 +45,6 @@ def parse_args():
     return parser.parse_args()
 
 
-def _stoker(*argv: str, env: dict) -> None:
-    done = subprocess.run([sys.executable, "-m", "stoker.cli.main", *argv], capture_output=True, text=True,
-                          env=env, timeout=600)
-    if done.returncode != 0:
-        raise RuntimeError(f"stoker {' '.join(argv)} failed: {done.stderr[-2000:]}")
-
-
 def _dataset(tmp: Path, args, s3: LocalS3) -> tuple[str, int, int]:
     """Synthesize and upload the sharded dataset; (its URL, shards, bytes)."""
     from stoker.producer.dataset.shards import open_dataset
@@ -61,9 +52,9 @@ def _dataset(tmp: Path, args, s3: LocalS3) -> tuple[str, int, int]:
 
     build_synthetic(tmp / "probe", args.records, seed=0, progress=False)
     total = (tmp / "probe" / "data.mdb").stat().st_size
-    _stoker("lmdb", "synth", str(tmp / "sharded"), "--count", str(args.records), "--seed", "0",
+    run_stoker("lmdb", "synth", str(tmp / "sharded"), "--count", str(args.records), "--seed", "0",
             "--shard-size", str(max(1, total // args.shards)), "--quiet", env=s3.environment())
-    _stoker("lmdb", "upload", str(tmp / "sharded"), "s3://stoker/fetches", "--s3-endpoint", s3.endpoint,
+    run_stoker("lmdb", "upload", str(tmp / "sharded"), "s3://stoker/fetches", "--s3-endpoint", s3.endpoint,
             env=s3.environment())
     with open_dataset(tmp / "sharded") as sharded:
         return "s3://stoker/fetches", len(sharded.manifest.shards), sharded.size_bytes()
@@ -71,6 +62,7 @@ def _dataset(tmp: Path, args, s3: LocalS3) -> tuple[str, int, int]:
 
 def _round(url: str, args, s3: LocalS3, caches: list[Path], budget: int, aware: bool) -> dict:
     from stoker.consumer import BatchStream
+    from stoker.producer.dataset.remote import fetch_log
 
     flags = producer_flags(args.batch_size, 32, workers=1, seed=0, shard="auto", epochs=args.epochs)
     flags += ["--s3-endpoint", s3.endpoint, "--cache-size", str(budget), "--shuffle-window", "1",
@@ -84,8 +76,7 @@ def _round(url: str, args, s3: LocalS3, caches: list[Path], budget: int, aware: 
             for batch in stream:
                 seen.update(zip(batch["epoch"].tolist(), batch["index"].tolist()))
     seconds = time.perf_counter() - started
-    fetches = [len((c / "fetches.jsonl").read_text().splitlines()) if (c / "fetches.jsonl").exists() else 0
-               for c in caches]
+    fetches = [len(fetch_log(c)) for c in caches]
     expected = {(e, i) for e in range(args.epochs) for i in range(args.records)}
     return {"fetches": sum(fetches), "per_producer": fetches, "seconds": seconds,
             "twice": sum(1 for n in seen.values() if n > 1), "never": len(expected - set(seen)),

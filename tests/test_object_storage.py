@@ -19,6 +19,7 @@ from typing import Iterator
 import pytest
 
 from stoker.consumer import BatchStream
+from stoker.producer.dataset.remote import fetch_log
 from stoker.producer.dataset.shards import RemoteOptions, open_dataset
 from stoker.producer.dataset.format import LmdbDataset
 from stoker.producer.dataset.synthetic import build_synthetic
@@ -90,6 +91,15 @@ def _epochs(addresses: list[str], timeout: float = 90) -> Counter:
     return seen
 
 
+def _serve(producers: list[ProducerProcess]) -> Counter:
+    """``_epochs`` of ``producers``, which are stopped afterwards whatever happens."""
+    try:
+        return _epochs([p.endpoint for p in producers])
+    finally:
+        for p in producers:
+            p.stop()
+
+
 def _cache_bytes(cache: Path) -> int:
     return sum(f.stat().st_size for f in (cache / "shards").rglob("data.mdb"))
 
@@ -97,17 +107,12 @@ def _cache_bytes(cache: Path) -> int:
 def test_a_pool_started_on_empty_disks_trains_exact_epochs_from_a_bucket(weed, dataset, tmp_path, monkeypatch):
     url, shards = _upload(weed, dataset, "pool")
     caches = [tmp_path / f"cache{i}" for i in range(2)]
-    producers = [_producer(weed, url, cache, "--shard", "auto", "--epochs", "2") for cache in caches]
-    try:
-        seen = _epochs([p.endpoint for p in producers])
-    finally:
-        for p in producers:
-            p.stop()
+    seen = _serve([_producer(weed, url, cache, "--shard", "auto", "--epochs", "2") for cache in caches])
     assert sorted(seen) == [(e, i) for e in range(2) for i in range(RECORDS)] and set(seen.values()) == {1}
     for name, value in CREDENTIALS.items():
         monkeypatch.setenv(name, value)
     for cache in caches:  # each producer fetched what it needed into its own cache, within the budget
-        fetches = [json.loads(line) for line in (cache / "fetches.jsonl").read_text().splitlines()]
+        fetches = fetch_log(cache)
         assert fetches and {f["shard"] for f in fetches} <= {s["name"] for s in shards}
         assert _cache_bytes(cache) <= 3_000_000
         # What its status tells the trainers: the budget in shards, and the shards in the cache's folder.
@@ -124,10 +129,7 @@ def test_a_missing_object_is_named_and_its_shards_records_skipped_and_counted(we
     gone = shards[2]
     weed.fs().rm(f"stoker/missing/{gone['name']}/data.mdb")
     producer = _producer(weed, url, tmp_path / "cache", "--exact", "--epochs", "1")
-    try:
-        seen = _epochs([producer.endpoint])
-    finally:
-        producer.stop()
+    seen = _serve([producer])
     lost = set(range(gone_first := sum(s["records"] for s in shards[:2]), gone_first + gone["records"]))
     assert {i for _, i in seen} == set(range(RECORDS)) - lost and set(seen.values()) == {1}
     assert producer.counters()[2] == gone["records"]  # skipped, counted
@@ -140,10 +142,7 @@ def test_a_shard_whose_bytes_are_not_the_manifests_is_refused_never_served(weed,
     bad = shards[1]
     weed.fs().put_file(str(dataset / shards[0]["name"] / "data.mdb"), f"stoker/corrupt/{bad['name']}/data.mdb")
     producer = _producer(weed, url, tmp_path / "cache", "--exact", "--epochs", "1")
-    try:
-        seen = _epochs([producer.endpoint])
-    finally:
-        producer.stop()
+    seen = _serve([producer])
     first = shards[0]["records"]
     assert {i for _, i in seen} == set(range(RECORDS)) - set(range(first, first + bad["records"]))
     assert set(seen.values()) == {1} and producer.counters()[2] == bad["records"]
@@ -198,7 +197,8 @@ def test_webdataset_tars_in_a_bucket_build_a_sharded_dataset(weed, tmp_path):
     assert f"wrote {len(good)} records in 3 classes" in out.stdout and "skipped 10 samples" in out.stdout
 
 
-def test_an_upload_over_a_dataset_needs_overwrite_and_a_corrupt_replacement_leaves_the_bucket_as_it_was(weed, dataset, tmp_path):
+def test_an_upload_over_a_dataset_needs_overwrite_and_a_corrupt_replacement_leaves_the_bucket_as_it_was(weed, dataset,
+                                                                                                      tmp_path):
     url, shards = _upload(weed, dataset, "again")
     env = {**os.environ, **CREDENTIALS}
 
@@ -228,15 +228,10 @@ def test_fixed_shards_from_a_bucket_are_whole_dataset_shards_each_producer_fetch
                                                                                                   tmp_path):
     url, shards = _upload(weed, dataset, "fixed")
     caches = [tmp_path / f"cache{i}" for i in range(2)]
-    producers = [_producer(weed, url, cache, "--shard", f"{i}/2", "--epochs", "2") for i, cache in enumerate(caches)]
-    try:
-        seen = _epochs([p.endpoint for p in producers])
-    finally:
-        for p in producers:
-            p.stop()
+    seen = _serve([_producer(weed, url, cache, "--shard", f"{i}/2", "--epochs", "2") for i, cache in enumerate(caches)])
     assert sorted(seen) == [(e, i) for e in range(2) for i in range(RECORDS)] and set(seen.values()) == {1}
     for i, cache in enumerate(caches):
-        fetched = {json.loads(line)["shard"] for line in (cache / "fetches.jsonl").read_text().splitlines()}
+        fetched = {f["shard"] for f in fetch_log(cache)}
         assert fetched == {s["name"] for j, s in enumerate(shards) if j % 2 == i}
 
 
@@ -247,11 +242,8 @@ def test_a_cold_fixed_producer_fetching_ahead_fetches_each_shard_once_and_serves
     url, shards = _upload(weed, dataset, "ahead")
     cache = tmp_path / "cache"
     producer = _producer(weed, url, cache, "--exact", "--epochs", "2", cache_size="100MB")
-    try:
-        seen = _epochs([producer.endpoint])
-    finally:
-        producer.stop()
+    seen = _serve([producer])
     assert sorted(seen) == [(e, i) for e in range(2) for i in range(RECORDS)] and set(seen.values()) == {1}
-    fetches = [json.loads(line) for line in (cache / "fetches.jsonl").read_text().splitlines()]
+    fetches = fetch_log(cache)
     assert sorted(f["shard"] for f in fetches) == sorted(s["name"] for s in shards)
     assert all(isinstance(f["ahead"], bool) for f in fetches)

@@ -14,6 +14,7 @@ import pytest
 
 from stoker.consumer import BatchStream
 from stoker.producer.dataset.format import DatasetError, LmdbDataset, RecordError
+from stoker.producer.dataset.remote import fetch_log
 from stoker.producer.dataset.shards import MANIFEST, ShardedDataset, open_dataset, parse_manifest
 from stoker.producer.dataset.synthetic import build_synthetic
 from stoker.producer.dataset.writer import write_lmdb
@@ -149,7 +150,7 @@ def test_a_bounded_cache_fetches_checks_evicts_and_fetches_again_through_any_fss
         assert ds.read(first) == first_shard.read(0)
         ds.read(second)  # shard 1 fetched, shard 0 evicted to make room
         ds.read(first)  # shard 0 was let go of and is fetched again
-        fetches = [json.loads(line)["shard"] for line in (cache / "fetches.jsonl").read_text().splitlines()]
+        fetches = [f["shard"] for f in fetch_log(cache)]
         assert fetches == [manifest[0]["name"], manifest[1]["name"], manifest[0]["name"]]
         assert sum(f.stat().st_size for f in (cache / "shards").rglob("data.mdb")) <= biggest + 1
     with pytest.raises(DatasetError, match="raise --cache-size"):

@@ -56,10 +56,18 @@ CHUNK = 4 << 20
 _NOT_RETRIED = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
 PREFETCH_MIN_SHARDS = 3  # a budget of fewer shards fetches nothing ahead: it would evict the shard being read
 PREFETCH_THREAD = "stoker-prefetch"
+FETCH_LOG = "fetches.jsonl"  # one JSON line per fetch, in the cache's folder (``fetch_log``)
 
 
 def default_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "stoker" / "shards"
+
+
+def fetch_log(cache_dir: str | os.PathLike) -> list[dict[str, Any]]:
+    """Every fetch the cache at ``cache_dir`` made (``fetches.jsonl``, written by ``ShardCache``), oldest first; an
+    empty list before the first."""
+    path = Path(cache_dir) / FETCH_LOG
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def retried(what: str, attempt: Callable[[], Any], retry_seconds: float,
@@ -227,7 +235,7 @@ class ShardCache:
                     tmp.unlink()
         seconds = time.monotonic() - t0
         log.info("fetched shard %s (%.1f MB in %.2f s) into %s", shard.name, shard.bytes / 1e6, seconds, self.dir)
-        with open(self.dir / "fetches.jsonl", "a") as out:  # one short line per write: O_APPEND keeps them whole
+        with open(self.dir / FETCH_LOG, "a") as out:  # one short line per write: O_APPEND keeps them whole
             out.write(json.dumps({"shard": shard.name, "sha256": shard.sha256, "bytes": shard.bytes,
                                   "seconds": round(seconds, 4), "pid": os.getpid(),
                                   "ahead": threading.current_thread().name == PREFETCH_THREAD}) + "\n")
