@@ -22,7 +22,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from stoker.producer.dataset.format import DatasetError, DatasetMeta, FieldKind
 from stoker.producer.dataset.shards import MANIFEST, Manifest, ShardInfo
-from stoker.producer.dataset.writer import (DatasetWriter, _lock_new_partial, publish_partial,
+from stoker.producer.dataset.writer import (DatasetWriter, _lock_new_partial, built_meta, publish_partial,
                                             remove_abandoned_partials)
 
 HASH_CHUNK = 8 << 20
@@ -168,10 +168,7 @@ class ShardedWriter:
         self._closed()
         if not self.shards or self._schema is None:
             raise DatasetError(f"no record was written to {self.out}: nothing to publish")
-        counts = tuple(self._closed_labels[label] for label in range(len(self.classes)))
-        meta = DatasetMeta(count=self.count, fields=dict(self._schema), classes=self.classes, task=task,
-                           info=dict(info or {}),
-                           class_counts=counts if self.classes and sum(counts) == self.count else None)
+        meta = built_meta(self.count, self._schema, self.classes, self._closed_labels, task, info)
         manifest = self.partial / MANIFEST
         with open(manifest, "w") as f:
             f.write(Manifest(meta, tuple(self.shards)).to_json())

@@ -102,6 +102,15 @@ def publish_partial(partial: Path, out: Path, overwrite: bool, lock: IO[str]) ->
             shutil.rmtree(replaced, ignore_errors=True)
 
 
+def built_meta(count: int, fields: Mapping[str, FieldKind], classes: Sequence[str], label_counts: Mapping[int, int],
+               task: str = "", info: Optional[Mapping[str, Any]] = None) -> DatasetMeta:
+    """A finished build's metadata: with ``classes`` and an int ``label`` whose every value names one of them, the
+    records per class too (``class_counts``)."""
+    counts = tuple(label_counts.get(label, 0) for label in range(len(classes)))
+    return DatasetMeta(count=count, fields=dict(fields), classes=tuple(classes), task=task, info=dict(info or {}),
+                       class_counts=counts if classes and sum(counts) == count else None)
+
+
 class DatasetWriter:
     """Append records with add(); finish() publishes the dataset (format version 2).
 
@@ -215,10 +224,7 @@ class DatasetWriter:
         self._flush()
         if self.schema is None or not self.count:
             raise DatasetError(f"no record was written to {self.out}: nothing to publish")
-        counts = tuple(self.label_counts[label] for label in range(len(classes)))
-        meta = DatasetMeta(count=self.count, fields=dict(self.schema), classes=tuple(classes), task=task,
-                           info=dict(info or {}),
-                           class_counts=counts if classes and sum(counts) == self.count else None)
+        meta = built_meta(self.count, self.schema, classes, self.label_counts, task, info)
         self._put_all([(META_KEY, encode_meta(meta))])
         self._env.sync(True)
         self._env.close()
