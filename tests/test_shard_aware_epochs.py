@@ -204,14 +204,15 @@ def test_a_pool_producer_says_its_cache_in_its_status_only_for_a_layout():
 
 
 def test_the_lookahead_names_the_next_shard_of_the_epoch_once_per_shard_then_the_next_epochs_first():
-    from stoker.producer.serve.sharding import ShardLookahead
+    from stoker.producer.serve.sharding import EpochOrders, ShardLookahead
 
     key = StreamKey.parse("1/2:1000:3:64x1")  # dataset shards 1, 3, 5, ..., 15 (the last holds 40 records)
-    ahead = ShardLookahead(key)
+    ahead = ShardLookahead(EpochOrders(key))
     order = key.order(0)
     sequence = [int(s) for s in dict.fromkeys((order // 64).tolist())]
     named = [ahead.after(0, int(r)) for r in order]
     assert [n for n in named if n is not None] == sequence[1:] + [int(key.order(1)[0] // 64)]
     assert sum(n is not None for n in named) == len(sequence)  # once per shard reached, not per record
-    assert not ShardLookahead(StreamKey.parse("splits:1000:3:64x1")).active  # a pool: its trainers decide
-    assert ShardLookahead(StreamKey.parse("0/2:1000:3")).after(0, 5) is None  # no layout: nothing to fetch ahead
+    assert not ShardLookahead(EpochOrders(StreamKey.parse("splits:1000:3:64x1"))).active  # a pool: trainers decide
+    flat = ShardLookahead(EpochOrders(StreamKey.parse("0/2:1000:3")))
+    assert flat.after(0, 5) is None  # no layout: nothing to fetch ahead

@@ -21,7 +21,7 @@ import numpy as np
 from stoker.producer.dataset.shards import Manifest
 from stoker.protocol.input_state import MAX_WINDOW, StreamKey, epoch_order
 
-__all__ = ["RecordRng", "ShardSpec", "epoch_order", "layout_block", "worker_stream"]
+__all__ = ["EpochOrders", "RecordRng", "ShardLookahead", "ShardSpec", "epoch_order", "layout_block", "worker_stream"]
 
 log = logging.getLogger("stoker.producer")
 
@@ -78,11 +78,29 @@ def layout_block(shard: ShardSpec, shuffle_window: int, manifest: Optional[Manif
     return manifest.records_per_shard
 
 
-def worker_stream(key: StreamKey, worker: int, workers: int) -> Iterator[tuple[int, int]]:
-    """Yield ``(epoch, record_index)`` forever: worker ``worker``'s share of each epoch of stream ``key``."""
+class EpochOrders:
+    """``StreamKey.order`` of one stream, remembered for the last few epochs: a worker's record stream and its
+    ``ShardLookahead`` (which looks one epoch ahead) ask for the same orders."""
+
+    KEPT = 3
+
+    def __init__(self, key: StreamKey) -> None:
+        self.key = key
+        self._orders: OrderedDict[int, np.ndarray] = OrderedDict()
+
+    def __call__(self, epoch: int) -> np.ndarray:
+        if epoch not in self._orders:
+            self._orders[epoch] = self.key.order(epoch)
+            while len(self._orders) > self.KEPT:
+                self._orders.popitem(last=False)
+        return self._orders[epoch]
+
+
+def worker_stream(orders: EpochOrders, worker: int, workers: int) -> Iterator[tuple[int, int]]:
+    """Yield ``(epoch, record_index)`` forever: worker ``worker``'s share of each epoch of ``orders``' stream."""
     epoch = 0
     while True:
-        order = key.order(epoch)
+        order = orders(epoch)
         for index in order[worker::workers]:
             yield epoch, int(index)
         epoch += 1
@@ -116,17 +134,18 @@ class ShardLookahead:
     """The dataset shard that comes after another in a stream's epoch order, to fetch it ahead: a shard-by-shard
     epoch (a layout, ``StreamKey.block``) reaches each shard once, and a cold cache would stall on every one.
     For fixed shards and plain streams (their order is the key's); a pool producer serves what its trainers hand
-    it, so ``active`` is False there. Epoch orders are computed once per epoch, two kept."""
+    it, so ``active`` is False there. ``orders``: the stream's epoch orders (shared with its ``worker_stream``)."""
 
-    def __init__(self, key: StreamKey) -> None:
-        self.key = key
+    def __init__(self, orders: EpochOrders) -> None:
+        key = self.key = orders.key
+        self.orders = orders
         self.active = bool(key.block) and not key.splits
         self._next: OrderedDict[int, tuple[dict[int, int], int]] = OrderedDict()  # epoch -> (next of each, first)
         self._at: Optional[tuple[int, int]] = None
 
     def _sequence(self, epoch: int) -> tuple[dict[int, int], int]:
         if epoch not in self._next:
-            shards = self.key.order(epoch) // self.key.block
+            shards = self.orders(epoch) // self.key.block
             _, first = np.unique(shards, return_index=True)
             sequence = shards[np.sort(first)].tolist()  # the shards in the order the epoch reaches them
             self._next[epoch] = (dict(zip(sequence[:-1], sequence[1:])), sequence[0])

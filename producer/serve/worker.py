@@ -40,7 +40,7 @@ from stoker.producer.dataset.format import LmdbDataset, RecordError, record_key
 from stoker.producer.dataset.shards import RemoteOptions, ShardedDataset, open_dataset
 from stoker.producer.serve.logs import configure_logging
 from stoker.producer.pipeline import SampleError, load_pipeline
-from stoker.producer.serve.sharding import RecordRng, ShardLookahead, worker_stream
+from stoker.producer.serve.sharding import EpochOrders, RecordRng, ShardLookahead, worker_stream
 from stoker.producer.measure.stage_stats import StageStats
 
 log = logging.getLogger("stoker.producer.serve.worker")
@@ -139,9 +139,9 @@ class _BatchMaker:
         self.rows = [sample_rows(arrays) for arrays in self.views]
         self.rngs = RecordRng(config.seed)
         self.skips = _SkipLog(worker)
-        key = StreamKey.parse(config.stream)
-        self.stream = worker_stream(key, worker, config.workers)
-        self.lookahead = ShardLookahead(key)  # shard by shard: the next shard is fetched while this one is read
+        orders = EpochOrders(StreamKey.parse(config.stream))
+        self.stream = worker_stream(orders, worker, config.workers)
+        self.lookahead = ShardLookahead(orders)  # shard by shard: the next shard is fetched while this one is read
         self.kept: list[dict[str, np.ndarray]] = []  # --repeat-batches: the batches sent again and again
 
     def make(self, slot: int, work: Optional[list[tuple[int, int]]], stop: Any) -> Optional[tuple[float, float, int]]:
