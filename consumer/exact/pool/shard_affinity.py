@@ -76,10 +76,6 @@ class ShardHoldings:
         self._held.pop(producer, None)
         self._capacity.pop(producer, None)
 
-    def holds(self, producer: int, shard: int) -> bool:
-        held = self._held.get(producer)
-        return held is None or bool(held[shard])
-
     def pick(self, producer: int, epochs: Iterable[tuple[int, SplitEpoch]],
              free: Callable[[int, int], bool]) -> Optional[tuple[int, int]]:
         """The split ``(epoch, split)`` producer ``producer`` should take (module doc), or None. ``epochs``: the open

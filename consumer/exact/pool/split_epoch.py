@@ -56,11 +56,15 @@ def split_of_positions(starts: np.ndarray, records: int) -> np.ndarray:
 def share_mask(order: np.ndarray, split: int, rank: int, world: int, block: int = 0, window: int = 1) -> np.ndarray:
     """bool [records] by record: whether its split (in the epoch's ``order``, cut by ``split_starts``) is share
     ``rank`` of ``world``'s (splits ``s`` with ``s % world == rank``)."""
-    records = len(order)
     if world == 1:
-        return np.ones(records, bool)
-    mine = np.zeros(records, bool)
-    mine[order] = split_of_positions(split_starts(order, split, block, window), records) % world == rank
+        return np.ones(len(order), bool)
+    return _by_record(order, split_of_positions(split_starts(order, split, block, window), len(order)), rank, world)
+
+
+def _by_record(order: np.ndarray, split_of: np.ndarray, rank: int, world: int) -> np.ndarray:
+    """bool [records]: whether each record's split (``split_of``, by position) is share ``rank`` of ``world``'s."""
+    mine = np.zeros(len(order), bool)
+    mine[order] = split_of % world == rank
     return mine
 
 
@@ -81,8 +85,7 @@ class SplitEpoch:
         self.position[order] = np.arange(records, dtype=np.int32)
         self.starts = split_starts(order, split, block, window)  # int64 [splits]: where each begins
         self.split_of = split_of_positions(self.starts, records)  # int32 [records]: split of each position
-        mine = np.zeros(records, bool)
-        mine[order] = self.split_of % world == rank
+        mine = _by_record(order, self.split_of, rank, world)
         self.arrived = consumed | ~mine  # bool [records]: arrived (held or consumed), failed, or not ours
         self.done = consumed | ~mine  # bool [records]: consumed, failed, or not ours
         self.left = int((~self.done).sum())  # records of the share not done
@@ -105,15 +108,12 @@ class SplitEpoch:
         records, shards = len(self.order), -(-len(self.order) // block)
         middles = (self.starts + np.append(self.starts[1:], records)) // 2
         self.split_shard = self.order[middles] // block
-        mine = np.flatnonzero(self._share_splits(splits))
+        mine = np.flatnonzero(np.arange(splits) % self.world == self.rank)
         self.pending = np.bincount(self.split_shard[mine], minlength=shards).astype(np.int32)
         self.by_shard: dict[int, deque] = {}
         for s in mine.tolist():
             self.by_shard.setdefault(int(self.split_shard[s]), deque()).append(s)
         self.shard_rank = self.position[np.arange(shards, dtype=np.int64) * block]  # where each shard begins, about
-
-    def _share_splits(self, splits: int) -> np.ndarray:
-        return np.arange(splits) % self.world == self.rank
 
     def mark_handed(self, s: int) -> None:
         """Split ``s`` is handed out in the first pass (by the cursor): not pending for its shard any more."""
