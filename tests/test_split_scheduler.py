@@ -455,3 +455,18 @@ def test_every_record_once_per_epoch_while_producers_freeze_thaw_and_straggle():
         assert 3 in sched.stuck
         reserved, backups = reserved + sched.reserved, backups + sched.backups
     assert reserved > 0 and backups > 0
+
+
+def test_a_producer_of_another_pool_is_refused_saying_endless_not_none_epochs(caplog):
+    from stoker.consumer.exact.pool.pool_work import PoolWork
+    from stoker.protocol.exact_messages import Status
+    import logging
+    import threading
+
+    scheduler, _ = _scheduler(epochs=None)
+    work = PoolWork(scheduler, None, [], threading.Lock(), lambda i, frame: True, lambda i: None)
+    with caplog.at_level(logging.ERROR, logger="stoker.consumer"):
+        work.join(0, Status("splits:103:8", "p-other-seed", 0, 2, False, session=1))
+    assert work.pooled == set()
+    assert "serves splits:103:8 (2 epochs) but this trainer's pool is splits:103:7 (endless)" in caplog.text
+    assert "None" not in caplog.text

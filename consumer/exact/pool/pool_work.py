@@ -39,6 +39,12 @@ def pool_stream(stream: str) -> bool:
     return stream.startswith("splits:")
 
 
+def epochs_text(epochs: Optional[int]) -> str:
+    """How a run's epochs read in a message: ``2 epochs``, ``1 epoch``, or ``endless`` (None: ``--exact`` without
+    ``--epochs``)."""
+    return "endless" if epochs is None else f"{epochs} epoch{'' if epochs == 1 else 's'}"
+
+
 def serves_pool(status: Status, session: int) -> bool:
     """Whether ``status`` says its producer serves an elastic pool under this trainer's current ``session``."""
     return pool_stream(status.stream) and status.session == session and session > 0
@@ -72,8 +78,8 @@ class PoolWork:
         """Why a producer reporting ``status`` gets no work ("" if it may join)."""
         sched = self.scheduler
         if status.stream != self.key or status.epochs != sched.epochs:
-            return (f"serves {status.stream} ({status.epochs} epochs) but this trainer's pool is {sched.key} "
-                    f"({sched.epochs} epochs); start every producer of a pool on the same dataset with the "
+            return (f"serves {status.stream} ({epochs_text(status.epochs)}) but this trainer's pool is {sched.key} "
+                    f"({epochs_text(sched.epochs)}); start every producer of a pool on the same dataset with the "
                     "same --seed, --epochs and --shuffle-window")
         if self._spec is not None and status.spec:
             try:
