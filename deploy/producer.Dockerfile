@@ -8,7 +8,7 @@ RUN apt-get update \
     && apt-get install -y --no-install-recommends gcc libc6-dev libjpeg62-turbo-dev \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY protocol/ protocol/
 COPY producer/ producer/
 COPY consumer/ consumer/

@@ -8,7 +8,7 @@ ARG EXTRA=train-cpu
 
 ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 TF_CPP_MIN_LOG_LEVEL=2
 WORKDIR /opt/stoker
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY protocol/ protocol/
 COPY producer/ producer/
 COPY consumer/ consumer/
