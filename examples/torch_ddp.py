@@ -16,9 +16,14 @@ Run without torchrun (``python examples/torch_ddp.py``) it demonstrates itself: 
 a two-rank gloo job on this machine. ``--model`` is a torchvision model name where torchvision is installed,
 or ``small`` (default), a few convolutions. gloo on CPU, nccl on GPUs. A rank whose share ran out while others
 still have batches steps on a zero-weighted batch, so every rank joins every all-reduce (DDP needs that).
+
+The model's class count is the dataset's: producers name it in every batch header, and the input's
+``stats.dataset_classes`` holds it once a batch has arrived. So the input is restored and its first batch taken
+before the model is built (``model_classes``); ``--classes`` overrides it (never below the dataset's).
 """
 
 import argparse
+import itertools
 import os
 import shutil
 import signal
@@ -63,6 +68,23 @@ class TrainState:
 
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         self.step = state["step"]
+
+
+def model_classes(inp, requested, device, dist) -> int:
+    """The model's class count: the dataset's, which producers name in every batch header (``inp.stats
+    .dataset_classes``, known once a batch arrived; the largest over the ranks, one may have received none), or
+    ``--classes``, refused below the dataset's (labels would fall outside the model)."""
+    import torch
+
+    known = torch.tensor([inp.stats.dataset_classes], device=device)
+    dist.all_reduce(known, op=dist.ReduceOp.MAX)
+    dataset = int(known.item())
+    if requested and requested < dataset:
+        raise SystemExit(f"--classes {requested} is below the {dataset} classes of the producers' dataset: pass "
+                         f"--classes {dataset} or leave it out")
+    if not (requested or dataset):
+        raise SystemExit("the producers name no class count (a dataset without classes): pass --classes")
+    return requested or dataset
 
 
 def latest_checkpoint(ckpt_dir: Path):
@@ -126,20 +148,27 @@ def train(args: argparse.Namespace) -> None:
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    model = build_model(args.model, args.classes).to(device, memory_format=torch.channels_last)
-    ddp = DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
-    train_state = TrainState(ddp, torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9))
     ckpt_dir, rows = Path(args.ckpt_dir), []
     with TorchInput(args.connect.split(","), exact=True, device=device, channels_last=True,
                     dtypes={"images": torch.float32}, recv_timeout=args.recv_timeout) as inp:
-        state = {"train": train_state, "input": inp}
         resume = latest_checkpoint(ckpt_dir)
-        if resume is not None:
-            dcp.load(state, checkpoint_id=str(resume))
-            if rank == 0:
-                print(f"resumed from {resume.name} on {world} rank(s)", flush=True)
-        images_shape = next(a.shape for a in inp.spec.arrays if a.name == "images")
+        if resume is not None:  # the input first, before its first batch: the producers resume from it
+            dcp.load({"input": inp}, checkpoint_id=str(resume))
         batches, loss = iter(inp), torch.zeros((), device=device)
+        first = next(batches, None)  # its header names the dataset's class count, which the model needs
+        batches = itertools.chain([first] if first is not None else [], batches)
+        classes = model_classes(inp, args.classes, device, dist)
+        model = build_model(args.model, classes).to(device, memory_format=torch.channels_last)
+        ddp = DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
+        train_state = TrainState(ddp, torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9))
+        state = {"train": train_state, "input": inp}
+        if resume is not None:
+            dcp.load({"train": train_state}, checkpoint_id=str(resume))
+        if rank == 0:
+            source = "--classes" if args.classes else "the producers' dataset's"
+            resumed = f"; resumed from {resume.name} on {world} rank(s)" if resume is not None else ""
+            print(f"model of {classes} classes ({source}){resumed}", flush=True)
+        images_shape = next(a.shape for a in inp.spec.arrays if a.name == "images")
         while train_state.step < args.steps:
             batch = next(batches, None)
             have = torch.tensor([batch is not None], dtype=torch.int32, device=device)
@@ -202,7 +231,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--connect", help="producer addresses, comma-separated (none: run the local demo)")
     parser.add_argument("--model", default="small", help="'small', or a torchvision model name (e.g. resnet50)")
-    parser.add_argument("--classes", type=int, default=CLASSES, help="classes in the dataset")
+    parser.add_argument("--classes", type=int, default=None,
+                        help="classes of the model (default: the dataset's, which the producers name in every batch)")
     parser.add_argument("--steps", type=int, default=200, help="training steps (the job's, across restarts)")
     parser.add_argument("--ckpt-dir", default="ckpt", help="checkpoints: resumed from the newest complete one")
     parser.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints (0: none)")

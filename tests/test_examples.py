@@ -34,3 +34,26 @@ def test_example_trains_to_the_end(example, tmp_path):
 def test_there_are_the_examples():
     assert {e.stem for e in EXAMPLES} >= {"custom_augmentation", "detection", "segmentation", "jax_training",
                                           "torch_ddp", "torch_lightning"}
+
+
+@pytest.mark.timeout(300)
+def test_torch_ddp_learns_the_class_count_of_a_10_class_dataset_from_the_producers(tmp_path):
+    """Issue 39: --classes defaulted to the demo's 4, so a 10-class dataset failed every rank with IndexError."""
+    if not os.environ.get("CI"):
+        pytest.importorskip("torch", reason="the stoker[torch] extra is not installed")
+    from stoker.producer.dataset.synthetic import build_synthetic
+    from stoker.producer.process import ProducerProcess
+
+    build_synthetic(tmp_path / "ds", 40, seed=1, num_classes=10, progress=False)
+    flags = ["--workers", "1", "--batch-size", "8", "--image-size", "16", "--shard", "auto", "--seed", "1",
+             "--epochs", "1"]
+    with ProducerProcess(tmp_path / "ds", extra_args=flags) as producer:
+        example = next(e for e in EXAMPLES if e.stem == "torch_ddp")
+        out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
+                              str(example), "--connect", producer.endpoint, "--steps", "100", "--ckpt-dir",
+                              str(tmp_path / "ckpt"), "--checkpoint-every", "0"],
+                             capture_output=True, text=True, timeout=280, cwd=tmp_path, start_new_session=True,
+                             env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+    assert "model of 10 classes (the producers' dataset's)" in out.stdout
+    assert "step 5, final loss" in out.stdout  # 40 records, batches of 8: the whole epoch
