@@ -15,12 +15,15 @@ import os
 import signal
 import sys
 import threading
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from stoker.cli.exit_codes import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from stoker.cli.lmdb_commands import cmd_lmdb_build, cmd_lmdb_info, cmd_lmdb_synth, cmd_lmdb_upload, storage_of
 from stoker.cli.state_commands import cmd_state_info, cmd_state_merge
 from stoker.cli.parser import build_parser as parser_for
+
+if TYPE_CHECKING:
+    from stoker.consumer.train.throughput import LinkRate
 
 
 def _setup_logging(verbose: bool, fmt: str) -> None:
@@ -30,11 +33,17 @@ def _setup_logging(verbose: bool, fmt: str) -> None:
 
 
 def stop_event_on_signals() -> threading.Event:
-    """An Event set by SIGTERM or SIGINT, so a long-running command can shut down cleanly."""
+    """An Event set by SIGTERM or SIGINT, so a long-running command can shut down cleanly (every wait of it,
+    storage's retries included, watches the event). A second signal raises KeyboardInterrupt: a person who asks
+    twice is not kept waiting by anything that missed the first."""
     stop = threading.Event()
 
     def handler(signum: int, _frame: object) -> None:
-        logging.getLogger("stoker").info("received %s, shutting down", signal.Signals(signum).name)
+        name = signal.Signals(signum).name
+        if stop.is_set():
+            logging.getLogger("stoker").warning("received %s again: stopping now", name)
+            raise KeyboardInterrupt(name)
+        logging.getLogger("stoker").info("received %s, shutting down", name)
         stop.set()
 
     signal.signal(signal.SIGTERM, handler)
@@ -101,7 +110,7 @@ def cmd_produce(args: argparse.Namespace) -> int:
     stop = stop_event_on_signals()
     if args.parent_pid is not None:
         stop_with_process(args.parent_pid, stop)
-    ProducerDaemon(config).run(stop)
+    ProducerDaemon(config, cancel=stop).run(stop)  # a signal also ends its wait for storage at start
     return EXIT_OK
 
 
@@ -199,10 +208,33 @@ def cmd_bench_producer(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_bench_link(args: argparse.Namespace) -> int:
+def _measure_link(args: argparse.Namespace, command: str) -> "LinkRate | int":
+    """``measure_link`` for ``stoker bench link`` and ``doctor``; on the input's error, print it (with what to do
+    instead when the producers run exact mode) and return the exit code."""
+    from stoker.consumer.errors import InputError, InputMismatchError, InputModeError
     from stoker.consumer.train.throughput import measure_link
 
-    rate = measure_link(_addresses(args.connect), seconds=args.seconds)
+    try:
+        return measure_link(_addresses(args.connect), seconds=args.seconds)
+    except InputModeError as exc:
+        # Receiving in exact mode would take records from the job the producers serve: say so rather than do it.
+        print(f"stoker {command}: error: {exc}. stoker {command} receives as a plain-mode trainer and does "
+              "not join an exact-mode job (its batches would be counted as consumed and lost to the job's "
+              "trainers): point it at producers started without --exact, or measure the job itself with "
+              "`stoker train --exact --report FILE`", file=sys.stderr)
+        return EXIT_USAGE
+    except InputMismatchError as exc:
+        print(f"stoker {command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except InputError as exc:
+        print(f"stoker {command}: error: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+
+
+def cmd_bench_link(args: argparse.Namespace) -> int:
+    rate = _measure_link(args, "bench link")
+    if isinstance(rate, int):
+        return rate
     print(f"arriving: {rate.images_per_s:.0f} images/s, {rate.mb_per_s:.0f} MB/s over {rate.batches} batches "
           f"({', '.join(f'{p}: {n}' for p, n in sorted(rate.per_producer.items()))})")
     return EXIT_OK
@@ -220,9 +252,11 @@ def cmd_bench_trainer(args: argparse.Namespace) -> int:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     _quiet_tensorflow()
-    from stoker.consumer.train.throughput import Diagnosis, measure_constant_step, measure_link, training_device
+    from stoker.consumer.train.throughput import Diagnosis, measure_constant_step, training_device
 
-    link = measure_link(_addresses(args.connect), seconds=args.seconds)
+    link = _measure_link(args, "doctor")
+    if isinstance(link, int):
+        return link
     print(f"input:   {link.images_per_s:.0f} images/s arriving ({link.mb_per_s:.0f} MB/s) from "
           f"{len(link.per_producer)} producer(s)")
     train = measure_constant_step(args.model, args.batch_size, args.image_size, args.classes, steps=args.steps)

@@ -286,7 +286,8 @@ def _add_bench(sub: Subcommands, common: argparse.ArgumentParser, handlers: Hand
     bp.set_defaults(func=handlers["bench_producer"])
     bl = besub.add_parser("link", parents=[common], formatter_class=HelpFormatter, help="what arrives from producers",
                           description="Receive and validate batches from producers (no TensorFlow) and report "
-                          "images/s and MB/s. Note: this takes batches a running trainer would otherwise get.")
+                          "images/s and MB/s. Note: this takes batches a running trainer would otherwise get. Plain-mode "
+                          "producers only: exact-mode ones are named and refused (exit 2).")
     bl.add_argument("--connect", required=True, help="comma-separated producer addresses")
     bl.add_argument("--seconds", type=float, default=5.0, help="measuring time after a 3-batch warm-up")
     bl.set_defaults(func=handlers["bench_link"])

@@ -42,6 +42,11 @@ class InputMismatchError(InputError):
     """
 
 
+class InputModeError(InputError):
+    """Every producer refused the handshake again and again for a mode mismatch: one side runs exact mode (producers
+    ``--exact`` or ``--epochs N``) and the other does not. Waiting cannot fix it; the message names the flag."""
+
+
 class InputClosedError(InputError):
     """The ZMQInput was closed (``close()``, Ctrl-C) while a step waited for data."""
 
@@ -55,4 +60,4 @@ class InputFinished(InputError):
 
 
 __all__ = ["BatchMismatchError", "InputClosedError", "InputError", "InputFinished", "InputMismatchError",
-           "InputTimeoutError"]
+           "InputModeError", "InputTimeoutError"]

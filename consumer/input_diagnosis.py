@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from stoker.consumer.errors import InputError, InputMismatchError
+from stoker.consumer.errors import InputMismatchError, InputModeError
 from stoker.consumer.receive_contract import Receiver
 from stoker.consumer.receive_stats import ReceiveStats
 
@@ -47,14 +47,14 @@ class InputDiagnosis:
             causes.append(f"no connection to {', '.join(self.pool.endpoints)} yet")
         return causes
 
-    def mode_refused(self, refusals: int) -> Optional[InputError]:
+    def mode_refused(self, refusals: int) -> Optional[InputModeError]:
         """Every producer refused the handshake ``refusals`` times in a row for a mode mismatch (exact vs plain)."""
         mismatches = self.receiver.mode_mismatches()
         # Counted per endpoint as the transport names it (libzmq may spell an address its own way).
         endpoints = self.pool.endpoints
         if endpoints and sum(mismatches.get(e, 0) >= refusals for e in endpoints) >= len(endpoints):
-            return InputError(f"every producer at {self.sources} refused the connection {refusals} times in a row: "
-                              f"{self.receiver.failures()[2]}")
+            return InputModeError(f"every producer at {self.sources} refused the connection {refusals} times in a "
+                                  f"row: {self.receiver.failures()[2]}")
         return None
 
     def certain_mismatch(self, refused: int) -> Optional[InputMismatchError]:

@@ -203,3 +203,15 @@ def test_stoker_train_names_the_flag_when_a_pipeline_makes_labels_beyond_the_mod
     assert out.returncode == 2, out.stderr[-2000:]
     assert f"at or above the model's {SYNTH_CLASSES} classes: pass --classes" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("command", [["bench", "link"], ["doctor", "--model", "small-cnn", "--steps", "1"]])
+def test_doctor_and_bench_link_against_exact_producers_exit_at_once_saying_why(synth_lmdb, command):
+    # Issue 39.10: both used to wait 30 s and end in a traceback ("TimeoutError: no valid batch").
+    with _producer(synth_lmdb, "--exact") as producer:
+        out = subprocess.run([sys.executable, "-m", "stoker.cli.main", *command, "--connect", producer.endpoint,
+                              "--seconds", "1"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr and "refused the connection 3 times in a row" in out.stderr
+    assert f"{producer.endpoint} is a ROUTER socket: most likely the producer runs in exact mode" in out.stderr
+    assert f"stoker {command[0]}" in out.stderr and "does not join an exact-mode job" in out.stderr

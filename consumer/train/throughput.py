@@ -13,9 +13,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
-import zmq
-
-from stoker.protocol import ProtocolError, decode_batch
 
 
 @dataclass(frozen=True)
@@ -28,46 +25,30 @@ class LinkRate:
 
 def measure_link(addresses: Sequence[str], seconds: float = 5.0, warmup_batches: int = 3,
                  timeout: float = 30.0) -> LinkRate:
-    """Receive from every producer for ``seconds`` after a warm-up.
+    """Receive from every producer for ``seconds`` after a warm-up, as a plain-mode trainer does (``BatchStream``: the
+    same receive path and the same diagnosis), so nothing more than receiving and validating is measured.
 
-    TimeoutError if no valid batch arrives within ``timeout`` (checked on every message, so a
-    stream of malformed ones cannot keep it waiting), naming the last rejection if there was one.
+    Raises what the input raises: ``InputModeError`` at once when the producers run exact mode (a plain receive
+    cannot take their batches, and an exact one would consume records of their job), ``InputMismatchError`` for
+    batches that never match, ``InputTimeoutError`` when no acceptable batch arrived for ``timeout`` s, saying why
+    (unreachable addresses, rejected messages, failed handshakes).
     """
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.PULL)
-    sock.setsockopt(zmq.RCVHWM, 4)
-    try:
-        for a in addresses:
-            sock.connect(a)
-        seen, images, nbytes, batches, t0 = 0, 0, 0, 0, None
-        rejected, last_rejection = 0, ""
-        per: dict[str, int] = {}
-        deadline = time.monotonic() + timeout
-        while t0 is None or time.perf_counter() - t0 < seconds:
-            if t0 is None and time.monotonic() > deadline:
-                why = f"; {rejected} malformed message(s) rejected, the last: {last_rejection}" if rejected else ""
-                raise TimeoutError(f"no valid batch from {', '.join(addresses)} within {timeout:g} s{why}")
-            if not sock.poll(200):
-                continue
-            frames = sock.recv_multipart(copy=False)
-            try:
-                batch = decode_batch(frames)
-            except ProtocolError as exc:
-                rejected, last_rejection = rejected + 1, str(exc)
-                continue
-            seen += 1
-            if seen == warmup_batches:
-                t0 = time.perf_counter()
-            elif t0 is not None:
-                batches += 1
-                images += len(batch["labels"]) if "labels" in batch.arrays else 0
-                nbytes += sum(f.nbytes for f in batch.arrays.values())
-                per[batch.header.producer] = per.get(batch.header.producer, 0) + 1
-        elapsed = time.perf_counter() - t0
-        return LinkRate(images / elapsed, nbytes / elapsed / 1e6, batches, per)
-    finally:
-        sock.close(0)
-        ctx.term()
+    from stoker.consumer.batch_stream import BatchStream
+
+    with BatchStream(list(addresses), recv_timeout=timeout) as stream:
+        for _ in range(warmup_batches):
+            next(stream)
+        start, t0 = stream.stats, time.perf_counter()
+        images, nbytes, batches = 0, 0, 0
+        while time.perf_counter() - t0 < seconds:
+            batch = next(stream)
+            batches += 1
+            images += len(batch["labels"]) if "labels" in batch else 0
+            nbytes += sum(a.nbytes for a in batch.values())
+        elapsed, end = time.perf_counter() - t0, stream.stats
+    per = {p: n - start.per_producer.get(p, 0) for p, n in end.per_producer.items()
+           if n > start.per_producer.get(p, 0)}
+    return LinkRate(images / elapsed, nbytes / elapsed / 1e6, batches, per)
 
 
 def measure_constant_step(model_name: str, batch_size: int, image_size: int, num_classes: int = 1000,
