@@ -3,7 +3,9 @@
 ``BatchStream`` is the receive core without TensorFlow: an iterator of dicts of NumPy arrays
 that belong to the caller. ``device_prefetch`` keeps the next batches' host-to-device copies in
 flight (``jax.device_put`` is asynchronous) while the current step runs, as flax's
-``prefetch_to_device`` does. Needs ``pip install "jax[cpu]"`` (or a CUDA build of JAX).
+``prefetch_to_device`` does. The model's class count is the dataset's, which producers name in every
+batch header: ``stream.stats.dataset_classes``, known once the stream has learned its spec (or taken
+a batch). Needs ``pip install "jax[cpu]"`` (or a CUDA build of JAX).
 """
 
 import argparse
@@ -58,8 +60,10 @@ def main() -> None:
     data = Path(scratch.name) / "synth"
     build_synthetic(data, args.records, num_classes=CLASSES, progress=False)
     producer_args = ["--workers", "2", "--batch-size", "16", "--image-size", str(SIZE)]
-    params = {"w": jnp.zeros((SIZE * SIZE * 3, CLASSES)), "b": jnp.zeros((CLASSES,))}
     with ProducerProcess(data, extra_args=producer_args) as producer, BatchStream([producer.endpoint]) as stream:
+        # The stream learned its spec from the first batch, whose header names the dataset's class count.
+        classes = stream.stats.dataset_classes
+        params = {"w": jnp.zeros((SIZE * SIZE * 3, classes)), "b": jnp.zeros((classes,))}
         loss = None
         for batch in itertools.islice(device_prefetch(stream), args.steps):
             params, loss = step(params, batch)

@@ -35,7 +35,9 @@ def main() -> None:
         x = tf.keras.layers.Conv2D(16, 3, padding="same", activation="relu")(x)
         x = tf.keras.layers.Conv2D(32, 3, strides=2, padding="same", activation="relu")(x)
         x = tf.keras.layers.UpSampling2D()(x)
-        outputs = tf.keras.layers.Conv2D(CLASSES + 1, 1)(x)  # background + one channel per class
+        # background + one channel per class; the input learned its spec from the first batch, whose header names
+        # the dataset's class count
+        outputs = tf.keras.layers.Conv2D(inp.stats.dataset_classes + 1, 1)(x)
         model = tf.keras.Model(inputs, outputs)
         model.compile("adam", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
         history = model.fit(inp.as_dataset(x="images", y="masks"), steps_per_epoch=args.steps, epochs=1, verbose=2,

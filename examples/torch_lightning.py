@@ -64,10 +64,14 @@ class MarkConsumed(L.Callback):
 
 
 class Classifier(L.LightningModule):
-    def __init__(self) -> None:
+    """``classes``: the dataset's class count. Lightning builds the model before its data loader, so this demo passes
+    the count its own data has; for yours, ``stoker lmdb info DATASET`` lists it, and the producers name it in every
+    batch header (``TorchInput.stats.dataset_classes`` once a batch arrived)."""
+
+    def __init__(self, classes: int) -> None:
         super().__init__()
         self.net = nn.Sequential(nn.Conv2d(3, 16, 3, stride=2), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-                                 nn.Linear(16, CLASSES))
+                                 nn.Linear(16, classes))
         self.seen: list[tuple[int, int]] = []  # (epoch, record) of every row trained on, for the demo's check
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
@@ -81,7 +85,7 @@ class Classifier(L.LightningModule):
 
 
 def fit(addresses: list[str], steps: int, ckpt_dir: Path, resume: Path | None) -> tuple[Classifier, float]:
-    model = Classifier()
+    model = Classifier(CLASSES)
     checkpoints = L.pytorch.callbacks.ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=steps, save_last=False)
     trainer = L.Trainer(max_steps=steps, accelerator="cpu", devices=1, callbacks=[checkpoints, MarkConsumed()], logger=False,
                         enable_progress_bar=False, enable_model_summary=False)
