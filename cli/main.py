@@ -3,8 +3,8 @@
 Subcommands import what they need when they run, so ``stoker produce`` and
 ``stoker lmdb`` work on data hosts without TensorFlow installed.
 Exit codes (``cli/exit_codes.py``): 0 ok, 1 runtime failure, 2 bad usage or unusable
-input (the message says what to fix), 130 interrupted. The flags live in ``cli/parser.py``,
-the ``stoker lmdb`` commands in ``cli/lmdb_commands.py``.
+input (the message says what to fix), 3 (``stoker status``) some metrics URLs down, 130 interrupted.
+The flags live in ``cli/parser.py``, the ``stoker lmdb`` commands in ``cli/lmdb_commands.py``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from stoker.cli.exit_codes import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from stoker.cli.exit_codes import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_SOME_DOWN, EXIT_USAGE
 from stoker.cli.lmdb_commands import cmd_lmdb_build, cmd_lmdb_info, cmd_lmdb_synth, cmd_lmdb_upload, storage_of
 from stoker.cli.state_commands import cmd_state_info, cmd_state_merge
 from stoker.cli.parser import build_parser as parser_for
@@ -304,11 +304,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     from stoker.cli.status import ScrapeError, print_status
 
     try:
-        print_status([u.strip() for u in args.metrics.split(",") if u.strip()], args.interval)
+        rows = print_status([u.strip() for u in args.metrics.split(",") if u.strip()], args.interval)
     except ScrapeError as exc:
         print(f"stoker status: error: {exc}", file=sys.stderr)
         return EXIT_FAILURE
-    return EXIT_OK
+    return EXIT_SOME_DOWN if any(r.kind == "down" for r in rows) else EXIT_OK
 
 
 HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {

@@ -260,7 +260,9 @@ def _add_status(sub: Subcommands, common: argparse.ArgumentParser, handlers: Han
     st = sub.add_parser("status", parents=[common], formatter_class=HelpFormatter, help="live rates and queue occupancy",
                         description="Scrape the Prometheus endpoints of producers and trainers (their "
                         "--metrics-port) twice and show each one's live rate, the trainer's queue occupancy, and "
-                        "which side is the bottleneck.")
+                        "which side is the bottleneck. A URL that does not answer (a producer that left the pool) is "
+                        "shown as down. Exit code: 0 every URL answered; 3 some answered (shown) and the rows "
+                        "marked down did not; 1 none answered; 2 bad usage.")
     st.add_argument("--metrics", required=True,
                     help="comma-separated metrics URLs, e.g. hostA:9100,hostB:9100,trainer:9200")
     st.add_argument("--interval", type=float, default=2.0, help="seconds between the two scrapes")

@@ -3,7 +3,9 @@
 Scrapes every ``--metrics`` URL twice, ``interval`` seconds apart, and prints one
 row per producer (images/s sent, records skipped, where its time goes) and per
 trainer (batches/s received, queue occupancy, rejected messages, connected
-producers), then one sentence on which side is the bottleneck.
+producers), then one sentence on which side is the bottleneck. A URL that does
+not answer (a producer that left an elastic pool) is a row marked ``down``; the
+others are still shown.
 """
 
 from __future__ import annotations
@@ -48,18 +50,37 @@ def _sum(samples: Samples, name: str, **labels: str) -> float:
 @dataclass
 class StatusRow:
     url: str
-    kind: str  # "producer" or "trainer"
+    kind: str  # "producer", "trainer", "unknown" (no stoker metrics) or "down" (did not answer: text says why)
     text: str
     rate: float  # images/s
     occupancy: float = 0.0
 
 
+def _scrape_all(urls: Sequence[str], down: dict[str, str]) -> dict[str, Samples]:
+    """Each URL's samples; a URL that cannot be read goes into ``down`` with why (and is not asked again)."""
+    samples = {}
+    for u in urls:
+        if u in down:
+            continue
+        try:
+            samples[u] = scrape(u)
+        except ScrapeError as exc:
+            down[u] = str(exc)
+    return samples
+
+
 def status_rows(urls: Sequence[str], interval: float) -> list[StatusRow]:
-    before = {u: scrape(u) for u in urls}
+    """A row per URL, in order; a URL that could not be read at either scrape is a ``"down"`` row saying why
+    (in an elastic pool a producer that left is one of these: the others are still shown)."""
+    down: dict[str, str] = {}
+    before = _scrape_all(urls, down)
     time.sleep(interval)
-    after = {u: scrape(u) for u in urls}
+    after = _scrape_all(urls, down)
     rows = []
     for u in urls:
+        if u in down:
+            rows.append(StatusRow(u, "down", down[u], 0.0))
+            continue
         a, b = before[u], after[u]
         if any(n.startswith("stoker_producer_") for n, _ in b):
             images = (_sum(b, "stoker_producer_images_sent_total") - _sum(a, "stoker_producer_images_sent_total"))
@@ -89,7 +110,8 @@ def status_rows(urls: Sequence[str], interval: float) -> list[StatusRow]:
 def verdict(rows: Sequence[StatusRow]) -> str:
     trainers = [r for r in rows if r.kind == "trainer"]
     if not trainers:
-        return "no trainer among the URLs: add the trainer's --metrics-port URL to see the bottleneck"
+        return ("no trainer among the URLs that answered: add the trainer's --metrics-port URL to see the "
+                "bottleneck")
     occupancy = sum(r.occupancy for r in trainers) / len(trainers)
     if occupancy < 0.2:
         return f"input-bound (queue {occupancy:.2f}): add producers or workers"
@@ -98,9 +120,16 @@ def verdict(rows: Sequence[StatusRow]) -> str:
     return f"balanced (queue {occupancy:.2f})"
 
 
-def print_status(urls: Sequence[str], interval: float) -> None:
+def print_status(urls: Sequence[str], interval: float) -> list[StatusRow]:
+    """Print a row per URL (those that did not answer marked ``down``) and the verdict; return the rows.
+
+    ScrapeError when no URL answered: there is nothing to show but the reasons, which its message gives."""
     rows = status_rows(urls, interval)
+    if all(r.kind == "down" for r in rows):
+        raise ScrapeError("no metrics URL answered: " + "; ".join(r.text for r in rows))
     width = max(len(r.url) for r in rows)
     for r in rows:
         print(f"{r.kind:<8} {r.url:<{width}}  {r.text}")
-    print(f"bottleneck: {verdict(rows)}")
+    down = sum(r.kind == "down" for r in rows)
+    print(f"bottleneck: {verdict(rows)}" + (f" ({down} of {len(rows)} URL(s) down)" if down else ""))
+    return rows

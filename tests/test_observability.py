@@ -76,6 +76,29 @@ def test_status_names_an_unreachable_url():
     assert out.returncode == 1 and "cannot read http://127.0.0.1:" in out.stderr
 
 
+def test_status_shows_the_urls_that_answer_and_marks_the_one_that_is_down(synth_lmdb):
+    # Issue 39.11: one departed producer used to hide the rest behind "cannot read http://A/metrics", exit 1.
+    from stoker.consumer import BatchStream
+
+    port, gone = _free_port(), f"127.0.0.1:{_free_port()}"  # nothing listens on ``gone``
+    with ProducerProcess(synth_lmdb, extra_args=[*ARGS, "--metrics-port", str(port)]) as producer, \
+            BatchStream([producer.endpoint], recv_timeout=30) as stream:
+        trainer_port = stream.serve_metrics(0)
+        next(stream)
+        urls = [gone, f"127.0.0.1:{port}", f"127.0.0.1:{trainer_port}"]
+        out = subprocess.run([sys.executable, "-m", "stoker.cli.main", "status", "--metrics", ",".join(urls),
+                              "--interval", "0.5"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 3, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith(f"down     {gone}") and f"cannot read http://{gone}/metrics" in lines[0]
+    assert lines[1].startswith(f"producer 127.0.0.1:{port}") and "img/s" in lines[1]
+    assert lines[2].startswith(f"trainer  127.0.0.1:{trainer_port}") and "img/s" in lines[2]
+    assert lines[3].startswith("bottleneck: ") and lines[3].endswith("(1 of 3 URL(s) down)")
+    help_text = subprocess.run([sys.executable, "-m", "stoker.cli.main", "status", "--help"], capture_output=True,
+                               text=True, timeout=60).stdout
+    assert "3 some answered" in " ".join(help_text.split())
+
+
 def test_json_logs_are_one_object_per_line_with_the_rates_as_fields(synth_lmdb, tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "stoker.cli.main", "--log-format", "json", "produce", "--lmdb",
                              str(synth_lmdb), "--bind", "tcp://127.0.0.1:*", *ARGS],
