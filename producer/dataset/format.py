@@ -330,6 +330,20 @@ def decode_meta(path: str | os.PathLike, value: bytes | None) -> DatasetMeta:
                        class_counts=tuple(counts) if counts is not None else None)
 
 
+def _read_meta(path: Path, env: lmdb.Environment) -> DatasetMeta:
+    """The metadata, once the file is known whole (past its end an mmap read is SIGBUS); DatasetError if not."""
+    needed, size = (env.info()["last_pgno"] + 1) * env.stat()["psize"], (path / "data.mdb").stat().st_size
+    try:
+        if size < needed:
+            raise DatasetError(f"{path / 'data.mdb'} is truncated: {size} bytes, but its LMDB uses {needed} bytes "
+                               "of pages; copy it again from the source (or rebuild it with `stoker lmdb build`)")
+        with env.begin(buffers=False) as txn:
+            return decode_meta(path, txn.get(META_KEY))
+    except lmdb.Error as exc:
+        raise DatasetError(f"cannot read the metadata of the LMDB at {path} ({type(exc).__name__}: {exc}): the file "
+                           "is damaged; copy it again from the source (or rebuild it)") from None
+
+
 class LmdbDataset:
     """Read-only access to a Stoker LMDB. Open one per process (LMDB handles do not survive fork).
 
@@ -348,8 +362,11 @@ class LmdbDataset:
             self._env = lmdb.open(str(self.path), readonly=True, lock=False, readahead=False, meminit=False, max_readers=512)
         except lmdb.Error as exc:
             raise DatasetError(f"cannot open LMDB at {self.path}: {exc}") from None
-        with self._env.begin(buffers=False) as txn:
-            self.meta = decode_meta(self.path, txn.get(META_KEY))
+        try:
+            self.meta = _read_meta(self.path, self._env)
+        except DatasetError:
+            self._env.close()
+            raise
 
     def __len__(self) -> int:
         return self.meta.count
@@ -357,8 +374,11 @@ class LmdbDataset:
     def read(self, index: int) -> dict[str, Any]:
         """Record ``index`` as a dict of its fields; RecordError if it is corrupt."""
         key = record_key(index)
-        with self._env.begin(buffers=False) as txn:
-            return decode_record(key, txn.get(key), self.meta)
+        try:
+            with self._env.begin(buffers=False) as txn:
+                return decode_record(key, txn.get(key), self.meta)
+        except lmdb.Error as exc:  # a damaged page (MDB_CORRUPTED, MDB_PAGE_NOTFOUND...): this record is lost
+            raise RecordError(key, f"cannot be read from {self.path}: {type(exc).__name__}: {exc}") from None
 
     def iter_raw(self, indices: list[int]) -> Iterator[tuple[int, bytes | None]]:
         """Yield ``(index, raw value or None)`` in one read transaction, for batch reads."""
