@@ -234,10 +234,16 @@ class ReceiveCore:
                                      + waiting_for)
         return None
 
-    def finish(self) -> None:
-        """Every producer finished its epochs: the sink ends after what it holds."""
+    def finish(self, skipped: int = 0) -> None:
+        """Every producer finished its epochs: the sink ends after what it holds. ``skipped``: records the producers
+        skipped for bad data (exact mode: the epochs completed without them), said here, where the trainer looks."""
         self.finished = True
-        log.info("every producer finished its epochs: the input ends after the last batch")
+        if skipped:
+            log.warning("every producer finished its epochs: the input ends after the last batch; %d record(s) "
+                        "skipped by producers (bad data: unreadable, undecodable or killing a worker; each producer's "
+                        "log names them), so the epochs completed without them", skipped)
+        else:
+            log.info("every producer finished its epochs: the input ends after the last batch")
         if self._sink is not None:
             self._sink.end()
 

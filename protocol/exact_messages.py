@@ -110,6 +110,9 @@ class Status:
     #: every shard is on its disk) and those it holds now (at most ``MAX_HELD``): the trainer hands it their splits
     cache: Optional[int] = None
     held: list[int] = field(default_factory=list)
+    #: records of its stream it skipped in this run, for bad data (unreadable, undecodable, or killing its workers):
+    #: never served; the trainer says how many when the run ends (0 from an older producer)
+    skipped: int = 0
 
 
 #: Shards a status names as cached: a status travels in one frame of at most 4 KiB (``unpack_producer_frame``).
@@ -180,7 +183,7 @@ def encode_status(status: Status) -> bytes:
                           "completed": status.completed, "epochs": status.epochs, "finished": status.finished,
                           "spec": [[n, d, list(shape)] for n, d, shape in status.spec], "waiting": status.waiting,
                           "session": status.session, "stranger": status.stranger, "idle": status.idle,
-                          "goodbye": status.goodbye, **_cache_fields(status)},
+                          "goodbye": status.goodbye, "skipped": status.skipped, **_cache_fields(status)},
                          use_bin_type=True)
 
 
@@ -290,7 +293,8 @@ def decode_status(body: dict) -> Status:
         raise ProtocolError(f"status 'held' must list at most {MAX_HELD} shard numbers")
     held = [_int(n, "status 'held' shard", 0, 10**8) for n in held]
     return Status(stream, producer, _int(body.get("completed"), "status 'completed'"), epochs, finished, spec, waiting,
-                  session, stranger, idle, goodbye, cache, held)
+                  session, stranger, idle, goodbye, cache, held, _int(body.get("skipped", 0), "status 'skipped'", 0,
+                                                                      2**63))
 
 
 def unpack_producer_frame(frame: Any) -> Optional[dict]:

@@ -194,6 +194,10 @@ class ProducerLinks:
             with self._lock:
                 p.reports = reports + p.reports
 
+    def skipped(self) -> int:
+        """Records the producers said they skipped for bad data (their last statuses' ``skipped``, summed)."""
+        return sum(p.status.skipped for p in self.producers if p.status is not None)
+
     def finished(self) -> bool:
         """Every producer connected said it finished its epochs."""
         live = [p.status for p in self.producers if p.link is not None]

@@ -127,7 +127,7 @@ class ExactReceiver:
                 return
             if transport.finished:
                 transport.flush(force=True)  # the pool's "finished" and the last records go before the sockets close
-                core.finish()
+                core.finish(transport.links.skipped())
                 return
             queued, room = core.fill() if transport.active else (0, 0)
             if not transport.active or queued > 0:

@@ -337,7 +337,7 @@ class ExactServer:
     def status(self) -> Status:
         waiting = max(0, self.min_trainers - len(self._joined)) if not self.finished else 0
         return Status(str(self.key), self.producer_id, self.completed, self.epochs, self.finished, self.spec, waiting,
-                      idle=self.idle)
+                      idle=self.idle, skipped=self.skipped_total)
 
     def summary(self) -> str:
         return f"{self.skipped_total} records skipped, {self.reserved_total} served again after a loss"

@@ -228,7 +228,7 @@ class SplitServer:
     def status(self) -> Status:
         capacity, held = self._cache() if self.key.block and self.say_cache else (None, [])
         return Status(str(self.key), self.producer_id, 0, self.epochs, self.finished, self.spec, 0, cache=capacity,
-                      held=held)
+                      held=held, skipped=self.skipped_total)
 
     def summary(self) -> str:
         return f"{self.skipped_total} records skipped"
