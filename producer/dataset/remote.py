@@ -15,7 +15,8 @@ reads the manifest and returns a ``ShardedDataset`` whose shards a ``ShardCache`
   makes the others wait for the first fetch instead of fetching again.
 - *Transient errors are retried* with exponential backoff (0.5 s doubling to 8 s) for up to ``retry_seconds``
   (throttling, 5xx, timeouts, a server restart: the reading worker waits, its producer's trainers see a stall
-  and its reason); a missing object or a refused permission is not retried. A shard that cannot be had raises
+  and its reason); a missing object, missing or refused credentials are not (``storage_retry.classify``). A set
+  ``cancel`` event (the daemon stopping) ends every wait at once. A shard that cannot be had raises
   ``ShardUnavailable`` (its records are skipped, counted and named), remembered for ``FAILED_HOLD_S`` so each of
   its records does not fetch again.
 - *Fetched ahead* (``prefetch``): a reader going shard by shard asks for the next shard while it reads this
@@ -46,6 +47,7 @@ from typing import Any, Callable, Optional, Sequence
 from stoker.producer.dataset.format import DatasetError
 from stoker.protocol.exact_messages import MAX_HELD
 from stoker.producer.dataset.shards import MANIFEST, ShardedDataset, ShardInfo, ShardUnavailable, parse_manifest
+from stoker.producer.dataset.storage_retry import FetchWatch, StorageCancelled, StorageRefused, retried
 
 log = logging.getLogger("stoker.producer")
 
@@ -53,9 +55,9 @@ DEFAULT_CACHE_BYTES = 64 * 10**9
 DEFAULT_RETRY_SECONDS = 300.0
 FAILED_HOLD_S = 30.0
 CHUNK = 4 << 20
-_NOT_RETRIED = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
 PREFETCH_MIN_SHARDS = 3  # a budget of fewer shards fetches nothing ahead: it would evict the shard being read
 PREFETCH_THREAD = "stoker-prefetch"
+S3_CONNECT_TIMEOUT_S, S3_READ_TIMEOUT_S = 10, 60  # one S3 call's bounds (``storage``)
 FETCH_LOG = "fetches.jsonl"  # one JSON line per fetch, in the cache's folder (``fetch_log``)
 
 
@@ -70,37 +72,18 @@ def fetch_log(cache_dir: str | os.PathLike) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def retried(what: str, attempt: Callable[[], Any], retry_seconds: float,
-            sleep: Callable[[float], None] = time.sleep) -> Any:
-    """``attempt()``, again after each transient error with backoff until ``retry_seconds`` passed; a missing
-    object or a refused permission at once. ShardUnavailable naming ``what`` and the last error otherwise."""
-    deadline, delay, tries = time.monotonic() + retry_seconds, 0.5, 0
-    while True:
-        tries += 1
-        try:
-            return attempt()
-        except _NOT_RETRIED as exc:
-            raise ShardUnavailable(f"{what}: {type(exc).__name__}: {exc}") from None
-        except ShardUnavailable:
-            raise
-        except Exception as exc:  # the storage libraries raise many types for one transient failure
-            if time.monotonic() + delay > deadline:
-                raise ShardUnavailable(f"{what}: still failing after {tries} tries in {retry_seconds:.0f} s: "
-                                       f"{type(exc).__name__}: {exc}") from None
-            log.warning("%s failed (%s: %s); trying again in %.1f s", what, type(exc).__name__, exc, delay)
-            sleep(delay)
-            delay = min(8.0, delay * 2)
-
-
 class ShardCache:
-    """See the module doc. ``fs``: an fsspec filesystem; ``root``: the dataset's prefix in it."""
+    """See the module doc. ``fs``: an fsspec filesystem; ``root``: the dataset's prefix in it; ``cancel``: set, it
+    ends every wait (retries, locks) at once with StorageCancelled; ``watch``: hears of waits on storage and of
+    the time reads waited for fetches (a producer's worker sets it: its status, stage times and metrics)."""
 
     evicts = True  # readers let go of a shard evicted under them (ShardedDataset), so the budget holds
 
     def __init__(self, cache_dir: Path, cache_bytes: int, fs: Any, root: str,
-                 retry_seconds: float = DEFAULT_RETRY_SECONDS) -> None:
+                 retry_seconds: float = DEFAULT_RETRY_SECONDS, cancel: Optional[threading.Event] = None) -> None:
         self.dir, self.cache_bytes, self.fs, self.root = Path(cache_dir), cache_bytes, fs, root.rstrip("/")
-        self.retry_seconds = retry_seconds
+        self.retry_seconds, self.cancel = retry_seconds, cancel
+        self.watch: Optional[FetchWatch] = None
         for sub in ("shards", "tmp", "locks"):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
         self._failed: dict[str, tuple[float, str]] = {}  # sha -> (when, why): not fetched again for a while
@@ -112,10 +95,16 @@ class ShardCache:
         """The folder of ``shard``'s checked ``data.mdb``, fetched first if needed; ShardUnavailable if it cannot be
         (an error of the cache folder itself too: a worker never dies of one)."""
         final = self.dir / "shards" / shard.sha256
+        if _touch(final):  # cached: now the most recently used
+            return final
+        t0 = time.monotonic()
         try:
             return self._local(shard, final)
         except OSError as exc:
             raise ShardUnavailable(f"shard {shard.name}: the cache at {self.dir} failed: {exc}") from None
+        finally:  # what a read waited for its shard (a fetch ahead waits for nobody)
+            if self.watch is not None and threading.current_thread().name != PREFETCH_THREAD:
+                self.watch.fetched(time.monotonic() - t0)
 
     def holdings(self, shards: Sequence[ShardInfo]) -> tuple[int, list[int]]:
         """``(capacity, held)`` of ``ShardedDataset.holdings``: the budget over the mean shard size (1 at least), and
@@ -157,7 +146,7 @@ class ShardCache:
             shard = self._prefetch_queue.get()
             try:
                 self.local(shard)
-            except Exception as exc:  # noqa: BLE001 - a hint failed; the read reports what it finds
+            except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - a hint failed (or was stopped); the read
                 log.debug("fetching shard %s ahead failed (%s); its read will fetch it", shard.name, exc)
 
     def holdings_capacity(self, shards: Sequence[ShardInfo]) -> int:
@@ -188,7 +177,8 @@ class ShardCache:
 
     def _shard_lock(self, shard: ShardInfo) -> "_Flock":
         # a fetch may retry for retry_seconds, twice (a mismatch is fetched once more), and wait for the budget
-        return _Flock(self.dir / "locks" / f"{shard.sha256}.lock", 3 * self.retry_seconds + 120.0, shard.name)
+        return _Flock(self.dir / "locks" / f"{shard.sha256}.lock", 3 * self.retry_seconds + 120.0, shard.name,
+                      self.cancel)
 
     def _fetch(self, shard: ShardInfo, final: Path) -> None:
         if shard.bytes > self.cache_bytes:
@@ -197,14 +187,14 @@ class ShardCache:
         reservation = self.dir / "tmp" / f"{shard.sha256}.{os.getpid()}.{shard.bytes}.reserved"
         deadline = time.monotonic() + self.retry_seconds
         while True:
-            with _Flock(self.dir / "locks" / "budget.lock", 60.0, "the cache budget"):
+            with _Flock(self.dir / "locks" / "budget.lock", 60.0, "the cache budget", self.cancel):
                 if self._make_room(shard.bytes, keep=final):
                     reservation.touch()  # used until the shard is in place: concurrent fetches share the budget
                     break
             if time.monotonic() > deadline:  # what is left is other workers' fetches in flight: wait for them
                 raise ShardUnavailable(f"shard {shard.name}: no room in the cache's {self.cache_bytes} bytes for "
                                        f"{self.retry_seconds:.0f} s while other fetches ran: raise --cache-size")
-            time.sleep(0.1)
+            _pause(0.1, self.cancel, f"shard {shard.name}: waiting for room in the cache")
         try:
             self._fetch_checked(shard, final)
         finally:
@@ -217,7 +207,7 @@ class ShardCache:
             tmp = self.dir / "tmp" / f"{shard.sha256}.{os.getpid()}.{secrets.token_hex(4)}"
             try:
                 digest, size = retried(f"fetching {url}", lambda: self._download(url, tmp, shard.bytes),
-                                       self.retry_seconds)
+                                       self.retry_seconds, self.cancel, self.watch)
                 if size == shard.bytes and digest == shard.sha256:
                     staged = tmp.parent / f"{tmp.name}.dir"
                     staged.mkdir()
@@ -286,6 +276,14 @@ class ShardCache:
         return used + needed <= self.cache_bytes
 
 
+def _pause(seconds: float, cancel: Optional[threading.Event], what: str) -> None:
+    """Sleep ``seconds``, or raise StorageCancelled as soon as ``cancel`` is set."""
+    if cancel is None:
+        time.sleep(seconds)
+    elif cancel.wait(seconds):
+        raise StorageCancelled(f"{what}: stopped")
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -308,10 +306,11 @@ def _touch(folder: Path) -> bool:
 
 
 class _Flock:
-    """An exclusive ``flock`` on ``path``, waited for at most ``timeout`` seconds (ShardUnavailable past it)."""
+    """An exclusive ``flock`` on ``path``, waited for at most ``timeout`` seconds (ShardUnavailable past it; a set
+    ``cancel`` ends the wait with StorageCancelled)."""
 
-    def __init__(self, path: Path, timeout: float, name: str) -> None:
-        self.path, self.timeout, self.name = path, timeout, name
+    def __init__(self, path: Path, timeout: float, name: str, cancel: Optional[threading.Event] = None) -> None:
+        self.path, self.timeout, self.name, self.cancel = path, timeout, name, cancel
 
     def __enter__(self) -> "_Flock":
         self.file = open(self.path, "a")
@@ -325,20 +324,30 @@ class _Flock:
                     self.file.close()
                     raise ShardUnavailable(f"shard {self.name}: another process has been fetching it for "
                                            f"{self.timeout:.0f} s") from None
-                time.sleep(0.05)
+                try:
+                    _pause(0.05, self.cancel, f"shard {self.name}: waiting for another process's fetch")
+                except StorageCancelled:
+                    self.file.close()
+                    raise
 
     def __exit__(self, *exc: object) -> None:
         self.file.close()
 
 
 def storage(url: str, storage_options: Optional[dict[str, Any]] = None) -> tuple[Any, str]:
-    """``(filesystem, root)`` for ``url``; DatasetError naming the package a scheme needs."""
+    """``(filesystem, root)`` for ``url``; DatasetError naming the package a scheme needs. An S3 client gets bounded
+    connect and read timeouts unless ``storage_options`` set its ``config_kwargs`` (botocore waits 60 s by default,
+    and retries: one call could hold a retry loop for minutes)."""
     try:
         import fsspec
     except ImportError:
         raise DatasetError(f"{url}: reading object storage needs fsspec: pip install 'stoker[s3]'") from None
+    options = dict(storage_options or {})
+    if url.split("://", 1)[0] in ("s3", "s3a"):
+        options.setdefault("config_kwargs", {"connect_timeout": S3_CONNECT_TIMEOUT_S,
+                                             "read_timeout": S3_READ_TIMEOUT_S})
     try:
-        return fsspec.core.url_to_fs(url, **(storage_options or {}))
+        return fsspec.core.url_to_fs(url, **options)
     except ImportError as exc:
         raise DatasetError(f"{url}: {exc} (for s3:// install 'stoker[s3]'; gs:// needs gcsfs)") from None
     except ValueError as exc:
@@ -347,9 +356,11 @@ def storage(url: str, storage_options: Optional[dict[str, Any]] = None) -> tuple
 
 def open_remote(url: str, cache_dir: Optional[os.PathLike] = None, cache_bytes: int = DEFAULT_CACHE_BYTES,
                 storage_options: Optional[dict[str, Any]] = None,
-                retry_seconds: float = DEFAULT_RETRY_SECONDS, manifest: Optional[bytes] = None) -> ShardedDataset:
+                retry_seconds: float = DEFAULT_RETRY_SECONDS, manifest: Optional[bytes] = None,
+                cancel: Optional[threading.Event] = None) -> ShardedDataset:
     """The sharded dataset at ``url`` (its manifest read now, or ``manifest``'s bytes as read before; shards fetched
-    on first use); DatasetError naming what is wrong with the URL or the manifest."""
+    on first use); DatasetError naming what is wrong with the URL, the credentials or the manifest, at once for an
+    error that cannot heal; StorageCancelled once ``cancel`` is set (it also ends the shard cache's waits)."""
     fs, root = storage(url, storage_options)
     where = f"{url.rstrip('/')}/{MANIFEST}"
 
@@ -357,14 +368,19 @@ def open_remote(url: str, cache_dir: Optional[os.PathLike] = None, cache_bytes: 
         with fs.open(f"{root.rstrip('/')}/{MANIFEST}", "rb") as f:
             return f.read(64 * 1024 * 1024 + 1)
     try:
-        data = manifest or retried(f"reading {where}", read_manifest, retry_seconds)
+        data = manifest or retried(f"reading {where}", read_manifest, retry_seconds, cancel)
+    except StorageRefused as exc:
+        if exc.verdict.reason == "the object does not exist":
+            raise DatasetError(f"no sharded dataset at {url}: {exc} (upload one with `stoker lmdb upload`)") from None
+        raise DatasetError(f"cannot read the dataset at {url}: {exc}") from None
     except ShardUnavailable as exc:
-        raise DatasetError(f"no sharded dataset at {url}: {exc} (upload one with `stoker lmdb upload`)") from None
+        raise DatasetError(f"cannot read the dataset at {url}: {exc} (is --s3-endpoint right and the server up? "
+                           "--fetch-retry-seconds sets how long it is waited for)") from None
     parsed = parse_manifest(data, where)
     largest = max(parsed.shards, key=lambda s: s.bytes)
     if largest.bytes > cache_bytes:
         raise DatasetError(f"the cache's budget ({cache_bytes} bytes) is smaller than shard {largest.name} of {url} "
                            f"({largest.bytes} bytes): raise --cache-size to a few shards at least")
     cache = ShardCache(Path(cache_dir) if cache_dir is not None else default_cache_dir(), cache_bytes, fs, root,
-                       retry_seconds)
+                       retry_seconds, cancel)
     return ShardedDataset(parsed, cache, url, data)

@@ -24,6 +24,7 @@ import bisect
 import json
 import os
 import re
+import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -323,14 +324,15 @@ def is_url(location: str | os.PathLike) -> bool:
     return "://" in str(location)
 
 
-def open_dataset(location: str | os.PathLike,
-                 remote: Optional[RemoteOptions] = None) -> "LmdbDataset | ShardedDataset":
+def open_dataset(location: str | os.PathLike, remote: Optional[RemoteOptions] = None,
+                 cancel: Optional[threading.Event] = None) -> "LmdbDataset | ShardedDataset":
     """A dataset at a path (one LMDB, or a sharded dataset's folder) or a URL (a sharded dataset in object
-    storage, reached with ``remote``). DatasetError naming what is wrong."""
+    storage, reached with ``remote``; ``cancel``, once set, ends its waits on storage: ``remote.open_remote``).
+    DatasetError naming what is wrong."""
     if is_url(location):
         from stoker.producer.dataset.remote import open_remote
 
-        return open_remote(str(location), **(remote or RemoteOptions()).open_kwargs())
+        return open_remote(str(location), cancel=cancel, **(remote or RemoteOptions()).open_kwargs())
     path = Path(location)
     if (path / MANIFEST).is_file():
         data = remote.manifest if remote is not None and remote.manifest else (path / MANIFEST).read_bytes()

@@ -170,7 +170,7 @@ class ProducerDaemon:
     invalid, DatasetError for an unusable dataset, BindError for an address that cannot be bound.
     """
 
-    def __init__(self, config: ProducerConfig) -> None:
+    def __init__(self, config: ProducerConfig, cancel: Optional[threading.Event] = None) -> None:
         if config.mode not in ("train", "eval"):
             raise ValueError(f"--mode must be train or eval, got {config.mode!r}")
         if config.workers < 1 or config.batch_size < 1 or config.image_size < 8:
@@ -198,7 +198,7 @@ class ProducerDaemon:
         # Built here to fail fast (and for the layout); each worker builds its own from the same reference.
         self.pipeline = load_pipeline(config.pipeline, dict(config.pipeline_args), dict(self.pipeline_standard))
         self.sharded: Optional[ShardedDataset] = None  # its cache, for a pool's statuses and fetches ahead
-        with open_dataset(config.lmdb_path, config.remote) as dataset:
+        with open_dataset(config.lmdb_path, config.remote, cancel) as dataset:  # cancel: ends a wait for storage
             self.meta = dataset.meta
             block = layout_block(config.shard, config.shuffle_window,
                                  dataset.manifest if isinstance(dataset, ShardedDataset) else None)
