@@ -23,6 +23,8 @@ consumed when ``next()`` returns it; ``save_state()`` gives bytes to store with 
 checkpoint and ``resume_state=`` / ``restore_state()`` (before the first ``next()``) continue
 from them. Padding rows of a finite run's last batch are cut off; the iteration ends
 (StopIteration) after the last batch of the last epoch.
+``for epoch, batches in stream.epochs()`` takes one epoch at a time instead (a batch spanning two
+epochs split, ranks of a job padded to equal steps: ``InputBase.epochs``, ``epochs/epoch_loop.py``).
 
 Errors: the input's error (InputTimeoutError when no acceptable batch arrived for
 ``recv_timeout`` seconds, saying why; InputError for a certain misconfiguration) is raised by
@@ -32,6 +34,7 @@ Errors: the input's error (InputTimeoutError when no acceptable batch arrived fo
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from typing import Any, Iterator, Optional, Sequence
 
@@ -40,12 +43,13 @@ import numpy as np
 from stoker.protocol import DEFAULT_MAX_MESSAGE_BYTES
 from stoker.protocol.curve import CurveClientKeys
 
+from stoker.consumer.epochs.epoch_loop import END  # no batch follows: a finite exact run ended (QueueSink.take)
+from stoker.consumer.epochs.held_rows import Rows, padding_arrays
 from stoker.consumer.input_base import InputBase
 from stoker.consumer.input_setup import receive_options
 from stoker.consumer.receive_options import SpecArg
 from stoker.consumer.receive_contract import POLL_S, SinkClosed, aligned_empty
 
-END = object()  # no batch follows: a finite exact run ended (QueueSink.take returns it; other facades test for it)
 
 
 class QueueSink:
@@ -139,31 +143,41 @@ class BatchStream(InputBase):
         return self
 
     def __next__(self) -> dict[str, np.ndarray]:
+        return self._next_batch()
+
+    def _take_batch(self, timeout: Optional[float]) -> Any:
         if self._ended:
-            raise StopIteration
+            return END
         if self._ledger is not None and not self._ledger.started:
             self._ledger.activate()
             self._core.start(self._sink)
+        deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            item = self._sink.take(POLL_S)
+            item = self._sink.take(POLL_S if deadline is None else max(0.0, min(POLL_S, deadline - time.monotonic())))
             if item is END:
                 self._ended = True
-                raise StopIteration
+                return END
             if item is not None:
                 return self._named(item)
             error = self._core.error
             if error is not None and self._sink.size() == 0:
                 raise error
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
 
-    def _named(self, arrays: list[np.ndarray]) -> dict[str, np.ndarray]:
-        names = self.spec.names
-        batch = dict(zip(names, arrays))
-        if self._ledger is not None:  # handed to the caller: consumed now; padding rows cut off
-            mask = batch["mask"]
-            self._ledger.consumed(self._ledger.source_of(arrays), batch["epoch"], batch["index"], mask)
-            if not mask.all():
-                batch = {name: np.ascontiguousarray(a[mask]) for name, a in batch.items()}
-        return batch
+    def _named(self, arrays: list[np.ndarray]) -> tuple[dict[str, np.ndarray], Optional[Rows]]:
+        """The batch by name and, exact mode, its records (padding rows cut off, in a copy)."""
+        batch = dict(zip(self.spec.names, arrays))
+        if self._ledger is None:
+            return batch, None
+        mask = batch["mask"]
+        rows = self._rows(self._ledger.source_of(arrays), batch["epoch"], batch["index"], mask)
+        if not mask.all():
+            batch = {name: np.ascontiguousarray(a[mask]) for name, a in batch.items()}
+        return batch, rows
+
+    def _padding(self, epoch: int) -> dict[str, np.ndarray]:
+        return padding_arrays(self.spec, epoch)
 
     def queue_occupancy(self) -> float:
         """Fraction of the queue in use right now; near 0 means the consumer waits for input."""

@@ -3,17 +3,27 @@
 ``ZMQInput`` (TensorFlow), ``BatchStream`` (NumPy/JAX) and any other facade subclass ``InputBase``: it
 opens the receive core from a ``ReceiveOptions`` and answers, the same way for all of them,
 ``save_state()`` / ``restore_state()`` (exact mode, through the ``ConsumedLedger``), ``exact``,
-``trainer_id``, ``stats``, ``error``, ``raise_if_failed()``, ``finished`` and ``serve_metrics()`` (Prometheus). A facade adds only what is
-its framework's: its sink, its batches, its lifecycle. No framework is imported here.
+``trainer_id``, ``stats``, ``error``, ``raise_if_failed()``, ``finished``, ``consumed_epochs`` and ``serve_metrics()``
+(Prometheus). A facade adds only what is its framework's: its sink, its batches, its lifecycle. No framework is
+imported here.
+
+An iterable facade (``BatchStream``, ``TorchInput``) also gives ``_take_batch`` (the next batch, not yet consumed)
+and ``_padding``; the loop over them is here, once: ``_next_batch()`` for ``next()``, and ``epochs()``, one epoch
+at a time (``epochs/epoch_loop.py``).
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
+import numpy as np
+
+from stoker.consumer.epochs.epoch_loop import END, EpochLoop, EpochSync
+from stoker.consumer.epochs.held_rows import HeldBatches, Rows
 from stoker.consumer.errors import InputError
 from stoker.consumer.exact.ledger import ConsumedLedger
 from stoker.consumer.input_setup import open_core
+from stoker.consumer.receive_contract import POLL_S
 from stoker.consumer.receive_options import Addresses, ReceiveOptions
 from stoker.consumer.receive_core import ReceiveCore
 from stoker.consumer.receive_stats import InputStats
@@ -30,6 +40,7 @@ class InputBase:
     _core: ReceiveCore
     _ledger: Optional[ConsumedLedger]
     _metrics: Any = None  # the Prometheus server, once serve_metrics() started it; the facade's close() stops it
+    _epoch_loop: Optional[EpochLoop] = None  # epochs(), once called
 
     def _open_input(self, options: ReceiveOptions) -> None:
         """Open the receive core (may wait up to ``recv_timeout`` to learn the spec)."""
@@ -98,3 +109,71 @@ class InputBase:
         if self._metrics is not None:
             self._metrics.close()
             self._metrics = None
+
+    # ---- batches and epochs (the iterable facades) ---------------------------------------------
+
+    @property
+    def consumed_epochs(self) -> int:
+        """Exact mode: epochs whose records of this trainer's share are all consumed (handed out, or failed at
+        their producer), live; an epoch boundary as ``epochs()`` sees it. ValueError in plain mode."""
+        if self._ledger is None:
+            raise ValueError("consumed_epochs is for exact mode: epochs are counted only when each record comes once")
+        return self._ledger.consumed_epochs()
+
+    @property
+    def job_consumed_epochs(self) -> Optional[int]:
+        """Epochs the whole job consumed, agreed by its ranks as the last epoch of ``epochs()`` ended (alone: this
+        trainer's ``consumed_epochs`` then); None before an epoch of ``epochs()`` ended."""
+        return self._epoch_loop.job_consumed_epochs if self._epoch_loop is not None else None
+
+    def epochs(self, sync: Optional[EpochSync] = None) -> Iterator[tuple[int, Iterator[Any]]]:
+        """Exact mode: ``(epoch, batches)``, one epoch at a time, as ``for epoch in range(E): for batch in loader``
+        expects (``epochs/epoch_loop.py`` states the rule). ``batches`` ends once this trainer's share of
+        ``epoch`` is consumed; rows of a later epoch in a batch are held back for the next. ``sync``: the ranks of
+        a job (default: a ``TorchInput`` under ``torch.distributed`` uses the process group), which then end each
+        epoch together after equal steps, padding with one-row batches whose ``mask`` is False (weight the loss
+        by ``batch["mask"]``). Call it once; do not mix it with ``next()`` on the same input. ValueError in
+        plain mode; the input's errors as ``next()`` raises them."""
+        if self._ledger is None:
+            raise ValueError(f"epochs() is for exact mode: {type(self).__name__}(..., exact=True), producers "
+                             "--exact or --epochs N (plain mode has no epochs to end)")
+        if self._epoch_loop is not None:
+            raise RuntimeError("epochs() was called already on this input: iterate that one")
+        self._epoch_loop = EpochLoop(self, sync if sync is not None else self._default_sync(), HeldBatches(),
+                                     POLL_S)
+        return self._epoch_loop.epochs()
+
+    def _next_batch(self) -> Any:
+        """``next()``: the next batch, consumed as it is handed out; StopIteration after a finite run's last."""
+        item = self._take_batch(None)
+        if item is END:
+            raise StopIteration
+        batch, rows = item
+        if rows is not None:
+            self._hand_out(rows)
+        return batch
+
+    def _take_batch(self, timeout: Optional[float]) -> Any:
+        """The facade's next batch as ``(batch, Rows or None)`` (padding rows cut off; ``Rows`` in exact mode), not
+        yet consumed; ``END`` after a finite run's last; None if nothing came within ``timeout`` (None: wait).
+        Raises the input's error once what arrived before it is taken."""
+        raise TypeError(f"{type(self).__name__} is not iterated batch by batch: watch consumed_epochs instead")
+
+    def _hand_out(self, rows: Rows) -> None:
+        """Rows go to the caller: consumed now."""
+        assert self._ledger is not None
+        self._ledger.consumed(rows.source, rows.epochs, rows.indices, rows.mask)
+
+    def _waiting(self) -> None:
+        """The caller waits for data; nothing to do unless the facade defers consumption."""
+
+    def _padding(self, epoch: int) -> Any:
+        raise TypeError(f"{type(self).__name__} has no padding batches")
+
+    def _default_sync(self) -> Optional[EpochSync]:
+        return None
+
+    @staticmethod
+    def _rows(source: int, epochs: np.ndarray, indices: np.ndarray, mask: np.ndarray) -> Rows:
+        """The records of a batch's rows once its padding rows (``mask`` False) are cut off."""
+        return Rows(source, np.asarray(epochs)[mask], np.asarray(indices)[mask])

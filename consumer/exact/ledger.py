@@ -21,7 +21,7 @@ import numpy as np
 
 from stoker.protocol.batch_codec import is_valid_id
 from stoker.protocol.batch_spec import BatchSpec
-from stoker.protocol.input_state import InputState
+from stoker.protocol.input_state import InputState, StreamProgress
 
 from stoker.consumer.exact.state import SavedState, pack_state, parse_state
 from stoker.consumer.exact.state import state_for_share
@@ -91,6 +91,13 @@ class ConsumedLedger:
         with self.lock:
             return self._state.copy()
 
+    def consumed_epochs(self) -> int:
+        """Epochs whose records of this trainer's share are all consumed, the least over its streams (0 before any
+        is known): an elastic pool's completed epochs (its scheduler closes them, failed records included); a fixed
+        shard's, plus the open epochs at their front whose every record was consumed."""
+        with self.lock:
+            return min((_whole_epochs(p) for p in self._state.streams.values()), default=0)
+
     def note_stream(self, stream: str) -> None:
         """A producer of ours serves ``stream``. A fixed shard is named in the state from now on, even before a
         record of it is consumed: a job state of fixed shards must not shrink (``state.state_for_share``), and only
@@ -147,3 +154,12 @@ class ConsumedLedger:
     def source_of(arrays: Sequence[np.ndarray]) -> int:
         """The producer a queued batch came from (its ``stoker_source``, the last array; -1: an end marker)."""
         return int(arrays[-1][0])
+
+
+def _whole_epochs(progress: StreamProgress) -> int:
+    """``progress.completed``, plus the open epochs after it whose bitmap is whole (a fixed shard's epoch completes
+    in the state only when its producer says every trainer consumed it)."""
+    epoch = progress.completed
+    while epoch in progress.open and progress.open[epoch].all():
+        epoch += 1
+    return epoch

@@ -30,6 +30,10 @@ keeps it once, and a job restarted on any number of ranks continues from it (``d
 the open epoch once across the new ranks. ``load_state_dict([...])`` merges the states of a job's ranks
 saved one by one (``torch.save`` per rank).
 
+One epoch at a time: ``for epoch, batches in inp.epochs()`` (``InputBase.epochs``); under ``torch.distributed``
+the ranks end each epoch together after equal steps, a rank whose share ran out stepping on one-row padding
+batches (``mask`` False): weight the loss by ``batch["mask"]`` (``epochs/epoch_loop.py``, ``epoch_sync.py``).
+
 Errors as ``BatchStream``'s: the input's error (InputTimeoutError, InputError) is raised by ``next()`` once
 the batches that arrived before it are handed out; after ``close()``, ``next()`` raises InputClosedError.
 """
@@ -37,6 +41,7 @@ the batches that arrived before it are handed out; after ``close()``, ``next()``
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from typing import Any, Iterator, Mapping, Optional, Sequence, Union
 
@@ -48,13 +53,15 @@ from stoker.protocol.curve import CurveClientKeys
 
 from stoker.consumer.errors import InputClosedError
 from stoker.consumer.batch_stream import END
+from stoker.consumer.epochs.epoch_loop import EpochSync
+from stoker.consumer.epochs.held_rows import Rows, padding_arrays
 from stoker.consumer.input_base import InputBase
 from stoker.consumer.input_setup import receive_options
 from stoker.consumer.receive_contract import POLL_S
 from stoker.consumer.receive_options import SpecArg
 from stoker.consumer.exact.state import merge_states
 from stoker.consumer.torch.checkpoint_state import state_bytes, state_dict_of
-from stoker.consumer.torch.device_prefetch import Batch, DevicePrefetch
+from stoker.consumer.torch.device_prefetch import Batch, DevicePrefetch, convert
 from stoker.consumer.torch.pinned_sink import PinnedSink
 
 #: consumed_when="marked": batches handed out and not marked before next() refuses (a forgotten mark_consumed)
@@ -175,6 +182,9 @@ class TorchInput(InputBase):
         return self
 
     def __next__(self) -> Batch:
+        return self._next_batch()
+
+    def _take_batch(self, timeout: Optional[float]) -> Any:
         with self._lock:
             if self._closed:
                 self.raise_if_failed()
@@ -186,23 +196,38 @@ class TorchInput(InputBase):
                 raise RuntimeError(f"{MAX_UNMARKED} batches handed out and none marked consumed: with "
                                    "consumed_when='marked', call mark_consumed() as each batch's step starts")
             if not len(self._staging):
-                if self._ended:
-                    raise StopIteration
-                if not self._stage(wait=False):
-                    if self._ended:
-                        raise StopIteration
+                if self._ended or (not self._stage(0.0) and self._ended):
+                    return END
+                if not len(self._staging):
                     self._count_outstanding()  # about to wait: what the loop holds is about to be trained
-                    self._stage(wait=True)
-            tensors, consumed = self._staging.pop()
-            if consumed is not None and self._marked:
-                with self._mark_lock:
-                    self._unmarked.append(consumed)
-            elif consumed is not None:  # handed to the caller: consumed now (exact mode)
-                assert self._ledger is not None
-                self._ledger.consumed(*consumed)
-            while not self._ended and not self._staging.full() and self._stage(wait=False):
+                    if not self._stage(float("inf") if timeout is None else timeout):
+                        return END if self._ended else None
+            tensors, rows = self._staging.pop()
+            while not self._ended and not self._staging.full() and self._stage(0.0):
                 pass  # stage what the queue holds already: its copies overlap the caller's step
-            return tensors
+            return tensors, rows
+
+    def _hand_out(self, rows: Rows) -> None:
+        if self._marked:
+            with self._mark_lock:
+                self._unmarked.append(rows)
+        else:
+            super()._hand_out(rows)
+
+    def _waiting(self) -> None:
+        self._count_outstanding()
+
+    def _padding(self, epoch: int) -> Batch:
+        host = {name: torch.from_numpy(a) for name, a in padding_arrays(self.spec, epoch).items()}
+        return convert(host, self.device, self._staging.channels_last, self._staging.dtypes, False)
+
+    def _default_sync(self) -> Optional[EpochSync]:
+        """Under ``torch.distributed`` with the share taken from it: the process group (``epoch_sync.py``)."""
+        if not self.gathers_job_state:
+            return None
+        from stoker.consumer.torch.epoch_sync import ProcessGroupSync
+
+        return ProcessGroupSync(self.device)
 
     def mark_consumed(self) -> None:
         """``consumed_when="marked"``: the oldest batch handed out and not yet marked is consumed now (its step
@@ -217,46 +242,46 @@ class TorchInput(InputBase):
             if not self._unmarked:
                 raise RuntimeError("mark_consumed(): every batch handed out is marked consumed already")
             assert self._ledger is not None
-            self._ledger.consumed(*self._unmarked.popleft())
+            super()._hand_out(self._unmarked.popleft())
 
     def _count_outstanding(self) -> None:
         """``consumed_when="marked"``: batches handed out and not marked count as consumed now (see the class doc)."""
         with self._mark_lock:
             while self._unmarked:
                 assert self._ledger is not None
-                self._ledger.consumed(*self._unmarked.popleft())
+                super()._hand_out(self._unmarked.popleft())
                 self._premarked += 1
 
-    def _stage(self, wait: bool) -> bool:
-        """Stage the queue's next batch; whether one was. ``wait``: until one comes, or raise StopIteration at
-        the end of a finite run, or the input's error once the queue is empty."""
+    def _stage(self, wait: float) -> bool:
+        """Stage the queue's next batch; whether one was. Waits up to ``wait`` seconds (inf: until one comes);
+        False at the end of a finite run (``_ended``) or when none came; the input's error once the queue is empty."""
+        deadline = time.monotonic() + wait
         while True:
-            item = self._sink.take_batch(POLL_S if wait else 0.0)
+            item = self._sink.take_batch(max(0.0, min(POLL_S, deadline - time.monotonic())))
             if item is END:
                 self._ended = True
-                if wait:
-                    raise StopIteration
                 return False
             if item is not None:
                 self._staging.stage(*self._host_batch(item))
                 return True
-            if not wait:
-                return False
             error = self._core.error
             if error is not None and self._sink.size() == 0:
                 raise error
+            if time.monotonic() >= deadline:
+                return False
 
-    def _host_batch(self, tensors: list[torch.Tensor]) -> tuple[Batch, Any]:
-        """The batch by name and, in exact mode, the rows to report consumed when it is handed out; padding
+    def _host_batch(self, tensors: list[torch.Tensor]) -> tuple[Batch, Optional[Rows]]:
+        """The batch by name and, in exact mode, its records (to report consumed when it is handed out); padding
         rows (a finite run's last batch) are cut off, in a copy."""
         batch = dict(zip(self.spec.names, tensors))  # exact mode's stoker_source column (last) left out
         if self._ledger is None:
             return batch, None
         mask = batch["mask"]
-        consumed = (self._ledger.source_of(tensors), batch["epoch"].numpy(), batch["index"].numpy(), mask.numpy())
+        rows = self._rows(self._ledger.source_of(tensors), batch["epoch"].numpy(), batch["index"].numpy(),
+                          mask.numpy())
         if not bool(mask.all()):
             batch = {name: tensor[mask] for name, tensor in batch.items()}
-        return batch, consumed
+        return batch, rows
 
     # ---- state ------------------------------------------------------------------------------------
 
