@@ -258,7 +258,7 @@ class ReceiveCore:
         if self._sink is not None:
             try:
                 self._sink.close(cancel=False)
-            except Exception:  # the v1 Session may already be closed
+            except Exception:  # its framework may have shut down first (a closed tf.compat.v1 Session)
                 pass
 
     # ---- lifecycle -------------------------------------------------------------------------------
@@ -281,7 +281,7 @@ class ReceiveCore:
         while not self._stop.wait(SAMPLE_EVERY_S):
             try:
                 size = sink.size()
-            except Exception:  # the v1 Session is gone
+            except Exception:  # its framework has shut down (a closed tf.compat.v1 Session)
                 return
             self.stats.add_occupancy(size / sink.capacity)
 
@@ -309,7 +309,7 @@ class ReceiveCore:
         if self._sink is not None:
             try:
                 self._sink.close(cancel=True)
-            except Exception:  # the v1 Session may already be closed
+            except Exception:  # its framework may have shut down first (a closed tf.compat.v1 Session)
                 pass
         for thread in (self._thread, self._sampler):
             if thread is not None:

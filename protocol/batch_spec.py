@@ -10,7 +10,7 @@ batch shapes (batch dimension first); the arrays keep the order of the spec.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -178,8 +178,3 @@ def _hint(sent: BatchSpec, want: BatchSpec) -> str:
         hints.append(f"start the producers with --image-size {image[0] if image[0] == image[1] else image}, or the "
                      f"trainer with image_shape={tuple(sent['images'].shape[1:])}{cli}")
     return "; " + "; ".join(hints) if hints else ""
-
-
-def spec_from_arrays(items: Iterable[tuple[str, np.ndarray]]) -> BatchSpec:
-    """Spec of ``(name, array)`` pairs (for tests and producers)."""
-    return BatchSpec(tuple(ArrayShape(n, a.dtype.name, tuple(a.shape)) for n, a in items))

@@ -271,7 +271,7 @@ def test_load_state_dict_names_what_is_wrong_and_comes_before_the_first_batch():
                          ({**good, "epoch": 3}, r"unknown \['epoch'\]"), ({**good, "version": 2}, "newer Stoker"),
                          ({**good, "version": "1"}, "not a version number"),
                          ({**good, "stoker_input_state": "abc"}, "is a str, not the bytes"),
-                         ({**good, "stoker_input_state": b"junk"}, "not a ZMQInput state")]:
+                         ({**good, "stoker_input_state": b"junk"}, "not an input state")]:
             with pytest.raises(ValueError, match=why):
                 inp.load_state_dict(bad)
         inp.load_state_dict([good])  # the states of a job's ranks, merged: here a lone trainer's

@@ -1,6 +1,6 @@
 """The trainer's side of exact mode: one DEALER link per producer, credit, sessions, consumed records, status.
 
-Owned by ZMQInput's receive thread (links are not thread-safe, ``links``), except
+Owned by the input's receive thread, whatever the facade (links are not thread-safe, ``links``), except
 ``record_consumed``, which steps call (from ``get()`` and the dataset) under the ledger's
 lock. The consumed records and the trainer id belong to the ``ConsumedLedger`` (``ledger``),
 which the facades save and restore; this transport reads and marks it under that lock.

@@ -105,9 +105,9 @@ def parse_state(data: bytes) -> SavedState:
     try:
         body = msgpack.unpackb(data, raw=False, strict_map_key=False)
     except Exception as exc:
-        raise ValueError(f"not a ZMQInput state: invalid msgpack ({exc})") from None
+        raise ValueError(f"not an input state (save_state() bytes): invalid msgpack ({exc})") from None
     if not isinstance(body, dict) or body.get("format") != STATE_FORMAT or not is_valid_id(body.get("trainer")):
-        raise ValueError(f"not a ZMQInput state (format {STATE_FORMAT!r} and a valid trainer id expected)")
+        raise ValueError(f"not an input state (save_state() bytes: format {STATE_FORMAT!r} and a valid trainer id expected)")
     state = InputState.from_wire(body.get("state"))
     share = body.get("share", [0, 1])
     if (not isinstance(share, list) or len(share) != 2 or not all(map(_int, share))
