@@ -87,10 +87,13 @@ def status_rows(urls: Sequence[str], interval: float) -> list[StatusRow]:
             rate = images / interval
             stages = {s: _sum(b, "stoker_producer_stage_seconds_total", stage=s)
                       - _sum(a, "stoker_producer_stage_seconds_total", stage=s)
-                      for s in ("read", "decode", "augment", "serialize", "send")}
+                      for s in ("fetch", "read", "decode", "augment", "serialize", "send")}
             busiest = max(stages, key=stages.get) if any(stages.values()) else "-"
+            storage = int(_sum(b, "stoker_producer_storage_waiting"))  # workers whose storage calls fail now
             rows.append(StatusRow(u, "producer", f"{rate:8.1f} img/s  skipped {int(_sum(b, 'stoker_producer_records_skipped_total'))}"
-                                  f"  workers {int(_sum(b, 'stoker_producer_workers_alive'))}  most time in: {busiest}", rate))
+                                  f"  workers {int(_sum(b, 'stoker_producer_workers_alive'))}  most time in: {busiest}"
+                                  + (f"  WAITING ON OBJECT STORAGE ({storage} worker(s); see its log)" if storage else ""),
+                                  rate))
         elif any(n.startswith("stoker_trainer_") for n, _ in b):
             images = _sum(b, "stoker_trainer_images_received_total") - _sum(a, "stoker_trainer_images_received_total")
             occupancy = _sum(b, "stoker_trainer_queue_occupancy")

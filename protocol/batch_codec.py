@@ -135,8 +135,10 @@ class Batch:
         return self.arrays[name]
 
 
-#: The producer stages a batch header may time (``stages``), in pipeline order.
-STAGES = ("read", "decode", "augment", "send")
+#: The producer stages a batch header may time (``stages``), in pipeline order. ``fetch``: the time its reads
+#: waited for object storage (a shard fetched, retries included), sent only when not zero: a trainer older than
+#: it refuses a header naming it, so upgrade trainers before producers that read from object storage.
+STAGES = ("fetch", "read", "decode", "augment", "send")
 
 
 def _stages_ok(stages: Any) -> bool:

@@ -113,10 +113,14 @@ class Status:
     #: records of its stream it skipped in this run, for bad data (unreadable, undecodable, or killing its workers):
     #: never served; the trainer says how many when the run ends (0 from an older producer)
     skipped: int = 0
+    #: the error its workers wait on object storage for ("" when none waits; at most ``MAX_STORAGE_CHARS``): the
+    #: trainer then names storage, not the producer, when its batches stop coming (absent from an older producer)
+    storage: str = ""
 
 
 #: Shards a status names as cached: a status travels in one frame of at most 4 KiB (``unpack_producer_frame``).
 MAX_HELD = 256
+MAX_STORAGE_CHARS = 300
 
 
 def _int(value: Any, what: str, low: int = 0, high: int = 2**31) -> int:
@@ -183,7 +187,8 @@ def encode_status(status: Status) -> bytes:
                           "completed": status.completed, "epochs": status.epochs, "finished": status.finished,
                           "spec": [[n, d, list(shape)] for n, d, shape in status.spec], "waiting": status.waiting,
                           "session": status.session, "stranger": status.stranger, "idle": status.idle,
-                          "goodbye": status.goodbye, "skipped": status.skipped, **_cache_fields(status)},
+                          "goodbye": status.goodbye, "skipped": status.skipped, **_cache_fields(status),
+                          **({"storage": status.storage[:MAX_STORAGE_CHARS]} if status.storage else {})},
                          use_bin_type=True)
 
 
@@ -292,9 +297,12 @@ def decode_status(body: dict) -> Status:
     if not isinstance(held, list) or len(held) > MAX_HELD:
         raise ProtocolError(f"status 'held' must list at most {MAX_HELD} shard numbers")
     held = [_int(n, "status 'held' shard", 0, 10**8) for n in held]
+    storage = body.get("storage", "")
+    if not isinstance(storage, str) or len(storage) > MAX_STORAGE_CHARS:
+        raise ProtocolError(f"status 'storage' must be a string of at most {MAX_STORAGE_CHARS} characters")
     return Status(stream, producer, _int(body.get("completed"), "status 'completed'"), epochs, finished, spec, waiting,
                   session, stranger, idle, goodbye, cache, held, _int(body.get("skipped", 0), "status 'skipped'", 0,
-                                                                      2**63))
+                                                                      2**63), storage)
 
 
 def unpack_producer_frame(frame: Any) -> Optional[dict]:

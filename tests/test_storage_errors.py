@@ -153,3 +153,78 @@ def test_an_error_that_cannot_heal_is_raised_at_the_first_try():
     with pytest.raises(StorageRefused, match="refused the credentials"):
         retried("reading s3://b/manifest.json", attempt, retry_seconds=600)
     assert len(tries) == 1
+
+
+# ---- item 9: an outage of object storage is reported as such ---------------------------------------------------
+
+def test_the_verdict_is_storage_bound_when_fetches_dominate_the_producers_time():
+    from stoker.consumer.train.timeline import storage_verdict
+
+    waited = {"p1": {"fetch": 45.0, "read": 1.0, "decode": 3.0, "augment": 2.0, "send": 90.0}}
+    assert storage_verdict(waited).startswith("storage-bound: the producers' reads waited 45.0 s")
+    busy = {"p1": {"fetch": 1.0, "read": 1.0, "decode": 30.0, "augment": 20.0, "send": 500.0}}
+    assert storage_verdict(busy) is None and storage_verdict({}) is None
+
+
+def test_a_status_carries_what_storage_is_waited_for_and_an_older_status_none():
+    from stoker.protocol.exact_messages import Status, decode_status, encode_status, unpack_producer_frame
+
+    said = Status("0/1:10:1", "p", 0, None, False, storage="EndpointConnectionError: could not connect")
+    assert decode_status(unpack_producer_frame(encode_status(said))).storage == said.storage
+    assert decode_status(unpack_producer_frame(encode_status(Status("0/1:10:1", "p", 0, None, False)))).storage == ""
+
+
+def _metric(port: int, name: str) -> float:
+    import urllib.request
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
+
+
+def test_a_storage_outage_mid_run_is_named_by_the_producer_and_the_trainer(guarded_weed, tmp_path, caplog):
+    """The server stopped while a producer needs shards: its metrics and status say it waits on storage, the
+    trainer's stall warning names storage (not the producer), and once the server is back every record comes."""
+    import threading
+
+    from stoker.consumer import BatchStream
+    from stoker.producer.process import ProducerProcess
+
+    data = tmp_path / "sharded"
+    build_synthetic(data, 40, seed=5, num_classes=2, progress=False, shard_bytes=400_000)
+    up = subprocess.run([sys.executable, "-m", "stoker.cli.main", "lmdb", "upload", str(data), "s3://stoker/outage",
+                         "--s3-endpoint", guarded_weed.endpoint], capture_output=True, text=True, timeout=120,
+                        env={**os.environ, **CREDENTIALS})
+    assert up.returncode == 0, up.stderr[-2000:]
+    producer = ProducerProcess("s3://stoker/outage", env={**os.environ, **CREDENTIALS}, extra_args=[
+        "--s3-endpoint", guarded_weed.endpoint, "--cache-dir", str(tmp_path / "cache"), "--cache-size", "900KB",
+        "--workers", "1", "--batch-size", "2", "--image-size", "32", "--seed", "1", "--exact", "--epochs", "2",
+        "--fetch-retry-seconds", "120", "--metrics-port", "0"])
+    port = producer.serving["metrics_port"]
+    seen: list[tuple[int, int]] = []
+    waited: list[float] = []
+
+    def outage() -> None:  # until the producer waits on storage and the trainer said so (bounded), then restart
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not (waited and "waiting on object storage" in caplog.text):
+            if not waited and _metric(port, "stoker_producer_storage_waiting") >= 1:
+                waited.append(_metric(port, "stoker_producer_fetch_errors_total"))
+            time.sleep(0.2)
+        guarded_weed.start()
+    restart = threading.Thread(target=outage)
+    caplog.set_level("WARNING", logger="stoker")
+    try:
+        with BatchStream([producer.endpoint], exact=True, recv_timeout=150, stall_after=2.0) as stream:
+            for n, batch in enumerate(stream):
+                if n == 1:
+                    guarded_weed.kill()
+                    restart.start()
+                seen += [(e, i) for e, i, m in zip(batch["epoch"].tolist(), batch["index"].tolist(),
+                                                    batch["mask"].tolist()) if m]
+    finally:
+        if restart.is_alive() or not restart.ident:
+            restart.join(120) if restart.ident else guarded_weed.start()
+        producer.stop()
+    assert waited and waited[0] >= 1, "the producer's metrics never said it waited on storage"
+    assert "is waiting on object storage (" in caplog.text, caplog.text[-3000:]
+    assert sorted(seen) == [(e, i) for e in range(2) for i in range(40)]  # nothing lost once the server is back
+    assert "fetch_ms=" in producer.log_text()  # the producer's rate line has the fetch stage

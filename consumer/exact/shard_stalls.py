@@ -91,6 +91,13 @@ class ShardStallWatch:
               open_epochs: Callable[[str], str]) -> None:
         self.warnings += 1
         heard = now - p.heard_at
+        if p.status is not None and p.status.storage:  # its own status says why: storage, not the producer
+            log.warning("producer %s is waiting on object storage (%s): no batch for %.0f s while this trainer "
+                        "waited for data; its fixed shard (%s) waits for the storage to answer. %s", p.name(),
+                        p.status.storage, silent, stream,
+                        f"This trainer fails in {max(0.0, self.stall_limit - silent):.0f} s (stall_limit)"
+                        if self.stall_limit is not None else "stall_limit is off: this trainer waits")
+            return
         log.warning("producer %s sent no batch for %.0f s while this trainer waited for data (%s); a fixed "
                     "shard (%s, %s) cannot be served by another producer, so its records wait for it. "
                     "Restart it (it resumes the open epochs), or run the job as an elastic pool (producers "

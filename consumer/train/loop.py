@@ -25,7 +25,7 @@ from stoker.consumer.train.models import ClassCountError, build_model, model_cla
 from stoker.consumer.receive_stats import ProducerTally, producer_tallies, silent_producers
 from stoker.consumer.train.report import write_report
 from stoker.consumer.tf.summaries import require_tensorboard
-from stoker.consumer.train.timeline import Timeline
+from stoker.consumer.train.timeline import Timeline, storage_verdict
 from stoker.consumer.zmq_input import InputStats, ZMQInput
 
 log = logging.getLogger("stoker.consumer")
@@ -148,6 +148,9 @@ class TrainReport:
     def bottleneck(self) -> str:
         """One sentence: which side limited training, judged by queue occupancy."""
         occ = self.mean_queue_occupancy
+        storage = storage_verdict(self.input_stats.stage_seconds) if occ <= TRAINING_BOUND_ABOVE else None
+        if storage is not None:  # input-bound because the producers waited on object storage
+            return storage
         if occ < INPUT_BOUND_BELOW:
             return (f"input-bound: the queue was nearly empty (mean occupancy {occ:.2f}), so the step waited for "
                     "data; add producers or --workers, or use a cheaper augmentation")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping, Optional
 
 from stoker.protocol.batch_codec import STAGES
 
@@ -111,3 +111,22 @@ class Timeline:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+#: the share of producers' working stage time (send, a wait for the trainer's credit, left out) spent waiting for
+#: object storage above which a run is called storage-bound
+STORAGE_BOUND_SHARE = 0.5
+
+
+def storage_verdict(stage_seconds: Mapping[str, Mapping[str, float]]) -> Optional[str]:
+    """"storage-bound: ..." when the producers' reads waited for object storage (their ``fetch`` stage) for more
+    than ``STORAGE_BOUND_SHARE`` of their working time (``InputStats.stage_seconds``: producer -> stage -> s),
+    naming the fix; None otherwise (more producers or workers would not help such a run)."""
+    fetch = sum(stages.get("fetch", 0.0) for stages in stage_seconds.values())
+    working = sum(v for stages in stage_seconds.values() for k, v in stages.items() if k != "send")
+    if fetch <= 0.0 or fetch < STORAGE_BOUND_SHARE * working:
+        return None
+    return (f"storage-bound: the producers' reads waited {fetch:.1f} s for object storage ({fetch / working:.0%} "
+            "of their working time), so the step waited for data; more producers or --workers will not help. "
+            "Check the storage server's health and the producers' logs (their errors), raise --cache-size so "
+            "shards stay cached, or put the data nearer")

@@ -10,7 +10,7 @@ from typing import Callable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from stoker.producer.measure.stage_stats import StageStats
+from stoker.producer.measure.stage_stats import STAGE_NAMES, StageStats
 
 
 class ProducerCollector(Collector):
@@ -32,15 +32,20 @@ class ProducerCollector(Collector):
             ("stoker_producer_records_skipped", "Corrupt or undecodable records skipped", t["skipped"]),
             ("stoker_producer_handshake_failures", "Trainer connections refused at the handshake (CurveZMQ)",
              self.handshake_failures()),
+            ("stoker_producer_fetch_errors", "Object storage calls that failed and were tried again", t["fetch_errors"]),
         ):
             c = CounterMetricFamily(name, doc, labels=names)
             c.add_metric([self.labels["producer"]], value)
             yield c
         stage = CounterMetricFamily("stoker_producer_stage_seconds", "Seconds spent per stage, summed over workers",
                                     labels=["producer", "stage"])
-        for s in ("read", "decode", "augment", "serialize", "send"):
+        for s in STAGE_NAMES:  # fetch: what reads waited for object storage
             stage.add_metric([self.labels["producer"], s], t[f"{s}_s"])
         yield stage
+        waiting = GaugeMetricFamily("stoker_producer_storage_waiting",
+                                    "Workers waiting on object storage now (a failing call tried again)", labels=names)
+        waiting.add_metric([self.labels["producer"]], len(self.stats.storage_waits()))
+        yield waiting
         g = GaugeMetricFamily("stoker_producer_workers_alive", "Worker processes running", labels=names)
         g.add_metric([self.labels["producer"]], self.workers_alive())
         yield g

@@ -301,7 +301,7 @@ class ProducerDaemon:
         else:
             policy = ExactServer(self.stream, self.producer_id, cfg.epochs, cfg.trainer_timeout, spec,
                                  cfg.min_trainers)
-        exact = ExactForwarder(control, self._out, self.layout, buffers, policy)
+        exact = ExactForwarder(control, self._out, self.layout, buffers, policy, self.stats.storage_waiting)
         return exact, exact
 
     def _worker_config(self, internal: str) -> WorkerConfig:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import zmq
@@ -49,9 +49,10 @@ class ExactForwarder(SlotForwarder):
     """See the module doc. ``out`` is a bound ROUTER; ``policy`` decides what is served."""
 
     def __init__(self, control: zmq.Socket, out: zmq.Socket, layout: SlotLayout, buffers: list[Any],
-                 policy: ServingPolicy) -> None:
+                 policy: ServingPolicy, storage: Callable[[], str] = lambda: "") -> None:
         super().__init__(control, out, layout, buffers)
         self.policy = policy
+        self.storage = storage  # what its workers wait on object storage for, "" if nothing (a status field)
         self._pool = policy if isinstance(policy, PoolPolicy) else None  # only a pool's trainers hand out work
         self._stream = str(policy.key)
         self.work: dict[tuple[int, int], Chunk] = {}
@@ -190,6 +191,7 @@ class ExactForwarder(SlotForwarder):
         status.session = self.policy.trainers.session_of(routing_id)  # 0: it has not joined (a describe)
         status.stranger = stranger
         status.goodbye = True  # this producer takes a trainer's goodbye (_on_goodbye)
+        status.storage = self.storage()  # so a trainer blames storage, not this producer, for a stall
         try:
             self.out.send_multipart([routing_id, encode_status(status)], flags=zmq.NOBLOCK)
         except zmq.ZMQError:

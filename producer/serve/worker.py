@@ -41,7 +41,7 @@ from stoker.producer.dataset.shards import RemoteOptions, ShardedDataset, open_d
 from stoker.producer.serve.logs import configure_logging
 from stoker.producer.pipeline import SampleError, load_pipeline
 from stoker.producer.serve.sharding import EpochOrders, RecordRng, ShardLookahead, worker_stream
-from stoker.producer.measure.stage_stats import StageStats
+from stoker.producer.measure.stage_stats import StageStats, watch_storage, with_fetch
 
 log = logging.getLogger("stoker.producer.serve.worker")
 
@@ -274,6 +274,7 @@ def run_worker(worker: int, config: WorkerConfig, stats: StageStats, stop: Any, 
     configure_logging(config.log_level, config.log_format)
     pipeline, layout = _load_pipeline(config)
     dataset = open_dataset(config.lmdb_path, config.remote)
+    watch_storage(dataset, stats, worker)  # its waits on object storage: the status, stage times, metrics
     maker = _BatchMaker(worker, config, pipeline, layout, buffer, dataset, stats)
     # Named in every batch header, so a trainer sees producers whose shards overlap.
     stream_key = config.stream
@@ -302,15 +303,16 @@ def run_worker(worker: int, config: WorkerConfig, stats: StageStats, stop: Any, 
                 _add(stats, worker, send_s=t_wait, images=config.batch_size, batches=1)
                 batch_no += 1
                 continue
+            fetched = stats.value(worker, "fetch_s")
             made = maker.make(slot, work, stop)
             if made is None:
                 break
             t_read, t_transform, samples = made
             t_made = time.perf_counter()
             maker.keep(slot)
-            stages = maker.stages(t_read, t_transform, t_wait)
+            stages = with_fetch(maker.stages(t_read, t_transform, t_wait), stats.value(worker, "fetch_s") - fetched)
             hand_off(slot, arrays, batch_no, stages)
-            _add(stats, worker, read_s=t_read, decode_s=stages["decode"], augment_s=stages["augment"],
+            _add(stats, worker, read_s=stages["read"], decode_s=stages["decode"], augment_s=stages["augment"],
                  serialize_s=time.perf_counter() - t_made, send_s=t_wait, images=samples, batches=1)
             batch_no += 1
     finally:

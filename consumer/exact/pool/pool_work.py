@@ -166,10 +166,17 @@ class PoolWork:
         with self._lock:
             stuck = self.scheduler.stalls(now)
         for producer, silent, held in stuck:
-            log.warning("elastic pool: producer %s sent no new record for %.0f s while this trainer waited "
-                        "(stall bound %.1f s); its %d record(s) go to the other producers. It gets no new work "
-                        "until it answers again", self._producers[producer].name(), silent,
-                        self.scheduler.pace.stall_bound(), held)
+            status = self._producers[producer].status
+            if status is not None and status.storage:  # its own status says why: blame storage, not it
+                log.warning("elastic pool: producer %s is waiting on object storage (%s): no new record for %.0f "
+                            "s while this trainer waited; its %d record(s) go to the other producers until "
+                            "storage answers it again", self._producers[producer].name(), status.storage, silent,
+                            held)
+            else:
+                log.warning("elastic pool: producer %s sent no new record for %.0f s while this trainer waited "
+                            "(stall bound %.1f s); its %d record(s) go to the other producers. It gets no new work "
+                            "until it answers again", self._producers[producer].name(), silent,
+                            self.scheduler.pace.stall_bound(), held)
             # A new session: the producer drops what it queued for us (it would make it for nothing) and rejoins
             # the pool when it answers; batches it made before are stale and dropped.
             self._stuck.add(producer)
