@@ -156,7 +156,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         log_every=args.log_every, metrics_port=args.metrics_port, progress=not args.no_progress,
         exact=args.exact, trainer_id=args.trainer_id, consumed_log=args.log_consumed, report=args.report,
         discover_every=args.discover_every, share=args.share, stall_after=args.stall_after,
-        stall_limit=args.stall_limit,
+        stall_limit=args.stall_limit, checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every or 0,
+        resume=args.resume,
     )
     from stoker.consumer import InputError, InputMismatchError
     from stoker.consumer.tf.summaries import TensorBoardNotInstalledError
@@ -164,8 +165,13 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     try:
         report = train(config)
-    except (TensorBoardNotInstalledError, InputMismatchError, ClassCountError) as exc:  # a flag to change, named
-        print(f"stoker train: error: {exc}", file=sys.stderr)
+    if (args.resume or args.checkpoint_every) and not args.checkpoint_dir:
+        print("stoker train: error: --resume and --checkpoint-every need --checkpoint-dir DIR", file=sys.stderr)
+        return EXIT_USAGE
+    except (TensorBoardNotInstalledError, InputMismatchError, ClassCountError, CheckpointMismatchError) as exc:
+        print(f"stoker train: error: {exc}", file=sys.stderr)  # a flag to change, named
+    from stoker.consumer.train.checkpoints import CheckpointMismatchError
+    from stoker.consumer.train.loop import TrainingInterrupted
         return EXIT_USAGE
     except InputError as exc:
         print(f"stoker train: error: {exc}", file=sys.stderr)
@@ -176,6 +182,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     _quiet_tensorflow()
+    except TrainingInterrupted as exc:  # after a whole step: what it measured, as at the end
+        print("\n".join([exc.report.summary(), *exc.report.written()]))
+        print("stoker train: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     from stoker.cli.demo import DemoConfig, run_demo
 
     return run_demo(DemoConfig(cache_dir=args.cache_dir, steps=args.steps, records=args.records,

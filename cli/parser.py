@@ -173,8 +173,10 @@ def _add_train(sub: Subcommands, common: argparse.ArgumentParser, handlers: Hand
                    "other producer can serve its shard; it is warned about before, at a growing interval)")
     t.add_argument("--model", choices=("small-cnn", "resnet50"), default="small-cnn", help="model to train")
     t.add_argument("--steps", type=_positive_int, default=1000, help="training steps")
-    t.add_argument("--batch-size", type=_positive_int, default=64, help="batch size the producers send")
-    t.add_argument("--image-size", type=_positive_int, default=224, help="image size the producers send")
+    t.add_argument("--batch-size", type=_positive_int, default=None,
+                   help="batch size the producers send (default: learned from them; given, it is checked)")
+    t.add_argument("--image-size", type=_positive_int, default=None,
+                   help="image size the producers send (default: learned from them; given, it is checked)")
     t.add_argument("--classes", type=_positive_int, default=None,
                    help="classes of the model (labels must be below it); default: the producers' dataset's, which "
                         "their batch headers name (1000 if they do not); a value below the dataset's is refused")
@@ -195,9 +197,20 @@ def _add_train(sub: Subcommands, common: argparse.ArgumentParser, handlers: Hand
                    "through libzmq (CurveZMQ, ipc://)")
     t.add_argument("--log-consumed", default=None, metavar="FILE", type=_output_file,
                    help="write each step's record indices and epochs as JSON lines, to verify coverage")
+    t.add_argument("--checkpoint-dir", default=None, metavar="DIR",
+                   help="save the model, the optimizer, the step and the input's state (exact mode: the records "
+                   "trained) in DIR every --checkpoint-every steps, at the end and on Ctrl-C/SIGTERM (after a whole "
+                   "step); a DIR holding a checkpoint needs --resume")
+    t.add_argument("--checkpoint-every", type=_positive_int, default=None, metavar="N",
+                   help="steps between checkpoints (default: only at the end and on Ctrl-C/SIGTERM)")
+    t.add_argument("--resume", action="store_true",
+                   help="continue from the latest checkpoint in --checkpoint-dir (none there: start afresh): with "
+                   "--exact each record of the open epoch is trained once across the restart; --steps counts from "
+                   "the first run. Refused, naming the flag, if the model, classes, batches, --share, --trainer-id or "
+                   "the producers' dataset stream differ from the checkpoint's")
     t.add_argument("--report", default=None, metavar="FILE.html", type=_output_file,
-                   help="at the end, write the bottleneck report: the verdict and, over time, queue occupancy, step "
-                   "time, images/s per producer and producers' stage times (one self-contained HTML file)")
+                   help="at the end (or on Ctrl-C/SIGTERM), write the bottleneck report: the verdict and, over "
+                   "time, queue occupancy, step time, images/s per producer and producers' stage times (one self-contained HTML file)")
     t.add_argument("--curve-secret-key", default=None, metavar="FILE",
                    help="this trainer's NAME.key_secret: enables CurveZMQ (with --curve-server-key)")
     t.add_argument("--curve-server-key", default=None, metavar="FILE", help="the producers' public NAME.key")

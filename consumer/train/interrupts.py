@@ -6,6 +6,11 @@ queue dequeue would ignore Ctrl-C until data came. ``close_on_signal`` points
 SIGTERM it closes the input, which cancels the blocked op. The Python-level
 handler only records the signal (raising inside TensorFlow's C++ boundary
 would garble the exception); leaving the block raises KeyboardInterrupt.
+
+With a ``grace``, the first signal only sets the event for that long, so a loop that checks it
+between steps ends after a whole step (and can save a checkpoint) rather than in the middle of one;
+the input is closed when the grace is over (a step blocked waiting for data is cancelled then), or
+at once on a second signal.
 """
 
 from __future__ import annotations
@@ -21,8 +26,9 @@ _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 @contextlib.contextmanager
-def close_on_signal(close: Callable[[], None]) -> Iterator[threading.Event]:
-    """Within the block, SIGINT/SIGTERM call ``close()`` at once; the block then ends in KeyboardInterrupt.
+def close_on_signal(close: Callable[[], None], grace: float = 0.0) -> Iterator[threading.Event]:
+    """Within the block, SIGINT/SIGTERM call ``close()``, ``grace`` seconds after the first signal or at once on a
+    second; the block then ends in KeyboardInterrupt.
 
     Must be entered from the main thread. Yields the Event that records the signal.
     """
@@ -32,14 +38,22 @@ def close_on_signal(close: Callable[[], None]) -> Iterator[threading.Event]:
     previous_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
     previous = {sig: signal.signal(sig, lambda *_: interrupted.set()) for sig in _SIGNALS}
 
+    timer = threading.Timer(grace, close)
+    timer.daemon = True
+
     def watch() -> None:
+        signals = 0  # counted here: the Python-level handler sets the event too, maybe first
         while True:
             data = os.read(read_fd, 1)
             if not data or data[0] == _SENTINEL:
                 return
             if data[0] in _SIGNALS:
                 interrupted.set()
-                close()
+                signals += 1
+                if grace > 0 and signals == 1:
+                    timer.start()
+                else:
+                    close()
 
     watcher = threading.Thread(target=watch, name="stoker-signal-watch", daemon=True)
     watcher.start()
@@ -50,6 +64,7 @@ def close_on_signal(close: Callable[[], None]) -> Iterator[threading.Event]:
             raise KeyboardInterrupt("interrupted by signal") from None
         raise
     finally:
+        timer.cancel()
         signal.set_wakeup_fd(previous_fd)
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -8,22 +8,25 @@ bar shows images/s and queue occupancy; TensorBoard scalars go to ``logdir``.
 from __future__ import annotations
 
 import contextlib
-import json
+import dataclasses
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence, TextIO
+from typing import Optional, Sequence
 
 import tensorflow as tf
-from tqdm import tqdm
 
 from stoker.protocol.curve import CurveClientKeys
 
 from stoker.consumer.coverage import WHOLE_DATASET, coverage_lines, coverage_text
+from stoker.consumer.errors import InputMismatchError
+from stoker.consumer.train.checkpoints import CheckpointMismatchError, RunSettings, TrainCheckpoints
 from stoker.consumer.train.interrupts import close_on_signal
 from stoker.consumer.train.models import ClassCountError, build_model, model_classes
 from stoker.consumer.receive_stats import ProducerTally, producer_tallies, silent_producers
 from stoker.consumer.train.report import write_report
+from stoker.consumer.train.steps import LABEL_OUTSIDE, Progress, StepsRun, run_steps, train_step
 from stoker.consumer.tf.summaries import require_tensorboard
 from stoker.consumer.train.timeline import Timeline, storage_verdict
 from stoker.consumer.zmq_input import InputStats, ZMQInput
@@ -42,9 +45,9 @@ class TrainConfig:
 
     addresses: Sequence[str]
     model: str = "small-cnn"
-    steps: int = 1000
-    batch_size: int = 64
-    image_size: int = 224
+    steps: int = 1000  # the run's, counted from step 0 of a fresh start: a resumed run goes on to it
+    batch_size: Optional[int] = None  # None: the producers' (learned from them, as image_size)
+    image_size: Optional[int] = None
     num_classes: Optional[int] = None  # None: the producers' dataset's (``models.model_classes``)
     queue_capacity: int = 50
     recv_timeout: float = 60.0
@@ -65,6 +68,9 @@ class TrainConfig:
     share: tuple[int, int] = (0, 1)  # (rank, world) of an elastic pool's splits
     stall_after: Optional[float] = 10.0  # seconds: a producer holding work that sends nothing new is stuck
     stall_limit: Optional[float] = 300.0  # seconds: a stuck fixed-shard producer fails the input (exact mode)
+    checkpoint_dir: Optional[str] = None  # model, optimizer, step and input state saved here (checkpoints.py)
+    checkpoint_every: int = 0  # steps between checkpoints (0: only at the end and on Ctrl-C/SIGTERM)
+    resume: bool = False  # continue from checkpoint_dir's latest checkpoint (none there: start afresh)
 
 
 def has_liveness_events(s: InputStats) -> bool:
@@ -205,28 +211,47 @@ class TrainReport:
             [f"TensorBoard logs: {self.logdir} (tensorboard --logdir {self.logdir})"] if self.logdir else [])
 
 
-def _open_input(config: TrainConfig, stack: contextlib.ExitStack) -> ZMQInput:
-    """The run's input, closed on Ctrl-C/SIGTERM and with the stack; metrics served if asked."""
+def _open_input(config: TrainConfig, stack: contextlib.ExitStack) -> tuple[ZMQInput, threading.Event]:
+    """The run's input and the event a signal sets; closed ``SIGNAL_GRACE`` s after Ctrl-C/SIGTERM (the loop ends
+    after a whole step first) and with the stack; metrics served if asked. The batches are the producers' where
+    ``--batch-size``/``--image-size`` are not both given (``_check_batches`` holds the one given to them)."""
+    both = config.batch_size is not None and config.image_size is not None
     inp = stack.enter_context(ZMQInput(
-        config.addresses, batch_size=config.batch_size, image_shape=(config.image_size, config.image_size, 3),
+        config.addresses, batch_size=config.batch_size if both else None,
+        image_shape=(config.image_size, config.image_size, 3) if both else None,
         queue_capacity=config.queue_capacity, recv_timeout=config.recv_timeout, curve=config.curve,
         exact=config.exact, trainer_id=config.trainer_id, receive=config.receive,
         discover_every=config.discover_every, share=config.share, stall_after=config.stall_after,
         stall_limit=config.stall_limit))
-    stack.enter_context(close_on_signal(inp.close))
+    interrupted = stack.enter_context(close_on_signal(inp.close, SIGNAL_GRACE))
     if config.metrics_port is not None:
         log.info("metrics on http://0.0.0.0:%d/metrics", inp.serve_metrics(config.metrics_port))
-    return inp
+    return inp, interrupted
 
 
-#: In the message of a step whose batch holds a label the model has no class for.
-LABEL_OUTSIDE = "stoker: a label is outside the classes of the model"
+#: Seconds after Ctrl-C/SIGTERM before the input is closed under a step still waiting for data.
+SIGNAL_GRACE = 5.0
+
+
+def _check_batches(config: TrainConfig, inp: ZMQInput) -> tuple[int, int]:
+    """The batch size and image (height, width) the producers send, held to ``--batch-size``/``--image-size`` where
+    given; InputMismatchError naming the flag otherwise, or for batches without ``images``/``labels``."""
+    if "images" not in inp.spec or "labels" not in inp.spec or len(inp.spec["images"].shape) != 4:
+        raise InputMismatchError(f"stoker train trains on images [B,H,W,3] and labels [B] (the imagenet pipeline); "
+                                 f"the producers send {inp.spec}")
+    batch, height, width = (int(d) for d in inp.spec["images"].shape[:3])
+    for flag, given, sent in (("--batch-size", config.batch_size, batch), ("--image-size", config.image_size, height),
+                              ("--image-size", config.image_size, width)):
+        if given is not None and given != sent:
+            raise InputMismatchError(f"{flag} {given}, but the producers send batches of {batch} images of "
+                                     f"{height}x{width}: pass {flag} {sent}, or leave it out to take theirs")
+    return batch, (height, width)
 
 
 def _dataset_classes(inp: ZMQInput) -> int:
     """The classes the producers' dataset names, read from the first batch's header (0: not said). Waits for that
     batch; bounded by the input's ``recv_timeout`` (the input fails then) and ended by ``close()`` or Ctrl-C. Exact
-    mode receives from here on (this loop restores no checkpoint)."""
+    mode receives from here on: restore any checkpoint before."""
     inp.activate()
     while not inp.stats.batches and not inp.finished:
         inp.raise_if_failed()
@@ -234,88 +259,13 @@ def _dataset_classes(inp: ZMQInput) -> int:
     return inp.stats.dataset_classes
 
 
-def _train_step(inp: ZMQInput, model: Any, optimizer: Any, loss_fn: Any,
-                classes: int) -> Callable[[], tuple[tf.Tensor, ...]]:
-    """One training step on the input's next batch: ``(loss, accuracy, index, epoch)``; a label outside the model's
-    ``classes`` fails the step with ``LABEL_OUTSIDE`` in its message (``_run_steps`` says which flag to change)."""
-    @tf.function
-    def step() -> tuple[tf.Tensor, ...]:
-        batch = inp.get()
-        images, labels = batch["images"], batch["labels"]
-        tf.debugging.assert_less(labels, classes, message=LABEL_OUTSIDE)
-        with tf.GradientTape() as tape:
-            logits = model(images, training=True)
-            loss = loss_fn(labels, logits)
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        accuracy = tf.reduce_mean(tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels), tf.float32))
-        return loss, accuracy, batch["index"], batch["epoch"]
-    return step
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM ended ``train`` after a whole step: ``report`` is what the run measured (its HTML report
+    and its checkpoint written, where asked)."""
 
-
-class _Progress:
-    """The progress bar, the log line every ``log_every`` steps and TensorBoard scalars; the consumed-record log."""
-
-    def __init__(self, config: TrainConfig, inp: ZMQInput, consumed_log: Optional[TextIO]) -> None:
-        self.config, self.inp, self.consumed_log = config, inp, consumed_log
-        self.bar = tqdm(total=config.steps, unit="step", disable=not config.progress, dynamic_ncols=True)
-        self.t_window = time.perf_counter()
-
-    def step(self, i: int, loss: tf.Tensor, accuracy: tf.Tensor, index: tf.Tensor, epoch: tf.Tensor) -> None:
-        config = self.config
-        if self.consumed_log is not None:
-            self.consumed_log.write(json.dumps({"step": i, "index": index.numpy().tolist(),
-                                                "epoch": epoch.numpy().tolist()}) + "\n")
-            if i % 10 == 0:
-                self.consumed_log.flush()  # read as it grows (stoker cluster prints images/s from it)
-        if i % config.log_every == 0 or i == config.steps:
-            now = time.perf_counter()
-            rate = min(config.log_every, i) * config.batch_size / (now - self.t_window)
-            self.t_window = now
-            occupancy = self.inp.queue_occupancy()
-            self.bar.set_postfix(img_s=f"{rate:.0f}", queue=f"{occupancy:.2f}", loss=f"{float(loss):.3f}")
-            if not config.progress:
-                log.info("step=%d images_per_s=%.1f queue_occupancy=%.2f loss=%.3f", i, rate, occupancy, float(loss))
-            if config.logdir:  # tf.summary needs TensorBoard even with a no-op writer
-                self.inp.write_summaries(i)
-                tf.summary.scalar("train/loss", loss, step=i)
-                tf.summary.scalar("train/accuracy", accuracy, step=i)
-                tf.summary.scalar("stoker/images_per_s", rate, step=i)
-        self.bar.update(1)
-
-    def close(self) -> None:
-        self.bar.close()
-        if self.consumed_log is not None:
-            self.consumed_log.flush()
-
-
-def _run_steps(config: TrainConfig, inp: ZMQInput, step: Callable[[], tuple[tf.Tensor, ...]], progress: _Progress,
-               timeline: Optional[Timeline], warmup: int) -> tuple[int, float, InputStats, float, float]:
-    """Run up to ``config.steps`` steps (fewer when a finite run ends): ``(steps, clock start, stats at start,
-    final loss, final accuracy)``; the clock restarts after step ``warmup``."""
-    t_start, stats_start = time.perf_counter(), inp.stats
-    loss = accuracy = None
-    steps_run = 0
-    for i in range(1, config.steps + 1):
-        try:
-            t_step = time.perf_counter()
-            loss, accuracy, index, epoch = step()
-            if timeline is not None:  # the step's own time: wait for its result (costs a sync)
-                float(loss)
-                timeline.step(time.perf_counter() - t_step)
-        except tf.errors.OutOfRangeError:
-            if not inp.finished:
-                raise
-            log.info("the producers finished their epochs after %d steps", i - 1)
-            break
-        steps_run = i
-        if i == warmup:
-            float(loss)  # wait for the step to finish before the clock starts
-            t_start, stats_start = time.perf_counter(), inp.stats
-        progress.step(i, loss, accuracy, index, epoch)
-    final_loss = float(loss) if loss is not None else float("nan")
-    final_accuracy = float(accuracy) if accuracy is not None else float("nan")
-    return steps_run, t_start, stats_start, final_loss, final_accuracy
+    def __init__(self, report: TrainReport) -> None:
+        super().__init__("interrupted by signal")
+        self.report = report
 
 
 def train(config: TrainConfig) -> TrainReport:
@@ -324,56 +274,117 @@ def train(config: TrainConfig) -> TrainReport:
     Raises TensorBoardNotInstalledError before anything starts if ``logdir`` is set and
     TensorBoard is missing; InputTimeoutError if producers are silent for ``recv_timeout``;
     ClassCountError when ``num_classes`` is below the classes the producers' dataset names (checked on the first
-    batch, before the model is built) or a label falls outside the model; KeyboardInterrupt on Ctrl-C/SIGTERM,
-    after closing the input promptly.
+    batch, before the model is built) or a label falls outside the model; InputMismatchError when the producers'
+    batches are not the ``batch_size``/``image_size`` given; CheckpointMismatchError when ``checkpoint_dir`` may not
+    be resumed (``checkpoints.py``); TrainingInterrupted on Ctrl-C/SIGTERM after a whole step (a checkpoint saved
+    and the report written first), KeyboardInterrupt when the signal came before the first.
     """
     require_tensorboard(config.logdir, "training with a log directory (stoker train --logdir)")
     keras = tf.keras
+    checkpoints = TrainCheckpoints(config.checkpoint_dir) if config.checkpoint_dir else None
+    saved = checkpoints.saved_settings(config.resume) if checkpoints else None
+    result: Optional[TrainReport] = None
+    try:
+        with contextlib.ExitStack() as stack:
+            result = _train(config, stack, checkpoints, saved)
+            return result
+    except KeyboardInterrupt:
+        if result is None:
+            raise
+        raise TrainingInterrupted(result) from None
+
+
+def _train(config: TrainConfig, stack: contextlib.ExitStack, checkpoints: Optional[TrainCheckpoints],
+           saved: Optional[RunSettings]) -> TrainReport:
     optimizer = keras.optimizers.Adam(config.learning_rate)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     writer = tf.summary.create_file_writer(config.logdir) if config.logdir else tf.summary.create_noop_writer()
-    warmup = min(config.warmup_steps, max(0, config.steps - 1))
-    with contextlib.ExitStack() as stack:
-        consumed_log = stack.enter_context(open(config.consumed_log, "w")) if config.consumed_log else None
-        inp = _open_input(config, stack)
-        log.info("waiting for the first batches from %s (pre-filling the queue)", ", ".join(config.addresses))
-        classes = model_classes(config.num_classes, _dataset_classes(inp))
-        log.info("model %s with %d classes%s", config.model, classes,
-                 "" if config.num_classes else " (the producers' dataset's; --classes sets another)")
-        model = build_model(config.model, config.image_size, classes)
-        step = _train_step(inp, model, optimizer, loss_fn, classes)
-        timeline = Timeline(inp).start() if config.report or config.timeline else None
-        if timeline is not None:
-            stack.callback(timeline.stop)  # also on errors; a second stop() does nothing
-        progress = _Progress(config, inp, consumed_log)
-        with writer.as_default():
-            try:
-                steps_run, t_start, stats_start, final_loss, final_accuracy = _run_steps(
-                    config, inp, step, progress, timeline, warmup)
-            except tf.errors.InvalidArgumentError as exc:
-                if LABEL_OUTSIDE not in str(exc):
-                    raise
-                raise ClassCountError(f"a batch holds a label at or above the model's {classes} classes: pass "
-                                      "--classes above the largest label the producers' pipeline makes (`stoker "
-                                      "lmdb info DATASET` lists the dataset's classes)") from None
-        progress.close()
-        writer.flush()
-        if timeline is not None:
-            timeline.stop()
-        seconds = time.perf_counter() - t_start
-        stats_end = inp.stats
-        # The clock restarted after the warm-up step; a run that never got past it is timed whole.
-        includes_warmup = warmup == 0 or steps_run <= warmup
-        measured = steps_run if includes_warmup else steps_run - warmup
-        samples = stats_end.occupancy_samples - stats_start.occupancy_samples
-        mean_occ = ((stats_end.occupancy_sum - stats_start.occupancy_sum) / samples) if samples else stats_end.mean_queue_occupancy
-        result = TrainReport(steps=steps_run, seconds=seconds, images_per_s=measured * config.batch_size / seconds,
-                             mean_queue_occupancy=mean_occ, final_loss=final_loss, final_accuracy=final_accuracy,
-                             input_stats=stats_end, timeline=timeline, includes_warmup=includes_warmup,
-                             stats_at_start=stats_start, logdir=config.logdir)
-        if config.report and timeline is not None:
-            write_report(config.report, f"stoker train: {config.model}", result.bottleneck(), timeline,
-                         result.facts())
-            result.report_path = config.report
-            log.info("wrote the bottleneck report to %s", config.report)
-        return result
+    consumed_log = stack.enter_context(open(config.consumed_log, "a" if saved else "w")) if config.consumed_log else None
+    inp, interrupted = _open_input(config, stack)
+    batch_size, image_shape = _check_batches(config, inp)
+    settings = RunSettings(config.model, config.num_classes or (saved.classes if saved else 0), batch_size, image_shape,
+                           config.exact, config.share, config.trainer_id or (saved.trainer_id if saved else None),
+                           saved.streams if saved else ())
+
+    def check_resume() -> None:  # the flags at once; the producers' streams once batches came, and at each save
+        nonlocal settings
+        settings = dataclasses.replace(settings, streams=tuple(sorted(
+            set(settings.streams) | set(inp.stats.producer_streams.values()))))
+        if saved is not None and saved.mismatches(settings):
+            raise CheckpointMismatchError(f"--resume: {config.checkpoint_dir} was saved by another run: "
+                                          f"{'; '.join(saved.mismatches(settings))}; pass what it was saved with, "
+                                          "or give another --checkpoint-dir")
+
+    check_resume()
+    log.info("waiting for the first batches from %s (pre-filling the queue)", ", ".join(config.addresses))
+    # A resumed model is built with the saved classes before the input receives (its state is restored first).
+    classes = saved.classes if saved else model_classes(config.num_classes, _dataset_classes(inp))
+    model = build_model(config.model, image_shape, classes)
+    optimizer.build(model.trainable_variables)
+    step_number = tf.Variable(0, dtype=tf.int64, name="step")
+    if checkpoints is not None:
+        checkpoints.attach(model=model, optimizer=optimizer, step=step_number, input=inp)
+        if saved is not None:
+            checkpoints.restore()
+            model_classes(classes, _dataset_classes(inp))  # the dataset may not name more classes than the model
+            check_resume()
+    settings = dataclasses.replace(settings, classes=classes, trainer_id=inp.trainer_id)
+    start = int(step_number.numpy())
+    log.info("model %s with %d classes%s%s", config.model, classes,
+             "" if config.num_classes or saved else " (the producers' dataset's; --classes sets another)",
+             f", resumed at step {start}" if saved else "")
+
+    def save(i: int) -> None:
+        assert checkpoints is not None
+        check_resume()
+        step_number.assign(i)
+        checkpoints.save(i, settings)
+
+    def after_step(i: int) -> None:
+        if checkpoints is not None and config.checkpoint_every and i % config.checkpoint_every == 0:
+            save(i)
+
+    step = train_step(inp, model, optimizer, loss_fn, classes)
+    timeline = Timeline(inp).start() if config.report or config.timeline else None
+    if timeline is not None:
+        stack.callback(timeline.stop)  # also on errors; a second stop() does nothing
+    progress = Progress(config, inp, consumed_log, batch_size, start)
+    warmup = min(config.warmup_steps, max(0, config.steps - start - 1))
+    with writer.as_default():
+        try:
+            run = run_steps(config, inp, step, progress, timeline, warmup, interrupted, start, after_step)
+        except tf.errors.InvalidArgumentError as exc:
+            if LABEL_OUTSIDE not in str(exc):
+                raise
+            raise ClassCountError(f"a batch holds a label at or above the model's {classes} classes: pass "
+                                  "--classes above the largest label the producers' pipeline makes (`stoker "
+                                  "lmdb info DATASET` lists the dataset's classes)") from None
+    progress.close()
+    writer.flush()
+    end = start + run.steps
+    if checkpoints is not None and run.steps and not (config.checkpoint_every and end % config.checkpoint_every == 0):
+        save(end)  # the end, clean or by a signal: every step trained is in a checkpoint
+    return _report(config, inp, run, warmup, timeline, batch_size)
+
+
+def _report(config: TrainConfig, inp: ZMQInput, run: StepsRun, warmup: int, timeline: Optional[Timeline],
+            batch_size: int) -> TrainReport:
+    """What the run measured (``TrainReport``), its HTML report written if asked."""
+    if timeline is not None:
+        timeline.stop()
+    seconds = time.perf_counter() - run.t_start
+    stats_end, stats_start = inp.stats, run.stats_start
+    # The clock restarted after the warm-up step; a run that never got past it is timed whole.
+    includes_warmup = warmup == 0 or run.steps <= warmup
+    measured = run.steps if includes_warmup else run.steps - warmup
+    samples = stats_end.occupancy_samples - stats_start.occupancy_samples
+    mean_occ = ((stats_end.occupancy_sum - stats_start.occupancy_sum) / samples) if samples else stats_end.mean_queue_occupancy
+    result = TrainReport(steps=run.steps, seconds=seconds, images_per_s=measured * batch_size / seconds,
+                         mean_queue_occupancy=mean_occ, final_loss=run.final_loss, final_accuracy=run.final_accuracy,
+                         input_stats=stats_end, timeline=timeline, includes_warmup=includes_warmup,
+                         stats_at_start=stats_start, logdir=config.logdir)
+    if config.report and timeline is not None:
+        write_report(config.report, f"stoker train: {config.model}", result.bottleneck(), timeline, result.facts())
+        result.report_path = config.report
+        log.info("wrote the bottleneck report to %s", config.report)
+    return result

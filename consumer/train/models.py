@@ -9,10 +9,12 @@ import tensorflow as tf
 MODELS = ("small-cnn", "resnet50")
 
 
-def build_model(name: str, image_size: int, num_classes: int) -> tf.keras.Model:
-    """``small-cnn``: 3 strided convs, fast on CPU. ``resnet50``: keras.applications, weights=None."""
+def build_model(name: str, image_size: int | tuple[int, int], num_classes: int) -> tf.keras.Model:
+    """``small-cnn``: 3 strided convs, fast on CPU. ``resnet50``: keras.applications, weights=None. ``image_size``:
+    the side of square images, or (height, width)."""
     keras = tf.keras
-    inputs = keras.Input((image_size, image_size, 3), dtype="uint8")
+    height, width = (image_size, image_size) if isinstance(image_size, int) else image_size
+    inputs = keras.Input((height, width, 3), dtype="uint8")
     x = keras.layers.Rescaling(1 / 127.5, offset=-1.0)(inputs)
     if name == "small-cnn":
         for filters in (32, 64, 128):
@@ -20,7 +22,7 @@ def build_model(name: str, image_size: int, num_classes: int) -> tf.keras.Model:
         x = keras.layers.GlobalAveragePooling2D()(x)
         outputs = keras.layers.Dense(num_classes)(x)
     elif name == "resnet50":
-        backbone = keras.applications.ResNet50(weights=None, include_top=False, input_shape=(image_size, image_size, 3),
+        backbone = keras.applications.ResNet50(weights=None, include_top=False, input_shape=(height, width, 3),
                                                pooling="avg")
         outputs = keras.layers.Dense(num_classes)(backbone(x))
     else:
