@@ -159,33 +159,33 @@ def cmd_train(args: argparse.Namespace) -> int:
         stall_limit=args.stall_limit, checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every or 0,
         resume=args.resume,
     )
+    if (args.resume or args.checkpoint_every) and not args.checkpoint_dir:
+        print("stoker train: error: --resume and --checkpoint-every need --checkpoint-dir DIR", file=sys.stderr)
+        return EXIT_USAGE
     from stoker.consumer import InputError, InputMismatchError
     from stoker.consumer.tf.summaries import TensorBoardNotInstalledError
+    from stoker.consumer.train.checkpoints import CheckpointMismatchError
+    from stoker.consumer.train.loop import TrainingInterrupted
     from stoker.consumer.train.models import ClassCountError
 
     try:
         report = train(config)
-    if (args.resume or args.checkpoint_every) and not args.checkpoint_dir:
-        print("stoker train: error: --resume and --checkpoint-every need --checkpoint-dir DIR", file=sys.stderr)
-        return EXIT_USAGE
     except (TensorBoardNotInstalledError, InputMismatchError, ClassCountError, CheckpointMismatchError) as exc:
         print(f"stoker train: error: {exc}", file=sys.stderr)  # a flag to change, named
-    from stoker.consumer.train.checkpoints import CheckpointMismatchError
-    from stoker.consumer.train.loop import TrainingInterrupted
         return EXIT_USAGE
     except InputError as exc:
         print(f"stoker train: error: {exc}", file=sys.stderr)
         return EXIT_FAILURE
+    except TrainingInterrupted as exc:  # after a whole step: what it measured, as at the end
+        print("\n".join([exc.report.summary(), *exc.report.written()]))
+        print("stoker train: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     print("\n".join([report.summary(), *report.written()]))
     return EXIT_OK
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     _quiet_tensorflow()
-    except TrainingInterrupted as exc:  # after a whole step: what it measured, as at the end
-        print("\n".join([exc.report.summary(), *exc.report.written()]))
-        print("stoker train: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
     from stoker.cli.demo import DemoConfig, run_demo
 
     return run_demo(DemoConfig(cache_dir=args.cache_dir, steps=args.steps, records=args.records,

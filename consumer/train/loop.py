@@ -280,7 +280,6 @@ def train(config: TrainConfig) -> TrainReport:
     and the report written first), KeyboardInterrupt when the signal came before the first.
     """
     require_tensorboard(config.logdir, "training with a log directory (stoker train --logdir)")
-    keras = tf.keras
     checkpoints = TrainCheckpoints(config.checkpoint_dir) if config.checkpoint_dir else None
     saved = checkpoints.saved_settings(config.resume) if checkpoints else None
     result: Optional[TrainReport] = None
@@ -296,6 +295,7 @@ def train(config: TrainConfig) -> TrainReport:
 
 def _train(config: TrainConfig, stack: contextlib.ExitStack, checkpoints: Optional[TrainCheckpoints],
            saved: Optional[RunSettings]) -> TrainReport:
+    keras = tf.keras
     optimizer = keras.optimizers.Adam(config.learning_rate)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     writer = tf.summary.create_file_writer(config.logdir) if config.logdir else tf.summary.create_noop_writer()
