@@ -110,7 +110,13 @@ def cmd_produce(args: argparse.Namespace) -> int:
     stop = stop_event_on_signals()
     if args.parent_pid is not None:
         stop_with_process(args.parent_pid, stop)
-    ProducerDaemon(config, cancel=stop).run(stop)  # a signal also ends its wait for storage at start
+    from stoker.producer.supervision.worker_supervisor import WorkerCrashLoop
+
+    try:
+        ProducerDaemon(config, cancel=stop).run(stop)  # a signal also ends its wait for storage at start
+    except WorkerCrashLoop as exc:  # logged, and in the status file's "stopped" line
+        print(f"stoker produce: error: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
     return EXIT_OK
 
 

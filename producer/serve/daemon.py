@@ -25,14 +25,15 @@ file when it starts, then appends one JSON object per line, each line a single `
     {"event": "serving", "pid": 4242, "endpoint": "tcp://127.0.0.1:40123",
      "producer_id": "host:40123#0/2~a1b2c3", "mode": "plain", "epochs": null, "shard": "0/2",
      "records": 512, "seed": 7, "workers": 2, "metrics_port": null}
-    {"event": "stopped", "pid": 4242, "batches": 120, "images": 960, "skipped": 0}
+    {"event": "stopped", "pid": 4242, "batches": 120, "images": 960, "skipped": 0, "restarts": 0}
 
 ``serving`` comes once, when the socket is bound and the workers are started (the moment the log
 says "serving"): ``endpoint`` is the bound address (the real port for ``tcp://HOST:*``), ``mode``
 is ``plain``, ``exact`` or ``pool`` (``--shard auto``), ``epochs`` null when endless,
 ``metrics_port`` the Prometheus port or null. ``stopped`` comes once, last, when ``run()`` ends for
 any reason (the figures of the log's "stopped:" line: batches and images the workers made to send,
-records skipped; exact mode's trainers that said ``goodbyes`` and ``trainers_lost`` without one). A
+records skipped, workers restarted; exact mode's trainers that said ``goodbyes`` and ``trainers_lost`` without one;
+``error`` when workers died in a way restarting cannot heal, see producer/supervision/). A
 daemon killed outright writes no ``stopped``; one that fails before serving writes nothing. Readers
 ignore fields and events they do not know.
 """
@@ -50,7 +51,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, replace
-from typing import Callable, Optional
+from typing import Optional
 
 import zmq
 
@@ -73,6 +74,9 @@ from stoker.producer.serve.sharding import ShardSpec, layout_block
 from stoker.producer.serve.split_server import SplitServer
 from stoker.producer.measure.stage_stats import StageStats, rate_report
 from stoker.producer.serve.worker import WorkerConfig, run_worker
+from stoker.producer.supervision.restart_policy import MAX_SKIPPED_RECORDS
+from stoker.producer.supervision.worker_progress import WorkerProgress
+from stoker.producer.supervision.worker_supervisor import WorkerSupervisor
 
 log = logging.getLogger("stoker.producer")
 
@@ -262,30 +266,32 @@ class ProducerDaemon:
         sender.start()
         worker_stop = spawn.Event()
         worker_cfg = self._worker_config(internal)
+        progress = WorkerProgress(cfg.workers, MAX_SKIPPED_RECORDS, spawn)
 
         def start(w: int) -> mp.process.BaseProcess:
             # Fresh per process, so a dead worker's late messages are recognised (ids must not start with 0).
             routing_id = b"w" + secrets.token_bytes(8)
             forwarder.register_worker(w, routing_id)
             p = spawn.Process(target=run_worker, name=f"stoker-worker-{w}", daemon=True,
-                              args=(w, worker_cfg, self.stats, worker_stop, os.getpid(), buffers[w], routing_id))
+                              args=(w, worker_cfg, self.stats, worker_stop, os.getpid(), buffers[w], routing_id,
+                                    progress))
             p.start()
             return p
 
-        procs = [start(w) for w in range(cfg.workers)]
-        metrics = self._start_metrics(procs)
+        workers = WorkerSupervisor(start, cfg.workers, progress)
+        metrics = self._start_metrics(workers)
         self._announce(metrics)
         try:
-            self._serve(stop, exact, sender, procs, start)
+            self._serve(stop, exact, sender, workers)
         finally:
             if metrics is not None:
                 metrics.close()
             worker_stop.set()
             forwarding_stop.set()
-            _join_or_kill(procs)
+            workers.join_or_kill()
             sender.join(1.0)
             self._close(control, ipc_dir)
-            self._report_stopped(exact)
+            self._report_stopped(exact, workers)
 
     def _forwarder(self, control: zmq.Socket,
                    buffers: list) -> tuple[SlotForwarder, Optional[ExactForwarder]]:
@@ -314,11 +320,11 @@ class ProducerDaemon:
             repeat_batches=cfg.repeat_batches, layout_arrays=self.layout.arrays, exact=cfg.exact, remote=cfg.remote,
         )
 
-    def _start_metrics(self, procs: list[mp.process.BaseProcess]) -> Optional[MetricsServer]:
+    def _start_metrics(self, workers: WorkerSupervisor) -> Optional[MetricsServer]:
         if self.config.metrics_port is None:
             return None
         collector = ProducerCollector(self.stats, self.layout.slot_bytes, self.producer_id,
-                                      lambda: sum(p.is_alive() for p in procs),
+                                      workers.alive,
                                       handshake_failures=lambda: self.handshakes.failed)
         metrics = MetricsServer(self.config.metrics_port, collector)
         log.info("metrics on http://0.0.0.0:%d/metrics", metrics.port)
@@ -341,9 +347,9 @@ class ProducerDaemon:
                           metrics_port=metrics.port if metrics is not None else None)
 
     def _serve(self, stop: threading.Event, exact: Optional[ExactForwarder],
-               sender: threading.Thread, procs: list[mp.process.BaseProcess],
-               start: Callable[[int], mp.process.BaseProcess]) -> None:
-        """Until ``stop`` (or a finite exact run's end): restart dead workers, log rates every log_interval."""
+               sender: threading.Thread, workers: WorkerSupervisor) -> None:
+        """Until ``stop`` (or a finite exact run's end): restart dead workers (WorkerCrashLoop when that cannot
+        help), log rates every log_interval."""
         cfg = self.config
         last, last_t = self.stats.totals(), time.monotonic()
         while not stop.wait(min(0.5, cfg.log_interval)):
@@ -356,11 +362,8 @@ class ProducerDaemon:
                 break
             if not sender.is_alive():
                 raise RuntimeError("the forwarding thread stopped (see the error above); stopping the producer")
-            for w, p in enumerate(procs):
-                if not p.is_alive():
-                    log.error("worker %d exited with code %s; restarting it", w, p.exitcode)
-                    procs[w] = start(w)
             now = time.monotonic()
+            workers.check(now)
             if now - last_t >= cfg.log_interval:
                 totals = self.stats.totals()
                 log.info("%s", rate_report(last, totals, now - last_t).line())
@@ -376,23 +379,16 @@ class ProducerDaemon:
         if ipc_dir is not None:
             shutil.rmtree(ipc_dir, ignore_errors=True)
 
-    def _report_stopped(self, exact: Optional[ExactForwarder] = None) -> None:
-        """The "stopped:" log line and the status file's last line, with the same figures."""
+    def _report_stopped(self, exact: Optional[ExactForwarder], workers: WorkerSupervisor) -> None:
+        """The "stopped:" log line and the status file's last line, with the same figures (``error``: why the
+        producer gave up, ``WorkerCrashLoop``)."""
+        restarts, failure = workers.policy.restarts, workers.failure
         totals = self.stats.totals()
         batches, images, skipped = (int(totals[k]) for k in ("batches", "images", "skipped"))
         trainers = exact.trainer_counts() if exact is not None else {}
-        log.info("stopped: %s, %s sent, %s skipped%s", _count(batches, "batch", "batches"), _count(images, "image"),
-                 _count(skipped, "record"), "".join(f", {k}={v}" for k, v in trainers.items()))
-        self.status.write("stopped", batches=batches, images=images, skipped=skipped, **trainers)
+        log.info("stopped: %s, %s sent, %s skipped, %s%s", _count(batches, "batch", "batches"),
+                 _count(images, "image"), _count(skipped, "record"), _count(restarts, "worker restart"),
+                 "".join(f", {k}={v}" for k, v in trainers.items()))
+        self.status.write("stopped", batches=batches, images=images, skipped=skipped, restarts=restarts,
+                          **trainers, **({"error": failure} if failure else {}))
         self.status.close()
-
-
-def _join_or_kill(procs: list[mp.process.BaseProcess]) -> None:
-    """Join the workers (told to stop) within 1.2 s together; kill any still alive."""
-    deadline = time.monotonic() + 1.2
-    for p in procs:
-        p.join(max(0.0, deadline - time.monotonic()))
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-            p.join(0.5)

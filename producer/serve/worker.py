@@ -42,6 +42,7 @@ from stoker.producer.serve.logs import configure_logging
 from stoker.producer.pipeline import SampleError, load_pipeline
 from stoker.producer.serve.sharding import EpochOrders, RecordRng, ShardLookahead, worker_stream
 from stoker.producer.measure.stage_stats import StageStats, watch_storage, with_fetch
+from stoker.producer.supervision.worker_progress import WorkerProgress
 
 log = logging.getLogger("stoker.producer.serve.worker")
 
@@ -133,8 +134,9 @@ class _BatchMaker:
     worker's own stream of its shard. A record that fails is skipped, counted and logged, never fatal."""
 
     def __init__(self, worker: int, config: WorkerConfig, pipeline: Any, layout: SlotLayout, buffer: Any,
-                 dataset: LmdbDataset | ShardedDataset, stats: StageStats) -> None:
+                 dataset: LmdbDataset | ShardedDataset, stats: StageStats, progress: WorkerProgress) -> None:
         self.worker, self.config, self.pipeline, self.dataset, self.stats = worker, config, pipeline, dataset, stats
+        self.progress = progress  # the record being made, for the daemon to judge a death (producer/supervision/)
         self.views = layout.views(buffer)
         self.rows = [sample_rows(arrays) for arrays in self.views]
         self.rngs = RecordRng(config.seed)
@@ -154,19 +156,32 @@ class _BatchMaker:
 
     def _make_row(self, rows: dict[str, np.ndarray], epoch: int, index: int) -> Optional[tuple[float, float]]:
         """Record ``index`` made into ``rows``: ``(read seconds, transform seconds)``, or None if it failed."""
+        if self.progress.skips(index):
+            self.skips.skip(index, "it killed worker processes (see the error above): skipped without reading")
+            return None
+        self.progress.making(self.worker, epoch, index)
+        try:
+            return self._make_read_row(rows, epoch, index)
+        finally:
+            self.progress.made(self.worker)
+
+    def _make_read_row(self, rows: dict[str, np.ndarray], epoch: int, index: int) -> Optional[tuple[float, float]]:
         t0 = time.perf_counter()
         following = self.lookahead.after(epoch, index)
         if following is not None and isinstance(self.dataset, ShardedDataset):
             self.dataset.prefetch(following)
         try:
             record = self.dataset.read(index)
-            t1 = time.perf_counter()
+        except Exception as exc:  # RecordError, or whatever else a damaged file raises: never fatal (format.md)
+            self.skips.skip(index, str(exc) if isinstance(exc, RecordError) else f"{type(exc).__name__}: {exc}")
+            return None
+        t1 = time.perf_counter()
+        try:
             self.pipeline.write(record, self.rngs.for_record(epoch, index), rows)
-            t2 = time.perf_counter()
-        except (RecordError, SampleError) as exc:
+        except SampleError as exc:
             self.skips.skip(index, str(exc))
             return None
-        return t1 - t0, t2 - t1
+        return t1 - t0, time.perf_counter() - t1
 
     def _make_from_stream(self, slot: int, stop: Any) -> Optional[tuple[float, float, int]]:
         arrays, rows, batch_size = self.views[slot], self.rows[slot], self.config.batch_size
@@ -262,20 +277,26 @@ def _add(stats: StageStats, worker: int, **values: float) -> None:
 
 
 def run_worker(worker: int, config: WorkerConfig, stats: StageStats, stop: Any, parent_pid: int,
-               buffer: Any, routing_id: bytes) -> None:
+               buffer: Any, routing_id: bytes, progress: WorkerProgress) -> None:
     """Process entry point. Returns when stopped; never raises on bad records or bad samples.
 
     ``buffer`` is this worker's shared memory (``batch_slots.allocate``); ``routing_id``
-    names this process to the daemon, fresh for every (re)start.
+    names this process to the daemon, fresh for every (re)start; ``progress`` is where it says what it is doing
+    (an error that ends it included), for the daemon to judge its death.
     """
     _die_with_parent()
     # The daemon owns shutdown: Ctrl-C in a terminal reaches the whole process group.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     configure_logging(config.log_level, config.log_format)
-    pipeline, layout = _load_pipeline(config)
-    dataset = open_dataset(config.lmdb_path, config.remote)
-    watch_storage(dataset, stats, worker)  # its waits on object storage: the status, stage times, metrics
-    maker = _BatchMaker(worker, config, pipeline, layout, buffer, dataset, stats)
+    try:
+        pipeline, layout = _load_pipeline(config)
+        dataset = open_dataset(config.lmdb_path, config.remote)
+        watch_storage(dataset, stats, worker)  # its waits on object storage: the status, stage times, metrics
+    except Exception as exc:
+        progress.failing(worker, f"{type(exc).__name__}: {exc}")
+        raise
+    progress.ready(worker)
+    maker = _BatchMaker(worker, config, pipeline, layout, buffer, dataset, stats, progress)
     # Named in every batch header, so a trainer sees producers whose shards overlap.
     stream_key = config.stream
     ctx = zmq.Context()

@@ -1,8 +1,12 @@
 """A user pipeline for the tests, loaded with --pipeline tests/pipelines/faulty_pipeline.py:make_pipeline.
 
 It makes plain samples (a resized image, its label, up to 4 boxes) and misbehaves on the
-records whose ``id`` field is named in ``faults`` ("kind@index,..."): raise, wrong dtype, wrong shape, too many boxes.
+records whose ``id`` field is named in ``faults`` ("kind@index,..."): raise, wrong dtype, wrong shape, too many boxes,
+or ``die``: the worker process is killed by SIGSEGV, as a crashing native decoder would kill it.
 """
+
+import os
+import signal
 
 import cv2
 import numpy as np
@@ -24,6 +28,8 @@ def make_pipeline(size: int = 32, faults: str = "") -> Pipeline:
         boxes = np.tile(np.array([[0, 0, size / 2, size / 2]], np.float32), (record["label"] % 3 + 1, 1))
         fault = planned.get(record["id"])
         sample = {"images": image, "labels": record["label"], "boxes": boxes}
+        if fault == "die":
+            os.kill(os.getpid(), signal.SIGSEGV)
         if fault == "raise":
             raise RuntimeError("user bug on purpose")
         if fault == "dtype":
