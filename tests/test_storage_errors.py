@@ -66,6 +66,14 @@ def _wait_for(log: Path, text: str, proc: subprocess.Popen, timeout: float = 60.
         time.sleep(0.1)
 
 
+def _exit_code(proc: subprocess.Popen, log: Path) -> int:
+    """The exit code of a signalled process, failing (with its log) if it runs past ``HANG`` seconds."""
+    try:
+        return proc.wait(timeout=HANG)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"still running {HANG:.0f} s after the signal: {log.read_text(errors='replace')[-3000:]}")
+
+
 def _no_credentials_env(home: Path) -> dict:
     """This environment less every AWS_* variable, with an empty HOME (no ~/.aws)."""
     return {**{k: v for k, v in os.environ.items() if not k.startswith("AWS_")}, "HOME": str(home)}
@@ -80,7 +88,7 @@ def test_a_signal_stops_a_producer_retrying_a_storage_server_that_is_not_there(t
     try:
         _wait_for(log, "trying again", proc)  # in the retry loop
         proc.send_signal(sig)
-        code = proc.wait(timeout=HANG)
+        code = _exit_code(proc, log)
     finally:
         proc.kill()
         proc.wait()
@@ -96,7 +104,7 @@ def test_a_signal_stops_an_upload_retrying_a_storage_server_that_is_not_there(tm
     try:
         _wait_for(log, "trying again", proc)
         proc.send_signal(sig)
-        code = proc.wait(timeout=HANG)
+        code = _exit_code(proc, log)
     finally:
         proc.kill()
         proc.wait()
