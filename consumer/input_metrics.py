@@ -50,9 +50,11 @@ class InputCollector(Collector):
                                 value=s.connected_producers)
         yield GaugeMetricFamily("stoker_trainer_pool_producers", "Producers the addresses resolve to now",
                                 value=s.pool_size)
-        yield CounterMetricFamily("stoker_trainer_producers_joined", "Producers that joined the pool since the start",
+        yield CounterMetricFamily("stoker_trainer_producers_joined", "Producers whose connection came up since the "
+                                  "start (those at the start included; joined - left = connected now)",
                                   value=s.producers_joined)
-        yield CounterMetricFamily("stoker_trainer_producers_left", "Producers that left the pool since the start",
+        yield CounterMetricFamily("stoker_trainer_producers_left", "Producers whose connection ended (stopped, "
+                                  "restarting, cut off) or whose address left the pool since the start",
                                   value=s.producers_left)
         yield CounterMetricFamily("stoker_trainer_splits_reserved",
                                   "Elastic pool: splits handed out again because their producer was stuck",

@@ -65,7 +65,9 @@ class InputStats:
     control_bytes_sent: int = 0
     control_received: int = 0
     control_bytes_received: int = 0
-    #: the producer pool (``consumer/transport/discovery.py``): producers in it now, and how many joined and left since the start
+    #: the producer pool (``consumer/transport/discovery.py``): its addresses now; producers that joined (a connection
+    #: came up, those at the start included) and left (a connection ended, or its address left the pool) since the
+    #: start, counted alike for a static address list and for discovery: joined - left = connected now
     pool_size: int = 0
     producers_joined: int = 0
     producers_left: int = 0
@@ -247,14 +249,39 @@ class ReceiveStats:
         with self._lock:
             return self._stats.last_error
 
+    def _connected_now(self, endpoints: set[str]) -> tuple[list[str], list[str]]:
+        """Set the connected endpoints (the caller holds the lock) and count each producer that joined (its
+        connection came up) or left (it went down: stopped, killed, restarting, cut off; or its address left the
+        pool). The one place that counts them, fed alike by a static address list and by discovery, in every mode
+        and receiver, so ``producers_joined - producers_left`` is always the producers connected now."""
+        s = self._stats
+        before = set(s.connected_endpoints)
+        joined, left = sorted(endpoints - before), sorted(before - endpoints)
+        s.producers_joined += len(joined)
+        s.producers_left += len(left)
+        s.connected_endpoints, s.connected_producers = tuple(sorted(endpoints)), len(endpoints)
+        return joined, left
+
+    def _log_membership(self, joined: Sequence[str], left: Sequence[str]) -> None:
+        """Say who joined and who left (outside the lock: logging may block)."""
+        if not joined and not left:
+            return
+        s = self.snapshot()
+        totals = f"{s.connected_producers} connected now; {s.producers_joined} joined, {s.producers_left} left so far"
+        for endpoint in joined:
+            log.info("producer at %s joined (%s)", endpoint, totals)
+        for endpoint in left:
+            log.info("producer at %s left: its connection ended (stopped, restarting or cut off) or its address "
+                     "left the pool (%s)", endpoint, totals)
+
     def set_connections(self, connected: set[str], failures: int, reason: str, reconnects: int) -> None:
         """The whole picture from libzmq's socket monitors."""
         with self._lock:
-            self._stats.connected_producers = len(connected)
-            self._stats.connected_endpoints = tuple(sorted(connected))
+            joined, left = self._connected_now(set(connected))
             self._stats.handshake_failures = failures
             self._stats.last_handshake_error = reason
             self._stats.reconnects = reconnects
+        self._log_membership(joined, left)
 
     def connection_changed(self, endpoint: str, connected: bool, reason: str, handshake_failed: bool,
                            drops: int = 1) -> bool:
@@ -273,21 +300,19 @@ class ReceiveStats:
                     self._stats.reconnects += max(1, drops)
                 endpoints.discard(endpoint)
                 self._endpoint_errors[endpoint] = reason
-            self._stats.connected_endpoints = tuple(sorted(endpoints))
-            self._stats.connected_producers = len(endpoints)
-            return was
+            came, went = self._connected_now(endpoints)
+        self._log_membership(came, went)
+        return was
 
     def pool_changed(self, joined: Sequence[str], left: Sequence[str], size: int) -> None:
-        """The producer pool changed (or was first resolved): producers that left are no longer connected."""
+        """The producer pool changed (discovery): its size now; producers whose address left are no longer
+        connected (counted as left if they were). Addresses that joined count once their producer connects."""
         with self._lock:
-            s = self._stats
-            s.pool_size = size
-            s.producers_joined += len(joined)
-            s.producers_left += len(left)
-            endpoints = set(s.connected_endpoints) - set(left)
-            s.connected_endpoints, s.connected_producers = tuple(sorted(endpoints)), len(endpoints)
+            self._stats.pool_size = size
+            _, went = self._connected_now(set(self._stats.connected_endpoints) - set(left))
             for endpoint in left:
                 self._endpoint_errors.pop(endpoint, None)
+        self._log_membership((), went)
 
     def last_batch_ages(self) -> dict[str, float]:
         """Per producer heard from, seconds since its last accepted batch."""

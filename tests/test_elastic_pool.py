@@ -8,6 +8,7 @@ which records arrived, never about how fast.
 
 from __future__ import annotations
 
+import logging
 import signal
 import time
 from collections import Counter
@@ -91,7 +92,8 @@ def test_exact_epochs_hold_while_producers_join_are_killed_and_leave(pool_lmdb: 
     assert not twice, f"{len(twice)} record(s) came twice, e.g. {twice[:5]}"
     # An elastic pool's epochs are the whole dataset's: one coverage, labelled "all".
     assert stats.coverage == {("all", 0): (RECORDS, RECORDS), ("all", 1): (RECORDS, RECORDS)}
-    assert stats.producers_joined == 2 and stats.producers_left == 1
+    # Counted per connection, those at the start included (issue 39.12): 2 + 2 joined; one killed, one scaled down.
+    assert stats.producers_joined == 4 and stats.producers_left == 2 and stats.connected_producers == 2
 
 
 @pytest.mark.timeout(300)
@@ -123,3 +125,45 @@ def test_a_trainer_restored_from_a_checkpoint_mid_epoch_sees_each_record_once_co
     both = before + after
     assert sorted(i for _, i in both) == list(range(RECORDS))
     assert max(both.values()) == 1
+
+
+@pytest.mark.timeout(240)
+def test_joins_and_leaves_of_a_static_address_list_are_counted_logged_and_summarised(
+        pool_lmdb: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # Issue 39.12: with `--connect a,b,c --exact` the log said "left or restarted" while producers_left and
+    # producers_joined stayed 0, a producer started late at a listed address was never said to join, and the
+    # summary had no pool line. Counted alike for discovery (test above) and a static list (here).
+    import socket
+
+    from stoker.consumer.train.loop import TrainReport
+
+    with socket.socket() as s:  # the third producer's address is listed before it runs
+        s.bind(("127.0.0.1", 0))
+        late_address = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    producers = [ProducerProcess(pool_lmdb, extra_args=ARGS) for _ in range(2)]
+    seen: Counter = Counter()
+    caplog.set_level(logging.INFO, logger="stoker.consumer")
+    try:
+        with BatchStream([producers[0].endpoint, producers[1].endpoint, late_address], exact=True,
+                         recv_timeout=60) as stream:
+            _take(stream, seen, lambda: stream.stats.producers_joined == 2, "the first two producers to join")
+            producers.append(ProducerProcess(pool_lmdb, bind=late_address, extra_args=ARGS))
+            _take(stream, seen, lambda: producers[2].producer_id in stream.stats.per_producer,
+                  "batches from the producer started late")
+            producers[1].proc.send_signal(signal.SIGKILL)
+            producers[1].proc.wait(10)
+            _take(stream, seen, lambda: stream.stats.producers_left == 1, "the killed producer to be counted")
+            stats = stream.stats
+    finally:
+        for p in producers:
+            p.stop()
+    assert not [k for k, n in seen.items() if n > 1], "exactly once must hold meanwhile"
+    assert (stats.producers_joined, stats.producers_left, stats.connected_producers) == (3, 1, 2)
+    assert stats.pool_size == 3
+    log = caplog.text
+    assert f"producer at {late_address} joined (3 connected now; 3 joined, 0 left so far)" in log
+    assert f"producer at {producers[1].endpoint} left" in log
+    summary = TrainReport(steps=1, seconds=1.0, images_per_s=1.0, mean_queue_occupancy=0.5, final_loss=1.0,
+                          final_accuracy=0.0, input_stats=stats).summary()
+    assert ("producer pool: 2 connected now (3 address(es)); 3 joined (those at the start included) and 1 left "
+            "during the run") in summary

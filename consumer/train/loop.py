@@ -198,8 +198,9 @@ class TrainReport:
             *(f"  {line}" for line in self.producer_lines() or ["none"]),
             *([f"warning: {s.shard_conflicts} pair(s) of producers whose shards overlap: {s.last_shard_conflict}"]
               if s.shard_conflicts else []),
-            *([f"producer pool: {s.pool_size} now, {s.producers_joined} joined and {s.producers_left} left during "
-               "the run"] if s.producers_joined or s.producers_left else []),
+            *([f"producer pool: {s.connected_producers} connected now ({s.pool_size} address(es)); "
+               f"{s.producers_joined} joined (those at the start included) and {s.producers_left} left during the "
+               "run"] if s.producers_joined or s.producers_left else []),
             *([f"stuck or slow producers: {liveness_text(s)}"] if has_liveness_events(s) else []),
             *coverage_summary(s),
             f"bottleneck: {self.bottleneck()}",
