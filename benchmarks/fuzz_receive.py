@@ -33,7 +33,7 @@ import numpy as np
 
 from harness import add_out_argument, benchmark_parser, write_json
 from stoker.consumer.transport.direct_receive import read_message
-from stoker.consumer.receive_contract import aligned_empty
+from stoker.consumer.receive.contract import aligned_empty
 from stoker.consumer.transport.zmtp import Stopped, ZMTPConnection
 from stoker.protocol import DecodeLimits, ProtocolError, encode_batch
 from stoker.protocol.batch_spec import BatchSpec
@@ -282,7 +282,7 @@ class _ProducerFeed:
             time.sleep(0.002)
 
     def _receive(self) -> None:
-        from stoker.consumer.errors import InputClosedError
+        from stoker.consumer.receive.errors import InputClosedError
 
         try:
             for batch in self._stream:

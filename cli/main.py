@@ -148,7 +148,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         print("stoker train: error: --receive direct works without CurveZMQ keys; drop those or use --receive auto",
               file=sys.stderr)
         return EXIT_USAGE
-    from stoker.consumer.receive_options import check_source
+    from stoker.consumer.receive.options import check_source
 
     try:
         addresses = check_source(_addresses(args.connect))
@@ -227,7 +227,7 @@ def cmd_bench_producer(args: argparse.Namespace) -> int:
 def _measure_link(args: argparse.Namespace, command: str) -> "LinkRate | int":
     """``measure_link`` for ``stoker bench link`` and ``doctor``; on the input's error, print it (with what to do
     instead when the producers run exact mode) and return the exit code."""
-    from stoker.consumer.errors import InputError, InputMismatchError, InputModeError
+    from stoker.consumer.receive.errors import InputError, InputMismatchError, InputModeError
     from stoker.consumer.train.throughput import measure_link
 
     try:

@@ -9,10 +9,10 @@ the ``stoker[torch]`` extra) and never imports TensorFlow. Each is imported on f
 
 from typing import Any
 
-from stoker.consumer.errors import (BatchMismatchError, InputClosedError, InputError, InputFinished, InputMismatchError,
+from stoker.consumer.receive.errors import (BatchMismatchError, InputClosedError, InputError, InputFinished, InputMismatchError,
                                    InputTimeoutError)
 from stoker.consumer.exact.state import merge_states
-from stoker.consumer.receive_stats import InputStats
+from stoker.consumer.receive.stats import InputStats
 
 __all__ = ["BatchMismatchError", "BatchStream", "InputClosedError", "InputError", "InputFinished", "InputMismatchError",
            "InputStats", "InputTimeoutError", "TorchInput", "ZMQInput", "merge_states"]

@@ -47,8 +47,8 @@ from stoker.consumer.epochs.epoch_loop import END  # no batch follows: a finite 
 from stoker.consumer.epochs.held_rows import Rows, padding_arrays
 from stoker.consumer.input_base import InputBase
 from stoker.consumer.input_setup import receive_options
-from stoker.consumer.receive_options import SpecArg
-from stoker.consumer.receive_contract import POLL_S, SinkClosed, aligned_empty
+from stoker.consumer.receive.options import SpecArg
+from stoker.consumer.receive.contract import POLL_S, SinkClosed, aligned_empty
 
 
 

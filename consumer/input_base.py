@@ -20,13 +20,13 @@ import numpy as np
 
 from stoker.consumer.epochs.epoch_loop import END, EpochLoop, EpochSync
 from stoker.consumer.epochs.held_rows import HeldBatches, Rows
-from stoker.consumer.errors import InputError
+from stoker.consumer.receive.errors import InputError
 from stoker.consumer.exact.ledger import ConsumedLedger
 from stoker.consumer.input_setup import open_core
-from stoker.consumer.receive_contract import POLL_S
-from stoker.consumer.receive_options import Addresses, ReceiveOptions
-from stoker.consumer.receive_core import ReceiveCore
-from stoker.consumer.receive_stats import InputStats
+from stoker.consumer.receive.contract import POLL_S
+from stoker.consumer.receive.options import Addresses, ReceiveOptions
+from stoker.consumer.receive.core import ReceiveCore
+from stoker.consumer.receive.stats import InputStats
 from stoker.protocol.batch_spec import BatchSpec
 
 
@@ -100,7 +100,7 @@ class InputBase:
         """Serve Prometheus metrics on ``http://addr:port/metrics`` until close(); returns the port (0: any free)."""
         from stoker.protocol.metrics_server import MetricsServer
 
-        from stoker.consumer.input_metrics import InputCollector
+        from stoker.consumer.receive.metrics import InputCollector
 
         self._metrics = MetricsServer(port, InputCollector(self), addr)
         return self._metrics.port

@@ -12,9 +12,9 @@ from typing import Any, Optional, Sequence
 
 from stoker.consumer.exact.ledger import ConsumedLedger
 from stoker.consumer.exact.receiver import ExactReceiver
-from stoker.consumer.receive_contract import Receiver
-from stoker.consumer.receive_core import ReceiveCore
-from stoker.consumer.receive_options import AddressSource, ReceiveOptions, SpecArg, check_source, declared_spec
+from stoker.consumer.receive.contract import Receiver
+from stoker.consumer.receive.core import ReceiveCore
+from stoker.consumer.receive.options import AddressSource, ReceiveOptions, SpecArg, check_source, declared_spec
 from stoker.consumer.transport.discovery import ProducerPool
 from stoker.consumer.transport.libzmq_receiver import LibzmqReceiver
 from stoker.consumer.transport.zmtp_receiver import ZMTPReceiver

@@ -1,7 +1,7 @@
 """ZMQInput: batches from producer daemons into TensorFlow with every copy hidden; the public facade.
 
     producers --> receiver (direct ZMTP | libzmq PULL | exact DEALERs) --> ReceiveCore --> TFFeeder
-                  (receive_core: sockets, validation, silence)              (FIFOQueue, StagingArea, get())
+                  (receive/core: sockets, validation, silence)              (FIFOQueue, StagingArea, get())
 
 ``ZMQInput`` turns its arguments into one ``ReceiveOptions`` (``input_setup``), opens a
 ``ReceiveCore`` over the chosen transport (``InputBase``, shared with every facade) and feeds a
@@ -29,10 +29,10 @@ from stoker.protocol.batch_spec import BatchSpec
 from stoker.protocol.curve import CurveClientKeys
 
 from stoker.consumer.tf.batch_tensors import BatchTensors, Selection
-from stoker.consumer.errors import InputClosedError
+from stoker.consumer.receive.errors import InputClosedError
 from stoker.consumer.input_base import InputBase
 from stoker.consumer.input_setup import receive_options
-from stoker.consumer.receive_stats import InputStats
+from stoker.consumer.receive.stats import InputStats
 from stoker.consumer.tf.feeder import TFFeeder
 from stoker.consumer.tf.staging import training_devices
 

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from stoker.consumer.batch_stream import BatchStream
-from stoker.consumer.coverage import Coverage, coverage_lines, coverage_text
-from stoker.consumer.receive_stats import InputStats
+from stoker.consumer.receive.coverage import Coverage, coverage_lines, coverage_text
+from stoker.consumer.receive.stats import InputStats
 from stoker.producer.dataset.synthetic import build_synthetic
 from stoker.producer.process import ProducerProcess
 

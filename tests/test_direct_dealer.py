@@ -13,7 +13,7 @@ import pytest
 import zmq
 
 from stoker.consumer.exact.direct_dealer import DirectDealer
-from stoker.consumer.receive_contract import aligned_empty
+from stoker.consumer.receive.contract import aligned_empty
 from stoker.consumer.transport.zmtp import _GREETING
 from stoker.protocol import DecodeLimits, ProtocolError
 from stoker.protocol.batch_codec import Batch, encode_batch

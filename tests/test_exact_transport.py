@@ -15,7 +15,7 @@ from stoker.consumer.exact.direct_dealer import DirectDealer
 from stoker.consumer.exact.links import LibzmqDealer
 from stoker.consumer.exact.control_plane import ExactTransport
 from stoker.consumer.exact.ledger import ConsumedLedger
-from stoker.consumer.receive_contract import aligned_empty
+from stoker.consumer.receive.contract import aligned_empty
 from stoker.protocol import DecodeLimits
 from stoker.protocol.exact_messages import Describe, decode_trainer_message
 from stoker.protocol.input_state import InputState

@@ -21,7 +21,7 @@ if not os.environ.get("CI"):  # CI installs the extra (.ci/run): there a missing
 import torch
 
 from stoker.consumer import InputClosedError, InputTimeoutError, TorchInput
-from stoker.consumer.receive_contract import SinkClosed
+from stoker.consumer.receive.contract import SinkClosed
 from stoker.consumer.torch.device_prefetch import DevicePrefetch, convert
 from stoker.consumer.batch_stream import END
 from stoker.consumer.torch.pinned_sink import PinnedSink

@@ -53,7 +53,7 @@ from stoker.consumer.exact.producers import KnownProducer, ProducerLinks
 from stoker.consumer.exact.shard_stalls import ShardStallWatch, open_epochs, shard_waiting
 from stoker.consumer.exact.pool.split_plan import SchedulerPlan
 from stoker.consumer.exact.pool.split_scheduler import SplitScheduler
-from stoker.consumer.receive_options import STALL_AFTER_S, STALL_LIMIT_S
+from stoker.consumer.receive.options import STALL_AFTER_S, STALL_LIMIT_S
 
 log = logging.getLogger("stoker.consumer")
 

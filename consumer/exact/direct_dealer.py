@@ -27,7 +27,7 @@ from stoker.protocol import DecodeLimits, ProtocolError
 from stoker.protocol.batch_codec import Batch
 from stoker.protocol.batch_spec import BatchSpec
 
-from stoker.consumer.receive_options import tcp_address
+from stoker.consumer.receive.options import tcp_address
 from stoker.consumer.transport.connections import ConnectionHealth
 from stoker.consumer.transport.direct_receive import MAX_BACKOFF_S, EmptyArray, read_message
 from stoker.consumer.transport.zmtp import SocketTypeMismatch, Stopped, ZMTPConnection

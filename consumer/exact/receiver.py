@@ -25,13 +25,13 @@ from stoker.protocol.batch_spec import BatchSpec
 from stoker.consumer.exact.direct_dealer import DirectDealer
 from stoker.consumer.transport.discovery import ProducerPool
 from stoker.consumer.exact.links import Link, LibzmqDealer
-from stoker.consumer.errors import InputError
+from stoker.consumer.receive.errors import InputError
 from stoker.consumer.exact.control_plane import ExactTransport
 from stoker.consumer.transport.libzmq_receiver import socket_options
-from stoker.consumer.receive_contract import POLL_S, ReceiveContext, aligned_empty
+from stoker.consumer.receive.contract import POLL_S, ReceiveContext, aligned_empty
 
 if TYPE_CHECKING:
-    from stoker.consumer.receive_options import ReceiveOptions
+    from stoker.consumer.receive.options import ReceiveOptions
 
 log = logging.getLogger("stoker.consumer")
 

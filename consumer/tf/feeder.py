@@ -22,8 +22,8 @@ import tensorflow as tf
 from stoker.protocol.batch_spec import BatchSpec
 
 from stoker.consumer.tf.batch_tensors import BatchTensors, Selection, check_selection, select
-from stoker.consumer.errors import InputError, InputFinished
-from stoker.consumer.receive_contract import SinkClosed
+from stoker.consumer.receive.errors import InputError, InputFinished
+from stoker.consumer.receive.contract import SinkClosed
 from stoker.consumer.tf.staging import StagingArea
 from stoker.consumer.tf.fifo_queue import EagerQueue, GraphQueue, make_fifo_queue
 

@@ -51,14 +51,14 @@ import torch.distributed as dist
 from stoker.protocol import DEFAULT_MAX_MESSAGE_BYTES
 from stoker.protocol.curve import CurveClientKeys
 
-from stoker.consumer.errors import InputClosedError
+from stoker.consumer.receive.errors import InputClosedError
 from stoker.consumer.batch_stream import END
 from stoker.consumer.epochs.epoch_loop import EpochSync
 from stoker.consumer.epochs.held_rows import Rows, padding_arrays
 from stoker.consumer.input_base import InputBase
 from stoker.consumer.input_setup import receive_options
-from stoker.consumer.receive_contract import POLL_S
-from stoker.consumer.receive_options import SpecArg
+from stoker.consumer.receive.contract import POLL_S
+from stoker.consumer.receive.options import SpecArg
 from stoker.consumer.exact.state import merge_states
 from stoker.consumer.torch.checkpoint_state import state_bytes, state_dict_of
 from stoker.consumer.torch.device_prefetch import Batch, DevicePrefetch, convert

@@ -19,12 +19,12 @@ import tensorflow as tf
 
 from stoker.protocol.curve import CurveClientKeys
 
-from stoker.consumer.coverage import WHOLE_DATASET, coverage_lines, coverage_text
-from stoker.consumer.errors import InputMismatchError
+from stoker.consumer.receive.coverage import WHOLE_DATASET, coverage_lines, coverage_text
+from stoker.consumer.receive.errors import InputMismatchError
 from stoker.consumer.train.checkpoints import CheckpointMismatchError, RunSettings, TrainCheckpoints
 from stoker.consumer.train.interrupts import close_on_signal
 from stoker.consumer.train.models import ClassCountError, build_model, model_classes
-from stoker.consumer.receive_stats import ProducerTally, producer_tallies, silent_producers
+from stoker.consumer.receive.stats import ProducerTally, producer_tallies, silent_producers
 from stoker.consumer.train.report import write_report
 from stoker.consumer.train.steps import LABEL_OUTSIDE, Progress, StepsRun, run_steps, train_step
 from stoker.consumer.tf.summaries import require_tensorboard

@@ -24,7 +24,7 @@ from typing import Optional, Sequence
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from stoker.consumer.errors import ADVICE_CURVE_KEYS, ADVICE_HUNG_UP, ADVICE_MODE_MISMATCH
+from stoker.consumer.receive.errors import ADVICE_CURVE_KEYS, ADVICE_HUNG_UP, ADVICE_MODE_MISMATCH
 
 log = logging.getLogger("stoker.consumer")
 

@@ -23,7 +23,7 @@ from stoker.protocol.batch_codec import MAX_HEADER_BYTES, Batch, decode_header
 from stoker.protocol.batch_spec import BatchSpec
 from stoker.protocol.exact_messages import unpack_producer_frame
 
-from stoker.consumer.receive_contract import SinkClosed
+from stoker.consumer.receive.contract import SinkClosed
 from stoker.consumer.transport.zmtp import SocketTypeMismatch, Stopped, ZMTPConnection
 
 log = logging.getLogger("stoker.consumer")

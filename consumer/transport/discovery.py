@@ -28,7 +28,7 @@ import time
 from typing import Callable, Optional
 from urllib.parse import urlsplit
 
-from stoker.consumer.receive_options import DEFAULT_REFRESH_S, AddressSource, check_source
+from stoker.consumer.receive.options import DEFAULT_REFRESH_S, AddressSource, check_source
 
 log = logging.getLogger("stoker.consumer")
 

@@ -24,12 +24,12 @@ from stoker.protocol import ProtocolError, decode_batch
 from stoker.protocol.batch_spec import BatchSpec
 from stoker.protocol.curve import CurveClientKeys
 
-from stoker.consumer.receive_contract import POLL_S, ReceiveContext
+from stoker.consumer.receive.contract import POLL_S, ReceiveContext
 from stoker.consumer.transport.connections import ConnectionWatcher
 from stoker.consumer.transport.discovery import ProducerPool
 
 if TYPE_CHECKING:
-    from stoker.consumer.receive_options import ReceiveOptions
+    from stoker.consumer.receive.options import ReceiveOptions
 
 log = logging.getLogger("stoker.consumer")
 

@@ -37,8 +37,8 @@ from typing import Callable, Optional
 
 from stoker.protocol.errors import ProtocolError
 
-from stoker.consumer.errors import ADVICE_HUNG_UP, ADVICE_PRODUCER_EXACT, ADVICE_PRODUCER_PLAIN
-from stoker.consumer.receive_options import tcp_address
+from stoker.consumer.receive.errors import ADVICE_HUNG_UP, ADVICE_PRODUCER_EXACT, ADVICE_PRODUCER_PLAIN
+from stoker.consumer.receive.options import tcp_address
 
 _MORE, _LONG, _COMMAND = 0x01, 0x02, 0x04
 _GREETING = b"\xff" + b"\0" * 8 + b"\x7f" + b"\x03\x00" + b"NULL".ljust(20, b"\0") + b"\x00" + b"\0" * 31

@@ -19,15 +19,15 @@ from stoker.protocol import ProtocolError
 from stoker.protocol.batch_codec import Batch
 from stoker.protocol.batch_spec import ArrayShape, BatchSpec
 
-from stoker.consumer.errors import InputError
-from stoker.consumer.receive_contract import POLL_S, ReceiveContext
+from stoker.consumer.receive.errors import InputError
+from stoker.consumer.receive.contract import POLL_S, ReceiveContext
 from stoker.consumer.transport.connections import ConnectionHealth
 from stoker.consumer.transport.direct_receive import DirectReceiver
-from stoker.consumer.receive_options import tcp_address
+from stoker.consumer.receive.options import tcp_address
 from stoker.consumer.transport.discovery import ProducerPool
 
 if TYPE_CHECKING:
-    from stoker.consumer.receive_options import ReceiveOptions
+    from stoker.consumer.receive.options import ReceiveOptions
 
 log = logging.getLogger("stoker.consumer")
 

@@ -13,7 +13,7 @@ from stoker.protocol.exact_messages import MAX_SPLIT
 from stoker.protocol.input_state import StreamKey, StreamProgress
 
 from stoker.consumer.exact.pool.split_scheduler import DEFAULT_AHEAD, SplitScheduler
-from stoker.consumer.receive_options import STALL_AFTER_S
+from stoker.consumer.receive.options import STALL_AFTER_S
 
 #: Batches of work a producer holds beyond its credit: what its workers make ahead of credit (one each,
 #: ``SplitServer.make_ahead``) with room to spare. With small splits, two splits were two batches, too few to keep

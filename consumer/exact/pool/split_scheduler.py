@@ -50,7 +50,7 @@ from stoker.protocol.input_state import StreamKey, StreamProgress
 from stoker.consumer.exact.pool.producer_pace import PoolPace
 from stoker.consumer.exact.pool.shard_affinity import ShardHoldings
 from stoker.consumer.exact.pool.split_epoch import EpochLog, SplitEpoch
-from stoker.consumer.receive_options import STALL_AFTER_S
+from stoker.consumer.receive.options import STALL_AFTER_S
 
 EPOCHS_AHEAD = 1
 DEFAULT_AHEAD = 2  # unfinished splits each producer holds at least: one being served, one to go on with

@@ -6,7 +6,7 @@
 A *receiver* owns its sockets, connects to the producer addresses, validates every message
 and calls ``deliver`` with whole batches held to the spec; bad messages go to ``reject``
 (counted, logged rate-limited). It sees the core only as a ``ReceiveContext``
-(``receive_contract``). A *sink* takes the arrays: the TensorFlow feeder (``tf.feeder``), the
+(``contract.py``). A *sink* takes the arrays: the TensorFlow feeder (``tf.feeder``), the
 plain-Python ``BatchStream``, or any ``BatchSink``. The core in between knows neither
 sockets nor frameworks: it resolves the batch spec (declared, learned from the first batch,
 or described by exact-mode producers), runs the receiver on one thread, and fails the input
@@ -34,13 +34,13 @@ from stoker.protocol import ProtocolError
 from stoker.protocol.batch_codec import Batch
 from stoker.protocol.batch_spec import BatchSpec
 
-from stoker.consumer.errors import InputClosedError, InputError, InputTimeoutError
-from stoker.consumer.input_diagnosis import InputDiagnosis
-from stoker.consumer.receive_contract import POLL_S, BatchSink, Receiver, SinkClosed, aligned_empty
-from stoker.consumer.receive_stats import ReceiveStats
+from stoker.consumer.receive.errors import InputClosedError, InputError, InputTimeoutError
+from stoker.consumer.receive.diagnosis import InputDiagnosis
+from stoker.consumer.receive.contract import POLL_S, BatchSink, Receiver, SinkClosed, aligned_empty
+from stoker.consumer.receive.stats import ReceiveStats
 
 if TYPE_CHECKING:
-    from stoker.consumer.receive_options import ReceiveOptions
+    from stoker.consumer.receive.options import ReceiveOptions
 
 log = logging.getLogger("stoker.consumer")
 

@@ -19,7 +19,7 @@ from typing import Any, Optional, Protocol, Sequence
 
 import numpy as np
 
-from stoker.consumer.coverage import Coverage
+from stoker.consumer.receive.coverage import Coverage
 from stoker.protocol import ProtocolError
 from stoker.protocol.batch_codec import place_of
 from stoker.protocol.batch_spec import BatchMismatchError
@@ -81,7 +81,7 @@ class InputStats:
     #: fixed-shard exact mode: warnings that a producer holding this trainer's records sends nothing
     stall_warnings: int = 0
     #: (shard, epoch) -> (distinct records the input received, records in that shard), from the batches'
-    #: ``index``/``epoch`` rows and the stream their headers name (``consumer/coverage.py``): shard ``"I/N"`` where
+    #: ``index``/``epoch`` rows and the stream their headers name (``consumer/receive/coverage.py``): shard ``"I/N"`` where
     #: each producer counts its own shard's epochs, ``"all"`` for the whole dataset (an elastic pool, shard 0/1);
     #: the last ``COVERAGE_EPOCHS`` epochs of each shard. Received, not trained on: queued batches count too.
     coverage: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Optional
 
-from stoker.consumer.errors import InputMismatchError, InputModeError
-from stoker.consumer.receive_contract import Receiver
-from stoker.consumer.receive_stats import ReceiveStats
+from stoker.consumer.receive.errors import InputMismatchError, InputModeError
+from stoker.consumer.receive.contract import Receiver
+from stoker.consumer.receive.stats import ReceiveStats
 
 
 class InputDiagnosis:

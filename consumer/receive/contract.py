@@ -19,7 +19,7 @@ from stoker.protocol.batch_codec import Batch
 from stoker.protocol.batch_spec import BatchSpec
 
 if TYPE_CHECKING:
-    from stoker.consumer.errors import InputError
+    from stoker.consumer.receive.errors import InputError
     from stoker.consumer.transport.discovery import ProducerPool
 
 ALIGN = 64
