@@ -35,7 +35,8 @@ from typing import Any, Iterable, Iterator, Sequence
 
 from stoker.producer.measure.procfs import cpu_seconds
 from stoker.consumer.train import throughput
-from stoker.producer.process import ProducerProcess, produce_flags
+from stoker.producer.process import ProducerProcess
+from stoker.producer.produce_command import produce_flags
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -140,7 +141,7 @@ def producer_flags(batch_size: int, image_size: int | None = None, workers: int 
     """``stoker produce`` flags the benchmarks share: ``--workers``, ``--batch-size``, then where given
     ``--image-size``, ``--repeat-batches 2`` (pre-made batches: decoding out of the way) and ``--seed``.
     No ``--seed`` by default: the daemon then picks its own, as it does for users. Built by
-    ``stoker.producer.process.produce_flags``, the one place produce command lines are made; ``more`` goes
+    ``stoker.producer.produce_command.produce_flags``, the one place produce command lines are made; ``more`` goes
     to it (``shard``, ``producer_id``, ``epochs``, ``exact``, ``trainer_timeout``, ...)."""
     return produce_flags(workers=workers, batch_size=batch_size, image_size=image_size,
                          repeat_batches=2 if repeat_batches else None, seed=seed, **more)

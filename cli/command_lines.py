@@ -12,7 +12,7 @@ import os
 import sys
 from typing import Optional, Sequence
 
-from stoker.producer.process import produce_command, produce_flags
+from stoker.producer.produce_command import produce_command, produce_flags
 
 __all__ = ["produce_command", "produce_flags", "train_command"]
 

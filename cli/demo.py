@@ -14,7 +14,8 @@ from pathlib import Path
 
 from stoker.producer.dataset.cache import cached_dataset
 from stoker.producer.dataset.format import DatasetError, LmdbDataset
-from stoker.producer.process import ProducerProcess, produce_flags
+from stoker.producer.process import ProducerProcess
+from stoker.producer.produce_command import produce_flags
 from stoker.producer.measure.procfs import running
 from stoker.producer.dataset.synthetic import build_synthetic
 

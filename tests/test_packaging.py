@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from stoker.producer.process import DaemonStatus
+from stoker.producer.serve.status_file import DaemonStatus
 
 ROOT = Path(__file__).resolve().parents[1]
 TOP_FOLDERS = ("protocol", "producer", "consumer", "cli")  # installed as stoker.protocol, stoker.producer, ...

@@ -22,7 +22,8 @@ import pytest
 
 from stoker.consumer import InputError
 from stoker.consumer.batch_stream import BatchStream
-from stoker.producer.process import ProducerProcess, Throttle
+from stoker.producer.process import ProducerProcess
+from stoker.producer.throttle import Throttle
 from stoker.producer.dataset.synthetic import build_synthetic
 
 RECORDS = 1024  # the demo's dataset size: 64 splits an epoch at batch 16

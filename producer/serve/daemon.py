@@ -17,25 +17,7 @@ wait for a free one: backpressure. ``run()`` returns after ``stop`` is set
 (SIGTERM/SIGINT in the CLI) with every worker joined, killed if need be, and
 the ipc socket file removed, in well under 2 s.
 
-The status file (``stoker produce --status-file PATH``, ``ProducerConfig.status_file``) is the
-channel for programs; the log's wording is for people and may change. The daemon truncates the
-file when it starts, then appends one JSON object per line, each line a single ``write()``
-(flushed, never interleaved), so a reader that keeps only complete lines never sees a torn one:
-
-    {"event": "serving", "pid": 4242, "endpoint": "tcp://127.0.0.1:40123",
-     "producer_id": "host:40123#0/2~a1b2c3", "mode": "plain", "epochs": null, "shard": "0/2",
-     "records": 512, "seed": 7, "workers": 2, "metrics_port": null}
-    {"event": "stopped", "pid": 4242, "batches": 120, "images": 960, "skipped": 0, "restarts": 0}
-
-``serving`` comes once, when the socket is bound and the workers are started (the moment the log
-says "serving"): ``endpoint`` is the bound address (the real port for ``tcp://HOST:*``), ``mode``
-is ``plain``, ``exact`` or ``pool`` (``--shard auto``), ``epochs`` null when endless,
-``metrics_port`` the Prometheus port or null. ``stopped`` comes once, last, when ``run()`` ends for
-any reason (the figures of the log's "stopped:" line: batches and images the workers made to send,
-records skipped, workers restarted; exact mode's trainers that said ``goodbyes`` and ``trainers_lost`` without one;
-``error`` when workers died in a way restarting cannot heal, see producer/supervision/). A
-daemon killed outright writes no ``stopped``; one that fails before serving writes nothing. Readers
-ignore fields and events they do not know.
+The status file (``--status-file``) is the channel for programs: its format is status_file.py's docstring.
 """
 
 from __future__ import annotations
@@ -67,10 +49,10 @@ from stoker.producer.serve.exact_server import ExactServer
 from stoker.producer.serve.forwarder import SlotForwarder
 from stoker.producer.measure.metrics import ProducerCollector
 from stoker.producer.pipeline import load_pipeline
-from stoker.producer.process import StatusFile
 from stoker.producer.serve.peer_security import HandshakeFailureLog, RefusalLoggingAuthenticator
 from stoker.producer.serve.serving_policy import ServingPolicy
 from stoker.producer.serve.sharding import ShardSpec, layout_block
+from stoker.producer.serve.status_file import StatusFile
 from stoker.producer.serve.split_server import SplitServer
 from stoker.producer.measure.stage_stats import StageStats, rate_report
 from stoker.producer.serve.worker import WorkerConfig, run_worker
