@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections import Counter
 
 import msgpack
+import pytest
 import numpy as np
 
-from stoker.producer.serve.exact_server import ExactServer
+from stoker.producer.serve.policies.fixed_shards import FixedShardPolicy
 from stoker.protocol.exact_messages import Credit, Hello, decode_status, encode_status
 from stoker.protocol.input_state import InputState, StreamKey
 
@@ -38,7 +39,7 @@ def _consume(server, routing, batches, session=1, now=None):
 
 
 def test_one_epoch_is_served_once_in_its_order_and_the_run_finishes():
-    server = ExactServer(KEY, "p", epochs=1)
+    server = FixedShardPolicy(KEY, "p", epochs=1)
     assert server.next_chunk(6) is None  # nothing before a trainer says hello
     server.on_hello(b"a", _hello())
     sent = _serve(server)
@@ -51,14 +52,14 @@ def test_one_epoch_is_served_once_in_its_order_and_the_run_finishes():
 
 
 def test_the_next_epoch_opens_without_waiting_for_the_last_to_be_consumed():
-    server = ExactServer(KEY, "p")
+    server = FixedShardPolicy(KEY, "p")
     server.on_hello(b"a", _hello())
     first = [server.next_chunk(10) for _ in range(3)]
     assert [set(c.epochs) for c in first] == [{0}, {0}, {1}]
 
 
 def test_a_dead_trainers_records_go_to_the_survivor_and_nothing_is_served_twice_to_the_living():
-    server = ExactServer(KEY, "p", epochs=1, trainer_timeout=5)
+    server = FixedShardPolicy(KEY, "p", epochs=1, trainer_timeout=5)
     server.on_hello(b"a", _hello("A"), now=0)
     server.on_hello(b"b", _hello("B"), now=0)
     to_a = [server.next_chunk(5) for _ in range(2)]
@@ -77,7 +78,7 @@ def test_a_dead_trainers_records_go_to_the_survivor_and_nothing_is_served_twice_
 
 
 def test_a_trainer_restarted_from_an_older_state_gets_what_it_consumed_since():
-    server = ExactServer(KEY, "p", epochs=1)
+    server = FixedShardPolicy(KEY, "p", epochs=1)
     server.on_hello(b"a", _hello("T"))
     sent = _serve(server)
     checkpoint = InputState()
@@ -90,7 +91,7 @@ def test_a_trainer_restarted_from_an_older_state_gets_what_it_consumed_since():
 
 
 def test_a_restarted_producer_resumes_the_epoch_without_what_is_consumed_or_held():
-    first = ExactServer(KEY, "p")
+    first = FixedShardPolicy(KEY, "p")
     first.on_hello(b"a", _hello())
     sent = []
     for _ in range(3):  # sent 3 batches, then the producer died
@@ -100,7 +101,7 @@ def test_a_restarted_producer_resumes_the_epoch_without_what_is_consumed_or_held
     state = InputState()
     state.mark(str(KEY), sent[0][0], sent[0][1])
     held = {str(KEY): [(0, sent[1][1])]}  # the trainer still has batch 1 queued; batch 2 was lost in transit
-    second = ExactServer(KEY, "p")
+    second = FixedShardPolicy(KEY, "p")
     second.on_hello(b"a", _hello(session=2, state=state, held=held))
     rest = sorted(set(RECORDS) - set(sent[0][1]) - set(sent[1][1]))
     chunk = second.next_chunk(len(rest))
@@ -108,7 +109,7 @@ def test_a_restarted_producer_resumes_the_epoch_without_what_is_consumed_or_held
 
 
 def test_skipped_records_count_as_done_and_a_worker_that_died_returns_its_chunk():
-    server = ExactServer(KEY, "p", epochs=1)
+    server = FixedShardPolicy(KEY, "p", epochs=1)
     server.on_hello(b"a", _hello())
     lost_with_worker = server.next_chunk(5)
     server.on_unsent(lost_with_worker)
@@ -123,7 +124,7 @@ def test_skipped_records_count_as_done_and_a_worker_that_died_returns_its_chunk(
 
 
 def test_credit_is_needed_to_send_and_old_sessions_are_ignored():
-    server = ExactServer(KEY, "p")
+    server = FixedShardPolicy(KEY, "p")
     server.on_hello(b"a", _hello(credit=1))
     assert server.route(None) == b"a"
     chunk = server.next_chunk(4)
@@ -134,7 +135,7 @@ def test_credit_is_needed_to_send_and_old_sessions_are_ignored():
 
 
 def test_nothing_is_served_before_the_minimum_number_of_trainers_joined():
-    server = ExactServer(KEY, "p", min_trainers=2)
+    server = FixedShardPolicy(KEY, "p", min_trainers=2)
     assert server.status().waiting == 2
     server.on_hello(b"a", _hello("A"))
     assert server.next_chunk(4) is None
@@ -150,7 +151,7 @@ def test_nothing_is_served_before_the_minimum_number_of_trainers_joined():
 
 
 def test_no_producer_serves_more_than_one_epoch_ahead_of_the_oldest_incomplete_one():
-    server = ExactServer(KEY, "p")  # endless run, a 20-record epoch, credit for 100 batches
+    server = FixedShardPolicy(KEY, "p")  # endless run, a 20-record epoch, credit for 100 batches
     server.on_hello(b"a", _hello(credit=100))
     sent = _serve(server, n=8)  # nothing consumed: serving must stop, not run epochs ahead
     assert {e for epochs, _ in sent for e in epochs} == {0, 1}
@@ -164,7 +165,7 @@ def test_no_producer_serves_more_than_one_epoch_ahead_of_the_oldest_incomplete_o
 
 
 def test_after_a_trainer_restarts_from_a_mid_epoch_state_the_open_epoch_comes_first():
-    server = ExactServer(KEY, "p")
+    server = FixedShardPolicy(KEY, "p")
     server.on_hello(b"a", _hello(credit=100))
     sent = _serve(server, n=4)  # epochs 0 and 1 handed out to the first incarnation
     first_half = sent[:2]  # its checkpoint: two batches of epoch 0 consumed
@@ -184,7 +185,7 @@ def test_records_consumed_while_being_made_again_are_found_before_the_batch_is_s
     # A trainer consumed a batch but died before reporting it: the records are served again, and a
     # worker is making them into a batch when the trainer's next incarnation says hello with a state
     # in which they are consumed. The forwarder asks before sending; those rows must not go out.
-    server = ExactServer(KEY, "p", epochs=1)
+    server = FixedShardPolicy(KEY, "p", epochs=1)
     server.on_hello(b"a", _hello(credit=1))
     chunk = server.next_chunk(6)
     server.on_sent(b"a", chunk.epochs, chunk.indices)
@@ -205,7 +206,7 @@ def test_records_consumed_while_being_made_again_are_found_before_the_batch_is_s
 def test_records_held_again_while_being_made_are_found_before_the_batch_is_sent():
     # The same, but the trainer's next hello says it *holds* three of them (they sat in its queue):
     # they stay its own and must not go out in the batch being made.
-    server = ExactServer(KEY, "p", epochs=1)
+    server = FixedShardPolicy(KEY, "p", epochs=1)
     server.on_hello(b"a", _hello(credit=1))
     chunk = server.next_chunk(6)
     server.on_sent(b"a", chunk.epochs, chunk.indices)
@@ -221,18 +222,23 @@ def test_records_held_again_while_being_made_are_found_before_the_batch_is_sent(
 
 
 def test_both_policies_answer_the_forwarders_interface_and_only_a_pools_takes_work():
-    from stoker.producer.serve.serving_policy import PoolPolicy
-    from stoker.producer.serve.split_server import SplitServer
+    from stoker.protocol import ProtocolError
+    from stoker.protocol.exact_messages import Work, WorkItem
+    from stoker.producer.serve.policies.pool import PoolPolicy
 
-    fixed, pool = ExactServer(KEY, "p"), SplitServer(StreamKey.parse("splits:41:5"), "p")
-    assert not isinstance(fixed, PoolPolicy) and isinstance(pool, PoolPolicy)
+    fixed, pool = FixedShardPolicy(KEY, "p"), PoolPolicy(StreamKey.parse("splits:41:5"), "p")
+    work = Work(1, [WorkItem(0, 0, 4, [])])
+    with pytest.raises(ProtocolError, match="--shard auto"):
+        fixed.on_work(b"t", work)  # a fixed shard takes no work: the forwarder counts it as a bad message
+    pool.on_hello(b"t", _hello(credit=4))
+    assert pool.on_work(b"t", work) and pool.next_chunk(4).indices  # a pool's does
     for policy in (fixed, pool):
         assert not hasattr(policy, "pick_trainer") and not hasattr(policy, "session_of")
         assert "skipped" in policy.summary()
 
 
 def test_the_trainer_registry_keeps_one_incarnation_per_trainer_and_forgets_the_silent():
-    from stoker.producer.serve.trainer_registry import Trainer, TrainerRegistry
+    from stoker.producer.serve.policies.trainer_registry import Trainer, TrainerRegistry
 
     forgotten = []
     registry = TrainerRegistry(5.0, lambda t: forgotten.append((t.id, t.session)))
@@ -249,10 +255,10 @@ def test_the_trainer_registry_keeps_one_incarnation_per_trainer_and_forgets_the_
 
 
 def test_a_fixed_shard_batch_keeps_its_rows_but_the_stale_and_a_pools_is_void_once_its_trainer_left():
-    from stoker.producer.serve.split_server import SplitServer
+    from stoker.producer.serve.policies.pool import PoolPolicy
     from stoker.protocol.exact_messages import Work, WorkItem
 
-    server = ExactServer(KEY, "p", epochs=1)
+    server = FixedShardPolicy(KEY, "p", epochs=1)
     server.on_hello(b"a", _hello(credit=1))
     chunk = server.next_chunk(6)
     server.on_sent(b"a", chunk.epochs, chunk.indices)
@@ -265,7 +271,7 @@ def test_a_fixed_shard_batch_keeps_its_rows_but_the_stale_and_a_pools_is_void_on
     epochs, indices = np.array(again.epochs + [-1, -1]), np.array(again.indices + [-1, -1])
     assert server.wanted(again, epochs, indices, valid).tolist() == [False] * 2 + [True] * 4 + [False] * 2
 
-    pool = SplitServer(StreamKey.parse("splits:41:5"), "p")
+    pool = PoolPolicy(StreamKey.parse("splits:41:5"), "p")
     pool.on_hello(b"t", _hello(credit=4))
     pool.on_work(b"t", Work(1, [WorkItem(0, 0, 4, [])]))
     made = pool.next_chunk(4)
@@ -277,7 +283,7 @@ def test_a_fixed_shard_batch_keeps_its_rows_but_the_stale_and_a_pools_is_void_on
 
 
 def test_a_trainer_that_says_goodbye_is_forgotten_at_once_and_its_records_go_to_the_others():
-    server = ExactServer(KEY, "p", epochs=1, trainer_timeout=600)
+    server = FixedShardPolicy(KEY, "p", epochs=1, trainer_timeout=600)
     server.on_hello(b"a", _hello("A"), now=0)
     server.on_hello(b"b", _hello("B"), now=0)
     to_a = [server.next_chunk(5) for _ in range(2)]

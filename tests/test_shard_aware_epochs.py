@@ -2,7 +2,7 @@
 to a producer whose cache holds its shard (consumer/exact/pool/shard_affinity.py).
 
 The pool runs in-process here: a real ``SplitScheduler`` hands out work items, simulated producers serve them (the
-records of the items, computed from the order as a real ``SplitServer`` does) through a least-recently-used cache
+records of the items, computed from the order as a real ``PoolPolicy`` does) through a least-recently-used cache
 of a quarter of the shards, counting every shard they would fetch. The same pool with the same order but no cache
 reported is the baseline that ignores shards. The real producers, S3 server and cache are in
 tests/test_object_storage.py and benchmarks/shard_fetches.py.
@@ -18,10 +18,10 @@ import pytest
 from stoker.consumer.exact.pool.split_scheduler import SplitScheduler
 from stoker.protocol.exact_messages import ProtocolError, Status, decode_status, encode_status
 from stoker.protocol.input_state import InputState, StreamKey, epoch_order
-from stoker.producer.dataset.shards import Manifest, ShardInfo
-from stoker.producer.dataset.format import DatasetMeta, FieldKind
+from stoker.producer.dataset.sources.manifest import Manifest, ShardInfo
+from stoker.producer.dataset.sources.lmdb_format import DatasetMeta, FieldKind
 from stoker.producer.serve.sharding import ShardSpec, layout_block
-from stoker.producer.serve.split_server import SplitServer
+from stoker.producer.serve.policies.pool import PoolPolicy
 
 import msgpack
 
@@ -195,10 +195,10 @@ def test_a_pool_producer_says_its_cache_in_its_status_only_for_a_layout():
             return 4, [2, 3]
 
     key = StreamKey.parse("splits:800:1:50x1")
-    sharded = SplitServer(key, "p", 1, cache=Cache())
+    sharded = PoolPolicy(key, "p", 1, cache=Cache())
     assert (sharded.status().cache, sharded.status().held) == (4, [2, 3])
-    assert SplitServer(key, "p", 1, cache=Cache(), say_cache=False).status().cache is None  # --shard-affinity off
-    flat = SplitServer(StreamKey.parse("splits:800:1"), "p", 1, cache=Cache())
+    assert PoolPolicy(key, "p", 1, cache=Cache(), say_cache=False).status().cache is None  # --shard-affinity off
+    flat = PoolPolicy(StreamKey.parse("splits:800:1"), "p", 1, cache=Cache())
     assert flat.status().cache is None
 
 

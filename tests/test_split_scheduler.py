@@ -1,4 +1,4 @@
-"""An elastic pool's logic without sockets: the trainer's SplitScheduler and the producer's SplitServer together.
+"""An elastic pool's logic without sockets: the trainer's SplitScheduler and the producer's PoolPolicy together.
 
 A small simulation drives both ends as the transport would (work messages in, batches out), with
 producers joining, dying with batches in flight, and coming back as stragglers; every record of every
@@ -19,7 +19,7 @@ from stoker.consumer.exact.pool.split_scheduler import SplitScheduler
 from stoker.protocol import ProtocolError
 from stoker.protocol.exact_messages import (Credit, Hello, Work, WorkItem, decode_trainer_message, encode_work)
 from stoker.protocol.input_state import InputState, StreamKey, epoch_order
-from stoker.producer.serve.split_server import SplitServer
+from stoker.producer.serve.policies.pool import PoolPolicy
 
 KEY = StreamKey.parse("splits:103:7")
 
@@ -30,7 +30,7 @@ def _scheduler(epochs=2, split=10, rank=0, world=1, state=None):
 
 
 def _server(trainer=b"t", session=1, credit=1000, epochs=2):
-    server = SplitServer(KEY, "p", epochs)
+    server = PoolPolicy(KEY, "p", epochs)
     server.on_hello(trainer, Hello("trainer", session, credit, InputState()))
     return server
 
@@ -88,7 +88,7 @@ def test_a_trainer_cannot_make_a_producer_hold_or_compute_without_bound():
     server = _server()
     with pytest.raises(ProtocolError, match="epochs"):
         server.on_work(b"t", Work(1, [WorkItem(e, 0, 10, []) for e in range(3)]))
-    big = SplitServer(StreamKey.parse("splits:1000000:0"), "p")
+    big = PoolPolicy(StreamKey.parse("splits:1000000:0"), "p")
     big.on_hello(b"t", Hello("trainer", 1, 10, InputState()))
     items = [WorkItem(0, s, s + 65536, []) for s in range(0, 65536 * 5, 65536)]
     with pytest.raises(ProtocolError, match="queue"):
@@ -121,7 +121,7 @@ def _simulate(seed: int, world: int = 1) -> None:
     rng = random.Random(seed)
     trainers = [_scheduler(epochs=3, split=7, rank=r, world=world) for r in range(world)]
     consumed = [dict() for _ in range(world)]  # epoch -> list of records stepped on
-    servers: dict[int, SplitServer] = {}
+    servers: dict[int, PoolPolicy] = {}
     dead_batches: list = []
     next_id = 0
     for step in range(20000):
@@ -129,7 +129,7 @@ def _simulate(seed: int, world: int = 1) -> None:
             break
         roll = rng.random()
         if roll < 0.03 or not servers:  # a producer joins
-            servers[next_id] = SplitServer(KEY, f"p{next_id}", 3)
+            servers[next_id] = PoolPolicy(KEY, f"p{next_id}", 3)
             for r in range(world):
                 servers[next_id].on_hello(bytes([r]), Hello(f"t{r}", 1, 1000, InputState()))
             next_id += 1
@@ -286,7 +286,7 @@ def test_an_epoch_a_restored_state_completed_is_skipped_and_the_window_moves_on(
 
 def test_credit_and_a_few_batches_ahead_bound_what_is_made_for_a_trainer():
     """Credit comes back in steps of half the trainer's window: workers gated by credit alone would idle between."""
-    server = SplitServer(KEY, "p", 2, make_ahead=2)
+    server = PoolPolicy(KEY, "p", 2, make_ahead=2)
     server.on_hello(b"t", Hello("trainer", 1, 1, InputState()))  # credit for one batch
     server.on_work(b"t", Work(1, [WorkItem(0, 0, 50, [])]))
     chunks = [server.next_chunk(5) for _ in range(4)]
@@ -419,12 +419,12 @@ def test_every_record_once_per_epoch_while_producers_freeze_thaw_and_straggle():
         key = StreamKey.parse("splits:300:5")
         state = InputState()
         sched = SplitScheduler(key, state.progress(str(key)), 3, 10, stall_after=3.0)
-        servers = {p: SplitServer(key, f"p{p}", 3) for p in range(3)}
+        servers = {p: PoolPolicy(key, f"p{p}", 3) for p in range(3)}
         for server in servers.values():
             server.on_hello(b"t", Hello("t", 1, 10**6, InputState()))
         speed = {0: 1, 1: 1, 2: 4}  # ticks per batch: one straggler
         frozen_until = {p: 0.0 for p in servers}
-        servers[3] = SplitServer(key, "p3", 3)
+        servers[3] = PoolPolicy(key, "p3", 3)
         servers[3].on_hello(b"t", Hello("t", 1, 10**6, InputState()))
         speed[3], frozen_until[3] = 1, float("inf")  # takes work, never serves
         consumed: dict[int, list[int]] = {}

@@ -4,8 +4,8 @@
                     <--ipc control (ready / grant)-->
 
 Exact mode (``--exact``, ``--epochs N``, or ``--shard auto`` for an elastic pool) binds a ROUTER
-instead, and a serving policy (``serving_policy``: ``ExactServer`` for fixed shards, ``SplitServer``
-for a pool, both over one ``TrainerRegistry``) decides which trainer gets each batch, against the
+instead, and a serving policy (``policies/``, chosen by ``policy_for``: ``FixedShardPolicy`` for fixed shards,
+``PoolPolicy`` for a pool, both over one ``TrainerRegistry``) decides which trainer gets each batch, against the
 credit that trainer gave, and re-serves the records of a trainer that went away.
 
 Workers write each batch into shared memory and announce it; the daemon sends
@@ -44,16 +44,14 @@ from stoker.protocol.metrics_server import MetricsServer
 
 from stoker.producer.serve.batch_slots import SlotLayout, allocate
 from stoker.producer.dataset.shards import RemoteOptions, ShardedDataset, open_dataset
-from stoker.producer.serve.exact_forwarder import ExactForwarder
-from stoker.producer.serve.exact_server import ExactServer
 from stoker.producer.serve.forwarder import SlotForwarder
+from stoker.producer.serve.policies.choice import policy_for
 from stoker.producer.measure.metrics import ProducerCollector
 from stoker.producer.pipeline import load_pipeline
 from stoker.producer.serve.peer_security import HandshakeFailureLog, RefusalLoggingAuthenticator
-from stoker.producer.serve.serving_policy import ServingPolicy
+from stoker.producer.serve.policies.serving_policy import ServingPolicy
 from stoker.producer.serve.sharding import ShardSpec, layout_block
 from stoker.producer.serve.status_file import StatusFile
-from stoker.producer.serve.split_server import SplitServer
 from stoker.producer.measure.stage_stats import StageStats, rate_report
 from stoker.producer.serve.worker import WorkerConfig, run_worker
 from stoker.producer.supervision.restart_policy import MAX_SKIPPED_RECORDS
@@ -242,7 +240,8 @@ class ProducerDaemon:
         control.setsockopt(zmq.LINGER, 0)
         control.bind(internal)
         buffers = allocate(self.layout, cfg.workers, spawn)
-        forwarder, exact = self._forwarder(control, buffers)
+        policy = self._policy()
+        forwarder = policy.forwarder(control, self._out, self.layout, buffers)
         forwarding_stop = threading.Event()
         sender = threading.Thread(target=forwarder.run, args=(forwarding_stop,), name="stoker-forwarder", daemon=True)
         sender.start()
@@ -262,9 +261,9 @@ class ProducerDaemon:
 
         workers = WorkerSupervisor(start, cfg.workers, progress)
         metrics = self._start_metrics(workers)
-        self._announce(metrics)
+        self._announce(metrics, policy)
         try:
-            self._serve(stop, exact, sender, workers)
+            self._serve(stop, policy, forwarder, sender, workers)
         finally:
             if metrics is not None:
                 metrics.close()
@@ -273,24 +272,13 @@ class ProducerDaemon:
             workers.join_or_kill()
             sender.join(1.0)
             self._close(control, ipc_dir)
-            self._report_stopped(exact, workers)
+            self._report_stopped(policy, workers)
 
-    def _forwarder(self, control: zmq.Socket,
-                   buffers: list) -> tuple[SlotForwarder, Optional[ExactForwarder]]:
-        """The thread's job that sends the workers' slots, and the same job if it is exact (with its serving policy)."""
+    def _policy(self) -> ServingPolicy:
+        """This run's serving policy (``policy_for``), fresh: it holds the run's trainers."""
         cfg = self.config
-        if not cfg.exact:
-            return SlotForwarder(control, self._out, self.layout, buffers), None
         spec = [(name, dtype, [cfg.batch_size, *shape]) for name, dtype, shape in self.layout.arrays]
-        policy: ServingPolicy
-        if cfg.shard.auto:
-            policy = SplitServer(self.stream, self.producer_id, cfg.epochs, cfg.trainer_timeout, spec,
-                                 make_ahead=cfg.workers, cache=self.sharded, say_cache=cfg.shard_affinity)
-        else:
-            policy = ExactServer(self.stream, self.producer_id, cfg.epochs, cfg.trainer_timeout, spec,
-                                 cfg.min_trainers)
-        exact = ExactForwarder(control, self._out, self.layout, buffers, policy, self.stats.storage_waiting)
-        return exact, exact
+        return policy_for(cfg, self.stream, self.producer_id, spec, self.sharded, self.stats.storage_waiting)
 
     def _worker_config(self, internal: str) -> WorkerConfig:
         cfg = self.config
@@ -312,7 +300,7 @@ class ProducerDaemon:
         log.info("metrics on http://0.0.0.0:%d/metrics", metrics.port)
         return metrics
 
-    def _announce(self, metrics: Optional[MetricsServer]) -> None:
+    def _announce(self, metrics: Optional[MetricsServer], policy: ServingPolicy) -> None:
         """Bound, workers started: the "serving" log line for people, then the status line for programs."""
         cfg = self.config
         exact = "plain" if not cfg.exact else f"exact, {_count(cfg.epochs, 'epoch')}" if cfg.epochs else "exact, endless"
@@ -324,11 +312,11 @@ class ProducerDaemon:
             self.seed, exact, self.stream, self.producer_id,
         )
         self.status.write("serving", endpoint=self.endpoint, producer_id=self.producer_id,
-                          mode="pool" if cfg.shard.auto else "exact" if cfg.exact else "plain", epochs=cfg.epochs,
+                          mode=policy.mode, epochs=cfg.epochs,
                           shard=str(cfg.shard), records=self.records, seed=self.seed, workers=cfg.workers,
                           metrics_port=metrics.port if metrics is not None else None)
 
-    def _serve(self, stop: threading.Event, exact: Optional[ExactForwarder],
+    def _serve(self, stop: threading.Event, policy: ServingPolicy, forwarder: SlotForwarder,
                sender: threading.Thread, workers: WorkerSupervisor) -> None:
         """Until ``stop`` (or a finite exact run's end): restart dead workers (WorkerCrashLoop when that cannot
         help), log rates every log_interval."""
@@ -336,9 +324,9 @@ class ProducerDaemon:
         last, last_t = self.stats.totals(), time.monotonic()
         while not stop.wait(min(0.5, cfg.log_interval)):
             self.handshakes.drain()
-            if exact is not None and exact.finished:
+            if forwarder.finished:
                 log.info("finished: %s of shard %s consumed; %s", _count(cfg.epochs, "exact epoch"), cfg.shard,
-                         exact.policy.summary())
+                         policy.summary())
                 time.sleep(0.5)  # the forwarder's last status reaches the trainers
                 self._out.setsockopt(zmq.LINGER, 1000)
                 break
@@ -361,13 +349,13 @@ class ProducerDaemon:
         if ipc_dir is not None:
             shutil.rmtree(ipc_dir, ignore_errors=True)
 
-    def _report_stopped(self, exact: Optional[ExactForwarder], workers: WorkerSupervisor) -> None:
+    def _report_stopped(self, policy: ServingPolicy, workers: WorkerSupervisor) -> None:
         """The "stopped:" log line and the status file's last line, with the same figures (``error``: why the
         producer gave up, ``WorkerCrashLoop``)."""
         restarts, failure = workers.policy.restarts, workers.failure
         totals = self.stats.totals()
         batches, images, skipped = (int(totals[k]) for k in ("batches", "images", "skipped"))
-        trainers = exact.trainer_counts() if exact is not None else {}
+        trainers = policy.trainer_counts()
         log.info("stopped: %s, %s sent, %s skipped, %s%s", _count(batches, "batch", "batches"),
                  _count(images, "image"), _count(skipped, "record"), _count(restarts, "worker restart"),
                  "".join(f", {k}={v}" for k, v in trainers.items()))

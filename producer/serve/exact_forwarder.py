@@ -1,18 +1,18 @@
 """The daemon's forwarding thread in exact mode: chosen records to workers, batches to trainers with credit.
 
-    ServingPolicy --which records--> grant [slot, work] --> worker --ready--> ExactForwarder
+    ExactPolicy --which records--> grant [slot, work] --> worker --ready--> ExactForwarder
     trainers (DEALER) <--batch [header + stream, session]-- ROUTER <--hello / credit / work / goodbye-- trainers
 
 Like ``SlotForwarder`` (shared-memory slots sent with ``copy=False``, a slot reused
 only once libzmq is done with it), but the trainer-facing socket is a ROUTER:
-each batch goes to one trainer that has credit, so the serving policy (serving_policy.py:
-``ExactServer`` for a fixed shard, ``SplitServer`` for an elastic pool) knows who
+each batch goes to one trainer that has credit, so the serving policy (policies/:
+``FixedShardPolicy`` for a fixed shard, ``PoolPolicy`` for an elastic pool) knows who
 holds which records. A slot is granted to a worker only with work (records the
 policy chose); with nothing to serve it waits. Trainers' ``hello``, ``credit``, ``work`` and ``goodbye``
-messages arrive on the same socket; a malformed one, or work for a policy that takes none,
+messages arrive on the same socket; a malformed one, or work the policy refuses,
 is counted and logged (rate-limited), never fatal. A trainer that says goodbye is forgotten at once
-(INFO: it left); one that vanishes without it is a WARNING when found unreachable or silent. Status
-goes to every trainer when an epoch completes and when the run has finished. All sockets are used by
+(INFO: it left); one that vanishes without it is a WARNING when found unreachable or silent. The policy's status
+goes to every trainer when the policy says it changed (an epoch completed, the run finished) and every second. All sockets are used by
 this thread only.
 """
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import zmq
@@ -33,7 +33,7 @@ from stoker.protocol.exact_messages import (Credit, Describe, Goodbye, Hello, St
 
 from stoker.producer.serve.batch_slots import GRANT, SlotLayout, SlotState, encode_work, slot_frame
 from stoker.producer.serve.forwarder import IN_FLIGHT_POLL_MS, SlotForwarder
-from stoker.producer.serve.serving_policy import Chunk, PoolPolicy, ServingPolicy
+from stoker.producer.serve.policies.serving_policy import Chunk, ExactPolicy
 
 log = logging.getLogger("stoker.producer")
 
@@ -41,24 +41,20 @@ _WARN_EVERY_S = 60.0
 STATUS_EVERY_S = 1.0  # also a heartbeat: a trainer waiting on others' steps knows this producer is alive
 _IDLE_POLL_MS = 50  # nothing in flight: statuses and expiry need no finer clock than this
 _EXPIRE_EVERY_S = 0.1
-_FIXED_SHARD_TAKES_NO_WORK = ("a trainer handed out splits (work) to a producer with a fixed --shard: start the "
-                              "producers of an elastic pool with --shard auto")
 
 
 class ExactForwarder(SlotForwarder):
     """See the module doc. ``out`` is a bound ROUTER; ``policy`` decides what is served."""
 
     def __init__(self, control: zmq.Socket, out: zmq.Socket, layout: SlotLayout, buffers: list[Any],
-                 policy: ServingPolicy, storage: Callable[[], str] = lambda: "") -> None:
+                 policy: ExactPolicy) -> None:
         super().__init__(control, out, layout, buffers)
         self.policy = policy
-        self.storage = storage  # what its workers wait on object storage for, "" if nothing (a status field)
-        self._pool = policy if isinstance(policy, PoolPolicy) else None  # only a pool's trainers hand out work
         self._stream = str(policy.key)
         self.work: dict[tuple[int, int], Chunk] = {}
         self.idle: deque[tuple[int, int]] = deque()
         self.bad_messages = 0
-        self.stale_rows = 0  # rows masked at sending: consumed or held since chosen (ExactServer.take_stale)
+        self.stale_rows = 0  # rows masked at sending: consumed or held since chosen (FixedShardPolicy.take_stale)
         self._last_bad_log = -_WARN_EVERY_S
         self._last_status = 0.0
         self._unknown_told: dict[bytes, float] = {}
@@ -158,11 +154,8 @@ class ExactForwarder(SlotForwarder):
                  "(goodbyes=%d, trainers_lost=%d)", trainer, goodbye.session, trainers.goodbyes, trainers.lost)
 
     def _on_work(self, routing_id: bytes, work: Work) -> None:
-        if self._pool is None:
-            self._count_bad(f"refused a trainer's work: {_FIXED_SHARD_TAKES_NO_WORK}")
-            return
         try:
-            known = self._pool.on_work(routing_id, work)
+            known = self.policy.on_work(routing_id, work)  # a fixed shard refuses any
         except ProtocolError as exc:
             self._count_bad(f"refused a trainer's work: {exc}")
             return
@@ -187,11 +180,7 @@ class ExactForwarder(SlotForwarder):
             self._status_to(routing_id, stranger=True)
 
     def _status_to(self, routing_id: bytes, stranger: bool = False) -> Status:
-        status = self.policy.status()
-        status.session = self.policy.trainers.session_of(routing_id)  # 0: it has not joined (a describe)
-        status.stranger = stranger
-        status.goodbye = True  # this producer takes a trainer's goodbye (_on_goodbye)
-        status.storage = self.storage()  # so a trainer blames storage, not this producer, for a stall
+        status = self.policy.status(routing_id, stranger)
         try:
             self.out.send_multipart([routing_id, encode_status(status)], flags=zmq.NOBLOCK)
         except zmq.ZMQError:
@@ -200,9 +189,9 @@ class ExactForwarder(SlotForwarder):
 
     def _broadcast_status(self) -> None:
         now = time.monotonic()
-        if not self.policy.status_changed and now - self._last_status < STATUS_EVERY_S:
+        if not self.policy.take_status_change() and now - self._last_status < STATUS_EVERY_S:
             return
-        self.policy.status_changed, self._last_status = False, now
+        self._last_status = now
         for routing_id in self.policy.trainers:
             self._status_to(routing_id)
 
@@ -280,8 +269,3 @@ class ExactForwarder(SlotForwarder):
     @property
     def finished(self) -> bool:
         return self.policy.finished and not self._ready and not self._in_flight
-
-    def trainer_counts(self) -> dict[str, int]:
-        """For the daemon's stop summary: trainers that said goodbye, and those lost without one (unreachable or
-        silent past --trainer-timeout)."""
-        return {"goodbyes": self.policy.trainers.goodbyes, "trainers_lost": self.policy.trainers.lost}

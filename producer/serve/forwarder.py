@@ -48,6 +48,11 @@ class SlotForwarder:
         self._in_flight: list[tuple[int, int, zmq.MessageTracker]] = []
         self.ignored_messages = 0
 
+    @property
+    def finished(self) -> bool:
+        """Whether the run is over and sent: a plain run never ends by itself (``ExactForwarder``'s may)."""
+        return False
+
     def register_worker(self, worker: int, routing_id: bytes) -> None:
         """The worker process started with ``routing_id`` now owns worker slot set ``worker``."""
         self._routing_ids[worker] = routing_id

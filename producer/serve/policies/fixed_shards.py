@@ -1,6 +1,6 @@
 """What a producer serves in exact mode, and who holds what: logic only, no sockets.
 
-The daemon's forwarding thread drives an ``ExactServer``:
+The daemon's forwarding thread drives a ``FixedShardPolicy``:
 
 - ``next_chunk(n)`` picks the next records for a worker's batch (nothing before
   ``min_trainers`` trainers joined, so in a synchronous job none starts ahead): first records
@@ -39,20 +39,24 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from stoker.protocol.exact_messages import Credit, Hello, Records, Status
+from stoker.protocol import ProtocolError
+from stoker.protocol.exact_messages import Credit, Hello, Records, Status, Work
 from stoker.protocol.input_state import StreamKey, rows_by_epoch
 
-from stoker.producer.serve.serving_policy import Chunk
-from stoker.producer.serve.trainer_registry import Trainer, TrainerRegistry
+from stoker.producer.serve.policies.serving_policy import Chunk
+from stoker.producer.serve.policies.exact_policy import TrainerFacingPolicy, no_storage_wait
+from stoker.producer.serve.policies.trainer_registry import Trainer, TrainerRegistry
 
 _FREE, _MAKING = -1, -2  # owner codes besides a trainer's slot number
 #: Epochs that may be open beyond the oldest incomplete one: its successor starts while its last records are
 #: still in flight (no drain at the boundary), but nothing runs further ahead however much credit trainers give.
 EPOCHS_AHEAD = 1
+FIXED_SHARD_TAKES_NO_WORK = ("a trainer handed out splits (work) to a producer with a fixed --shard: start the "
+                             "producers of an elastic pool with --shard auto")
 
 
 @dataclass
@@ -82,13 +86,13 @@ class _Epoch:
         return self.left == 0
 
 
-class ExactServer:
-    """Serving decisions for one stream (a ``ServingPolicy``); see the module doc. Not thread-safe: one thread
+class FixedShardPolicy(TrainerFacingPolicy):
+    """Serving decisions for one stream (an ``ExactPolicy``); see the module doc. Not thread-safe: one thread
     drives it."""
 
     def __init__(self, key: StreamKey, producer_id: str, epochs: Optional[int] = None,
                  trainer_timeout: float = 10.0, spec: Optional[list[tuple[str, str, list[int]]]] = None,
-                 min_trainers: int = 1) -> None:
+                 min_trainers: int = 1, storage: Callable[[], str] = no_storage_wait) -> None:
         self.key, self.producer_id, self.epochs = key, producer_id, epochs
         self.spec = list(spec or [])
         self.min_trainers = min_trainers  # serve nothing before this many trainers joined (synchronous jobs)
@@ -101,7 +105,8 @@ class ExactServer:
         self._slots: dict[str, int] = {}  # trainer id -> its owner code in the epochs' ``owner``, for the run
         self.skipped_total = 0
         self.reserved_total = 0  # records served again after a loss
-        self.status_changed = False
+        self._status_changed = False
+        self.storage = storage
         self.idle = False  # the last next_chunk found nothing to serve (the epoch window): said in statuses
         #: Bumped whenever a hello or a dropped trainer may make records being made stale (``take_stale``):
         #: a batch chosen since then needs no row-by-row check.
@@ -128,7 +133,7 @@ class ExactServer:
         while self.completed in self.open and self.open[self.completed].done():
             del self.open[self.completed]
             self.completed += 1
-            self.status_changed = True
+            self._status_changed = True
         if self.started and not self.open and self._may_open(self.completed):
             self._epoch(self.completed)
 
@@ -177,7 +182,7 @@ class ExactServer:
         if idle != self.idle:
             # Said at once when it becomes idle (a waiting trainer must not take it for stuck); busy again shows in
             # its batches and the next periodic status.
-            self.idle, self.status_changed = idle, self.status_changed or idle
+            self.idle, self._status_changed = idle, self._status_changed or idle
         return Chunk(epochs, indices, generation=self.generation) if indices else None
 
     def _positions(self, epochs: Sequence[int], indices: Sequence[int]) -> list[tuple[int, np.ndarray]]:
@@ -259,7 +264,7 @@ class ExactServer:
             for e in [e for e in self.open if e < progress.completed]:
                 del self.open[e]
             self.completed = progress.completed
-            self.status_changed = True
+            self._status_changed = True
         slot = self._slot_of(hello.trainer)
         # A reconnect or a restart: the previous session's holdings are released (``_release``).
         self.trainers.join(Trainer(hello.trainer, routing_id, hello.session, hello.credit, now))
@@ -289,7 +294,7 @@ class ExactServer:
         for e, epoch in self.open.items():
             self._requeue(e, epoch)
         self._close_done()
-        self.status_changed = True
+        self._status_changed = True
 
     def _held(self, records: Records) -> list[tuple[int, np.ndarray]]:
         out = []
@@ -334,10 +339,14 @@ class ExactServer:
         particular; None: all are full or there are none)."""
         return self.trainers.pick()
 
-    def status(self) -> Status:
+    def on_work(self, routing_id: bytes, work: Work, now: Optional[float] = None) -> bool:
+        """Refused: a fixed shard's producer chooses its records itself (ProtocolError, counted by the forwarder)."""
+        raise ProtocolError(FIXED_SHARD_TAKES_NO_WORK)
+
+    def status(self, to: bytes = b"", stranger: bool = False) -> Status:
         waiting = max(0, self.min_trainers - len(self._joined)) if not self.finished else 0
-        return Status(str(self.key), self.producer_id, self.completed, self.epochs, self.finished, self.spec, waiting,
-                      idle=self.idle, skipped=self.skipped_total)
+        return self._addressed(Status(str(self.key), self.producer_id, self.completed, self.epochs, self.finished,
+                                      self.spec, waiting, idle=self.idle, skipped=self.skipped_total), to, stranger)
 
     def summary(self) -> str:
         return f"{self.skipped_total} records skipped, {self.reserved_total} served again after a loss"

@@ -1,6 +1,6 @@
 """The trainers an exact-mode producer knows: by routing id, each with its session, credit and when it was last heard.
 
-Both serving policies (``ExactServer``, ``SplitServer``) keep their trainers here; what losing one means
+Both serving policies (``FixedShardPolicy``, ``PoolPolicy``) keep their trainers here; what losing one means
 is theirs, given as ``forget``:
 
 - ``join`` registers a trainer's hello; an earlier connection or session of the same trainer (a reconnect,

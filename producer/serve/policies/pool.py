@@ -4,7 +4,7 @@ In an elastic pool no producer owns a shard. Each trainer owns the input state a
 out *splits* of every epoch (``work`` messages: positions ``start..end-1`` of the epoch's
 order of the whole dataset, less what it already has) to whichever producers are there,
 and takes back the splits of a producer that left (consumer/exact/pool/split_scheduler.py). This
-server keeps, per trainer, the records still to make from its splits, and:
+policy keeps, per trainer, the records still to make from its splits, and:
 
 - ``next_chunk(n)`` picks up to ``n`` records of one trainer's splits, round-robin over
   trainers with splits to serve and credit to spare (each batch is made for one trainer);
@@ -31,7 +31,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Optional, Protocol
+from typing import Callable, Optional, Protocol
 
 import numpy as np
 
@@ -39,8 +39,9 @@ from stoker.protocol import ProtocolError
 from stoker.protocol.exact_messages import MAX_SPLIT, Credit, Hello, Status, Work
 from stoker.protocol.input_state import StreamKey
 
-from stoker.producer.serve.serving_policy import Chunk
-from stoker.producer.serve.trainer_registry import Trainer, TrainerRegistry
+from stoker.producer.serve.policies.serving_policy import Chunk
+from stoker.producer.serve.policies.exact_policy import TrainerFacingPolicy, no_storage_wait
+from stoker.producer.serve.policies.trainer_registry import Trainer, TrainerRegistry
 
 _ORDERS_KEPT = 3  # epoch orders cached (a permutation of the dataset each)
 MAX_QUEUED = 4 * MAX_SPLIT  # records queued for one trainer
@@ -59,12 +60,15 @@ class ShardCacheView(Protocol):
     def holdings(self) -> tuple[Optional[int], list[int]]: ...
 
 
-class SplitServer:
-    """Serving decisions of an elastic-pool producer (a ``PoolPolicy``); see the module doc. One thread drives it."""
+class PoolPolicy(TrainerFacingPolicy):
+    """Serving decisions of an elastic-pool producer (an ``ExactPolicy``); see the module doc. One thread drives it."""
+
+    mode = "pool"
 
     def __init__(self, key: StreamKey, producer_id: str, epochs: Optional[int] = None, trainer_timeout: float = 10.0,
                  spec: Optional[list[tuple[str, str, list[int]]]] = None, make_ahead: int = 2,
-                 cache: Optional[ShardCacheView] = None, say_cache: bool = True) -> None:
+                 cache: Optional[ShardCacheView] = None, say_cache: bool = True,
+                 storage: Callable[[], str] = no_storage_wait) -> None:
         if not key.splits:
             raise ValueError(f"stream {key} is not an elastic pool's (splits:count:seed)")
         self.key, self.producer_id, self.epochs = key, producer_id, epochs
@@ -79,7 +83,8 @@ class SplitServer:
         self._pending: set[str] = set()  # trainers known and not finished
         self._any_finished = False
         self.skipped_total = 0
-        self.status_changed = False
+        self._status_changed = False
+        self.storage = storage
 
     # ---- what the trainers ask for ---------------------------------------------------------
 
@@ -96,7 +101,7 @@ class SplitServer:
         # A reconnect or a restart: what it asked for before is void (its queue goes with its old record).
         self.trainers.join(_PoolTrainer(hello.trainer, routing_id, hello.session, hello.credit, now))
         self._pending.add(hello.trainer)
-        self.status_changed = True
+        self._status_changed = True
 
     def on_work(self, routing_id: bytes, work: Work, now: Optional[float] = None) -> bool:
         """Queue a trainer's splits; False if it is unknown or of an old session. ProtocolError for a bad split."""
@@ -130,7 +135,7 @@ class SplitServer:
             trainer.finished = True
             self._pending.discard(trainer.id)
             self._any_finished = True
-            self.status_changed = True
+            self._status_changed = True
         return True
 
     def on_credit(self, routing_id: bytes, credit: Credit, now: Optional[float] = None) -> bool:
@@ -225,10 +230,10 @@ class SplitServer:
             self._cache_seen = (now, self.cache.holdings() if self.cache is not None else (None, []))
         return self._cache_seen[1]
 
-    def status(self) -> Status:
+    def status(self, to: bytes = b"", stranger: bool = False) -> Status:
         capacity, held = self._cache() if self.key.block and self.say_cache else (None, [])
-        return Status(str(self.key), self.producer_id, 0, self.epochs, self.finished, self.spec, 0, cache=capacity,
-                      held=held, skipped=self.skipped_total)
+        return self._addressed(Status(str(self.key), self.producer_id, 0, self.epochs, self.finished, self.spec, 0,
+                                      cache=capacity, held=held, skipped=self.skipped_total), to, stranger)
 
     def summary(self) -> str:
         return f"{self.skipped_total} records skipped"
