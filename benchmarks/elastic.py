@@ -45,7 +45,7 @@ import numpy as np
 
 from harness import (add_out_argument, benchmark_parser, launch_producer, producer_flags, producers_cpu_now,
                      write_results)
-from stoker.consumer.batch_stream import BatchStream
+from stoker.consumer.numpy.batch_stream import BatchStream
 from stoker.consumer.receive.coverage import coverage_text
 from stoker.consumer.exact.control_plane import pool_scheduler
 from stoker.producer.process import ProducerProcess, Throttle

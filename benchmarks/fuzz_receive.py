@@ -254,7 +254,7 @@ class _ProducerFeed:
     def __init__(self) -> None:
         import zmq
 
-        from stoker.consumer.batch_stream import BatchStream
+        from stoker.consumer.numpy.batch_stream import BatchStream
 
         self._ctx = zmq.Context()
         self._push = self._ctx.socket(zmq.PUSH)

@@ -50,7 +50,7 @@ SIZE, BATCH = 8, 32
 
 def trainer(addresses: list[str], warmup: int, batches: int, exact: bool, setup_timeout: float) -> dict[str, Any]:
     """Receive from ``addresses`` through BatchStream; the figures of one trainer process."""
-    from stoker.consumer.batch_stream import BatchStream
+    from stoker.consumer.numpy.batch_stream import BatchStream
 
     started = time.perf_counter()
     with BatchStream(addresses, exact=exact, recv_timeout=120) as stream:

@@ -20,11 +20,11 @@ __all__ = ["BatchMismatchError", "BatchStream", "InputClosedError", "InputError"
 
 def __getattr__(name: str) -> Any:
     if name == "ZMQInput":
-        from stoker.consumer.zmq_input import ZMQInput
+        from stoker.consumer.tf.zmq_input import ZMQInput
 
         return ZMQInput
     if name == "BatchStream":
-        from stoker.consumer.batch_stream import BatchStream
+        from stoker.consumer.numpy.batch_stream import BatchStream
 
         return BatchStream
     if name == "TorchInput":

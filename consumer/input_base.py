@@ -18,7 +18,7 @@ from typing import Any, Iterator, Optional
 
 import numpy as np
 
-from stoker.consumer.epochs.epoch_loop import END, EpochLoop, EpochSync
+from stoker.consumer.epochs.epoch_loop import EpochLoop, EpochSync
 from stoker.consumer.epochs.held_rows import HeldBatches, Rows
 from stoker.consumer.receive.errors import InputError
 from stoker.consumer.exact.ledger import ConsumedLedger
@@ -26,6 +26,7 @@ from stoker.consumer.input_setup import open_core
 from stoker.consumer.receive.contract import POLL_S
 from stoker.consumer.receive.options import Addresses, ReceiveOptions
 from stoker.consumer.receive.core import ReceiveCore
+from stoker.consumer.receive.queue_sink import END
 from stoker.consumer.receive.stats import InputStats
 from stoker.protocol.batch_spec import BatchSpec
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from stoker.consumer import InputTimeoutError
-from stoker.consumer.batch_stream import BatchStream
+from stoker.consumer.numpy.batch_stream import BatchStream
 from stoker.producer.dataset.format import DatasetError, LmdbDataset, RecordError
 from stoker.producer.dataset.shards import open_dataset
 from stoker.producer.dataset.synthetic import build_synthetic, synthetic_record

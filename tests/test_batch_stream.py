@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from stoker.consumer import InputClosedError, InputTimeoutError
-from stoker.consumer.batch_stream import BatchStream
+from stoker.consumer.numpy.batch_stream import BatchStream
 from stoker.consumer.exact.state import parse_state
 from stoker.producer.process import ProducerProcess
 from stoker.producer.dataset.synthetic import build_synthetic
@@ -120,7 +120,7 @@ def test_importing_batch_stream_never_imports_tensorflow():
     code = textwrap.dedent("""
         import sys
         from stoker.consumer import BatchStream
-        from stoker.consumer.batch_stream import BatchStream as B
+        from stoker.consumer.numpy.batch_stream import BatchStream as B
         assert BatchStream is B
         assert "tensorflow" not in sys.modules, "BatchStream pulled in TensorFlow"
     """)

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stoker.consumer.batch_stream import BatchStream
+from stoker.consumer.numpy.batch_stream import BatchStream
 from stoker.consumer.receive.coverage import Coverage, coverage_lines, coverage_text
 from stoker.consumer.receive.stats import InputStats
 from stoker.producer.dataset.synthetic import build_synthetic

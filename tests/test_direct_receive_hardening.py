@@ -17,7 +17,7 @@ import time
 import numpy as np
 import pytest
 
-from stoker.consumer.batch_stream import BatchStream
+from stoker.consumer.numpy.batch_stream import BatchStream
 from stoker.consumer.transport.zmtp import ZMTPConnection
 
 from hostile_peer import GREETING, SPEC, HostilePeer, batch_frames, command, frame, message, ready, send_until_dropped
@@ -151,7 +151,7 @@ def test_a_trainer_with_more_than_1024_open_files_receives(tmp_path):
         resource.setrlimit(resource.RLIMIT_NOFILE, (2048, {hard if hard != resource.RLIM_INFINITY else 4096}))
         held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
         import zmq
-        from stoker.consumer.batch_stream import BatchStream
+        from stoker.consumer.numpy.batch_stream import BatchStream
         from stoker.protocol import encode_batch
         import numpy as np
         ctx = zmq.Context(); push = ctx.socket(zmq.PUSH); port = push.bind_to_random_port("tcp://127.0.0.1")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from stoker.consumer.batch_stream import BatchStream
+from stoker.consumer.numpy.batch_stream import BatchStream
 from stoker.consumer.transport.discovery import NameNotFound, ProducerPool, is_literal
 from stoker.producer.process import ProducerProcess
 from stoker.producer.dataset.synthetic import build_synthetic

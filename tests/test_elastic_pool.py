@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from stoker.consumer.batch_stream import BatchStream
+from stoker.consumer.numpy.batch_stream import BatchStream
 from stoker.producer.process import ProducerProcess
 from stoker.producer.dataset.synthetic import build_synthetic
 

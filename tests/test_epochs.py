@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stoker.consumer.batch_stream import BatchStream
+from stoker.consumer.numpy.batch_stream import BatchStream
 from stoker.consumer.epochs.held_rows import HeldBatches, Rows, padding_arrays
 from stoker.producer.dataset.synthetic import build_synthetic
 from stoker.producer.process import ProducerProcess

@@ -326,7 +326,7 @@ def test_an_elastic_pools_completed_epochs_are_logged_in_summary_not_a_line_each
     each epoch still has its DEBUG line."""
     import logging
 
-    from stoker.consumer.batch_stream import BatchStream
+    from stoker.consumer.numpy.batch_stream import BatchStream
     from stoker.consumer.exact.pool import split_epoch
 
     monkeypatch.setattr(split_epoch, "SUMMARY_EVERY_S", 1e9)

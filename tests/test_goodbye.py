@@ -22,7 +22,7 @@ from collections import Counter
 
 import pytest
 
-from stoker.consumer.batch_stream import BatchStream
+from stoker.consumer.numpy.batch_stream import BatchStream
 from stoker.producer.process import ProducerProcess
 
 pytestmark = pytest.mark.timeout(180)
@@ -93,7 +93,7 @@ def test_a_trainer_that_closes_its_input_says_goodbye_and_the_producer_logs_it_a
 
 _TRAINER = textwrap.dedent("""
     import sys
-    from stoker.consumer.batch_stream import BatchStream
+    from stoker.consumer.numpy.batch_stream import BatchStream
 
     stream = BatchStream([sys.argv[1]], exact=True, recv_timeout=60, trainer_id="doomed")
     next(stream)

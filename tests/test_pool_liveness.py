@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from stoker.consumer import InputError
-from stoker.consumer.batch_stream import BatchStream
+from stoker.consumer.numpy.batch_stream import BatchStream
 from stoker.producer.process import ProducerProcess
 from stoker.producer.throttle import Throttle
 from stoker.producer.dataset.synthetic import build_synthetic
@@ -232,7 +232,7 @@ def test_plain_mode_goes_on_at_the_others_rate_and_says_what_it_waits_for_once_a
 # A trainer process of an elastic pool that logs each batch's (epoch, record) pairs until it consumed `batches`.
 TRAINER = textwrap.dedent('''
     import sys
-    from stoker.consumer.batch_stream import BatchStream
+    from stoker.consumer.numpy.batch_stream import BatchStream
     addresses, rank, batches, log = sys.argv[1].split(","), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     with BatchStream(addresses, exact=True, share=(rank, 2), recv_timeout=60, queue_capacity=4,
                      trainer_id=f"rank{rank}") as stream, open(log, "w") as out:

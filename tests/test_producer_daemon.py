@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import zmq
 
-from stoker.consumer.batch_stream import BatchStream
+from stoker.consumer.numpy.batch_stream import BatchStream
 from stoker.producer.dataset.format import LmdbDataset
 from stoker.producer.process import ProducerProcess
 from stoker.producer.measure.procfs import running

@@ -23,7 +23,7 @@ import torch
 from stoker.consumer import InputClosedError, InputTimeoutError, TorchInput
 from stoker.consumer.receive.contract import SinkClosed
 from stoker.consumer.torch.device_prefetch import DevicePrefetch, convert
-from stoker.consumer.batch_stream import END
+from stoker.consumer.receive.queue_sink import END
 from stoker.consumer.torch.pinned_sink import PinnedSink
 from stoker.consumer.torch.torch_input import default_share
 from stoker.producer.process import ProducerProcess

@@ -32,8 +32,7 @@ from __future__ import annotations
 from typing import Any, Iterator, Optional, Protocol
 
 from stoker.consumer.epochs.held_rows import HeldBatches, Rows
-
-END = object()  # ``EpochSource._take_batch``: the run ended (a finite run's last batch was taken)
+from stoker.consumer.receive.queue_sink import END  # ``EpochSource._take_batch``: a finite run's last batch was taken
 
 
 class EpochSync(Protocol):

@@ -25,7 +25,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from stoker.consumer.batch_stream import QueueSink
+from stoker.consumer.receive.queue_sink import QueueSink
 
 
 def torch_dtype(dtype: np.dtype) -> torch.dtype:
@@ -71,6 +71,6 @@ class PinnedSink(QueueSink):
         return tensor
 
     def take_batch(self, timeout: float) -> Any:
-        """The next batch (a list of tensors), ``batch_stream.END`` once a finite run ended, or None if none came in
+        """The next batch (a list of tensors), ``queue_sink.END`` once a finite run ended, or None if none came in
         time."""
         return self.take(timeout)

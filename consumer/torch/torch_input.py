@@ -52,7 +52,7 @@ from stoker.protocol import DEFAULT_MAX_MESSAGE_BYTES
 from stoker.protocol.curve import CurveClientKeys
 
 from stoker.consumer.receive.errors import InputClosedError
-from stoker.consumer.batch_stream import END
+from stoker.consumer.receive.queue_sink import END
 from stoker.consumer.epochs.epoch_loop import EpochSync
 from stoker.consumer.epochs.held_rows import Rows, padding_arrays
 from stoker.consumer.input_base import InputBase

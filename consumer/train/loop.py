@@ -29,7 +29,7 @@ from stoker.consumer.train.report import write_report
 from stoker.consumer.train.steps import LABEL_OUTSIDE, Progress, StepsRun, run_steps, train_step
 from stoker.consumer.tf.summaries import require_tensorboard
 from stoker.consumer.train.timeline import Timeline, storage_verdict
-from stoker.consumer.zmq_input import InputStats, ZMQInput
+from stoker.consumer.tf.zmq_input import InputStats, ZMQInput
 
 log = logging.getLogger("stoker.consumer")
 

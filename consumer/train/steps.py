@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from stoker.consumer.receive.stats import InputStats
 from stoker.consumer.train.timeline import Timeline
-from stoker.consumer.zmq_input import ZMQInput
+from stoker.consumer.tf.zmq_input import ZMQInput
 
 if TYPE_CHECKING:
     from stoker.consumer.train.loop import TrainConfig

@@ -33,7 +33,7 @@ def measure_link(addresses: Sequence[str], seconds: float = 5.0, warmup_batches:
     batches that never match, ``InputTimeoutError`` when no acceptable batch arrived for ``timeout`` s, saying why
     (unreachable addresses, rejected messages, failed handshakes).
     """
-    from stoker.consumer.batch_stream import BatchStream
+    from stoker.consumer.numpy.batch_stream import BatchStream
 
     with BatchStream(list(addresses), recv_timeout=timeout) as stream:
         for _ in range(warmup_batches):

@@ -4,7 +4,7 @@ The same receive core as ``ZMQInput`` (direct ZMTP by default, libzmq for CurveZ
 exact mode with its state), feeding a bounded queue instead of TensorFlow; TensorFlow is
 never imported. Iterate it::
 
-    from stoker.consumer.batch_stream import BatchStream
+    from stoker.consumer.numpy.batch_stream import BatchStream
 
     with BatchStream(["tcp://datahost:5555"]) as stream:       # learns the spec from the first batch
         for step, batch in zip(range(1000), stream):
@@ -33,9 +33,7 @@ Errors: the input's error (InputTimeoutError when no acceptable batch arrived fo
 
 from __future__ import annotations
 
-import threading
 import time
-from collections import deque
 from typing import Any, Iterator, Optional, Sequence
 
 import numpy as np
@@ -43,67 +41,12 @@ import numpy as np
 from stoker.protocol import DEFAULT_MAX_MESSAGE_BYTES
 from stoker.protocol.curve import CurveClientKeys
 
-from stoker.consumer.epochs.epoch_loop import END  # no batch follows: a finite exact run ended (QueueSink.take)
 from stoker.consumer.epochs.held_rows import Rows, padding_arrays
 from stoker.consumer.input_base import InputBase
 from stoker.consumer.input_setup import receive_options
 from stoker.consumer.receive.options import SpecArg
-from stoker.consumer.receive.contract import POLL_S, SinkClosed, aligned_empty
-
-
-
-class QueueSink:
-    """A ``BatchSink`` holding at most ``capacity`` batches (lists of arrays); see the module doc on ownership."""
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self._items: deque[Any] = deque()
-        self._cond = threading.Condition()
-        self._closed = False
-
-    def empty(self, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
-        return aligned_empty(dtype, shape)
-
-    def put(self, arrays: Sequence[np.ndarray], owned: bool) -> None:
-        if not owned:  # views of libzmq's frames: one copy into memory the caller will own
-            copies = []
-            for array in arrays:
-                owner = aligned_empty(array.dtype, array.shape)
-                np.copyto(owner, array)
-                copies.append(owner)
-            arrays = copies
-        with self._cond:
-            while len(self._items) >= self.capacity and not self._closed:
-                self._cond.wait(POLL_S)
-            if self._closed:
-                raise SinkClosed()
-            self._items.append(list(arrays))
-            self._cond.notify_all()
-
-    def size(self) -> int:
-        with self._cond:
-            return sum(item is not END for item in self._items)
-
-    def end(self) -> None:
-        with self._cond:
-            self._items.append(END)  # past capacity: the marker takes no batch's room
-            self._cond.notify_all()
-
-    def close(self, cancel: bool) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-
-    def take(self, timeout: float) -> Any:
-        """The next batch (a list of arrays), ``END``, or None if nothing came within ``timeout``."""
-        with self._cond:
-            if not self._items:
-                self._cond.wait(timeout)
-            if not self._items:
-                return None
-            item = self._items.popleft()
-            self._cond.notify_all()
-            return item
+from stoker.consumer.receive.contract import POLL_S
+from stoker.consumer.receive.queue_sink import END, QueueSink
 
 
 class BatchStream(InputBase):
