@@ -109,7 +109,7 @@ def _check_shard_size(config: ProducerConfig, records: int) -> None:
         log.warning("%s, fewer than --batch-size %d: each batch runs over %d epochs or more, so it holds records more "
                     "than once (in train mode each time augmented anew)", said, config.batch_size,
                     -(-config.batch_size // records))
-    elif records < config.batch_size:  # EPOCHS_AHEAD (exact_server, split_scheduler): 2 epochs open at most
+    elif records < config.batch_size:  # EPOCHS_AHEAD (policies/fixed_shards, split_scheduler): 2 epochs open at most
         log.warning("%s, fewer than --batch-size %d: exact mode sends a record once per epoch, so a batch carries at "
                     "most %s and trainers cut its other rows off as padding (smaller steps)", said,
                     config.batch_size, _count(records * min(config.epochs or 2, 2), "sample"))

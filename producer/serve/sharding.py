@@ -29,7 +29,7 @@ log = logging.getLogger("stoker.producer")
 @dataclass(frozen=True)
 class ShardSpec:
     """Shard ``index`` of ``count`` (``--shard I/N``), or ``auto``: an elastic pool's producer, serving the
-    splits of the whole dataset its trainers hand it (producer/serve/split_server.py)."""
+    splits of the whole dataset its trainers hand it (producer/serve/policies/pool.py)."""
 
     index: int = 0
     count: int = 1

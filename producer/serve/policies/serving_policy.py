@@ -36,7 +36,7 @@ class Chunk:
 
     epochs: list[int]
     indices: list[int]
-    trainer: Optional[bytes] = None  # an elastic pool's batch is made for one trainer (split_server.py)
+    trainer: Optional[bytes] = None  # an elastic pool's batch is made for one trainer (pool.py)
     session: int = 0
     generation: int = -1  # FixedShardPolicy.generation when its records were chosen
 
