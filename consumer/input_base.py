@@ -14,6 +14,7 @@ at a time (``epochs/epoch_loop.py``).
 
 from __future__ import annotations
 
+import time
 from typing import Any, Iterator, Optional
 
 import numpy as np
@@ -26,7 +27,7 @@ from stoker.consumer.input_setup import open_core
 from stoker.consumer.receive.contract import POLL_S
 from stoker.consumer.receive.options import Addresses, ReceiveOptions
 from stoker.consumer.receive.core import ReceiveCore
-from stoker.consumer.receive.queue_sink import END
+from stoker.consumer.receive.queue_sink import END, QueueSink
 from stoker.consumer.receive.stats import InputStats
 from stoker.protocol.batch_spec import BatchSpec
 
@@ -42,6 +43,8 @@ class InputBase:
     _ledger: Optional[ConsumedLedger]
     _metrics: Any = None  # the Prometheus server, once serve_metrics() started it; the facade's close() stops it
     _epoch_loop: Optional[EpochLoop] = None  # epochs(), once called
+    _sink: Optional[QueueSink] = None  # an iterable facade's queue, which the consume loop takes batches from
+    _ended = False  # the sink's END was taken: a finite run's last batch is behind us
 
     def _open_input(self, options: ReceiveOptions) -> None:
         """Open the receive core (may wait up to ``recv_timeout`` to learn the spec)."""
@@ -154,11 +157,71 @@ class InputBase:
             self._hand_out(rows)
         return batch
 
+    def _open_sink(self, sink: QueueSink) -> None:
+        """The iterable facade's queue: plain mode receives into it from now on; exact mode from the first batch
+        taken (``_start_receiving``), so a state may be restored first."""
+        self._sink = sink
+        if self._ledger is None:
+            self._core.start(sink)
+
+    def _start_receiving(self) -> None:
+        """Exact mode, the first batch taken: the ledger says hello on every connection, the core starts."""
+        if self._ledger is not None and not self._ledger.started:
+            self._ledger.activate()
+            self._core.start(self._sink)
+
     def _take_batch(self, timeout: Optional[float]) -> Any:
         """The facade's next batch as ``(batch, Rows or None)`` (padding rows cut off; ``Rows`` in exact mode), not
         yet consumed; ``END`` after a finite run's last; None if nothing came within ``timeout`` (None: wait).
-        Raises the input's error once what arrived before it is taken."""
-        raise TypeError(f"{type(self).__name__} is not iterated batch by batch: watch consumed_epochs instead")
+        Raises the input's error once what arrived before it is taken. A facade that stages batches ahead
+        (``TorchInput``) overrides it over ``_take_from_sink``."""
+        if self._sink is None:
+            raise TypeError(f"{type(self).__name__} is not iterated batch by batch: watch consumed_epochs instead")
+        if self._ended:
+            return END
+        self._start_receiving()
+        return self._take_from_sink(float("inf") if timeout is None else timeout)
+
+    def _take_from_sink(self, wait: float) -> Any:
+        """The sink's next batch, named (``_named``); ``END`` (then ``_ended``), or None if none came within ``wait``
+        seconds (inf: until one comes). The input's error once the sink is empty."""
+        assert self._sink is not None
+        deadline = time.monotonic() + wait
+        while True:
+            item = self._sink.take(max(0.0, min(POLL_S, deadline - time.monotonic())))
+            if item is END:
+                self._ended = True
+                return END
+            if item is not None:
+                return self._named(item)
+            error = self._core.error
+            if error is not None and self._sink.size() == 0:
+                raise error
+            if time.monotonic() >= deadline:
+                return None
+
+    def _named(self, arrays: list[Any]) -> tuple[dict[str, Any], Optional[Rows]]:
+        """The batch by name and, exact mode, its records (to count consumed when handed out); padding rows (a
+        finite run's last batch) are cut off, in a copy (``_kept``). Exact mode's ``stoker_source`` column (last)
+        is left out of the batch."""
+        batch = dict(zip(self.spec.names, arrays))
+        if self._ledger is None:
+            return batch, None
+        mask = self._host(batch["mask"])
+        rows = Rows(self._ledger.source_of(arrays), self._host(batch["epoch"])[mask],
+                    self._host(batch["index"])[mask])
+        if not mask.all():
+            batch = self._kept(batch, mask)
+        return batch, rows
+
+    @staticmethod
+    def _host(array: Any) -> np.ndarray:
+        """A batch array as NumPy, no copy (a facade of another framework's host arrays overrides it)."""
+        return np.asarray(array)
+
+    def _kept(self, batch: dict[str, Any], mask: np.ndarray) -> dict[str, Any]:
+        """The batch's rows where ``mask`` is True, in new arrays of the facade's framework."""
+        return {name: np.ascontiguousarray(a[mask]) for name, a in batch.items()}
 
     def _hand_out(self, rows: Rows) -> None:
         """Rows go to the caller: consumed now."""
@@ -174,7 +237,3 @@ class InputBase:
     def _default_sync(self) -> Optional[EpochSync]:
         return None
 
-    @staticmethod
-    def _rows(source: int, epochs: np.ndarray, indices: np.ndarray, mask: np.ndarray) -> Rows:
-        """The records of a batch's rows once its padding rows (``mask`` False) are cut off."""
-        return Rows(source, np.asarray(epochs)[mask], np.asarray(indices)[mask])

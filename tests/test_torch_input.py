@@ -57,12 +57,12 @@ def test_the_sink_hands_out_the_very_tensors_the_receiver_read_into_and_copies_r
     frame.flags.writeable = False  # a view of a libzmq frame
     sink.put([received], owned=True)
     sink.put([frame], owned=False)
-    (owned,), (copied,) = sink.take_batch(1.0), sink.take_batch(1.0)
+    (owned,), (copied,) = sink.take(1.0), sink.take(1.0)
     assert isinstance(owned, torch.Tensor) and owned.data_ptr() == received.ctypes.data  # no copy
     assert owned is received.base, "the tensor empty() made (its numpy() keeps it as base), not a wrapper"
     assert owned.dtype == torch.uint8 and bool((owned == 7).all()) and owned.data_ptr() % 64 == 0
     assert copied.data_ptr() != frame.ctypes.data and copied.tolist() == [0, 1, 2, 3]
-    assert not copied.is_pinned() and sink.take_batch(0.0) is None
+    assert not copied.is_pinned() and sink.take(0.0) is None
 
 
 def test_the_sink_holds_at_most_its_capacity_ends_after_what_it_holds_and_refuses_puts_once_closed():
@@ -72,11 +72,11 @@ def test_the_sink_holds_at_most_its_capacity_ends_after_what_it_holds_and_refuse
     second.start()
     second.join(0.3)
     assert second.is_alive() and sink.size() == 1  # waits for room
-    assert sink.take_batch(1.0) is not None
+    assert sink.take(1.0) is not None
     second.join(10)
     assert not second.is_alive() and sink.size() == 1
     sink.end()
-    assert sink.take_batch(1.0) is not None and sink.take_batch(1.0) is END
+    assert sink.take(1.0) is not None and sink.take(1.0) is END
     sink.close(cancel=True)
     with pytest.raises(SinkClosed):
         sink.put([np.zeros(2, np.int32)], owned=False)

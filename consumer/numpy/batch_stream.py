@@ -33,20 +33,18 @@ Errors: the input's error (InputTimeoutError when no acceptable batch arrived fo
 
 from __future__ import annotations
 
-import time
-from typing import Any, Iterator, Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 import numpy as np
 
 from stoker.protocol import DEFAULT_MAX_MESSAGE_BYTES
 from stoker.protocol.curve import CurveClientKeys
 
-from stoker.consumer.epochs.held_rows import Rows, padding_arrays
+from stoker.consumer.epochs.held_rows import padding_arrays
 from stoker.consumer.input_base import InputBase
 from stoker.consumer.input_setup import receive_options
 from stoker.consumer.receive.options import SpecArg
-from stoker.consumer.receive.contract import POLL_S
-from stoker.consumer.receive.queue_sink import END, QueueSink
+from stoker.consumer.receive.queue_sink import QueueSink
 
 
 class BatchStream(InputBase):
@@ -77,47 +75,13 @@ class BatchStream(InputBase):
             rcvhwm=rcvhwm, max_message_bytes=max_message_bytes, curve=curve, discover_every=discover_every,
             share=share, stall_after=stall_after, stall_limit=stall_limit)
         self._open_input(options)
-        self._sink = QueueSink(queue_capacity)
-        self._ended = False
-        if self._ledger is None:
-            self._core.start(self._sink)  # exact mode starts at the first next(): a state may be restored first
+        self._open_sink(QueueSink(queue_capacity))
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
         return self
 
     def __next__(self) -> dict[str, np.ndarray]:
         return self._next_batch()
-
-    def _take_batch(self, timeout: Optional[float]) -> Any:
-        if self._ended:
-            return END
-        if self._ledger is not None and not self._ledger.started:
-            self._ledger.activate()
-            self._core.start(self._sink)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            item = self._sink.take(POLL_S if deadline is None else max(0.0, min(POLL_S, deadline - time.monotonic())))
-            if item is END:
-                self._ended = True
-                return END
-            if item is not None:
-                return self._named(item)
-            error = self._core.error
-            if error is not None and self._sink.size() == 0:
-                raise error
-            if deadline is not None and time.monotonic() >= deadline:
-                return None
-
-    def _named(self, arrays: list[np.ndarray]) -> tuple[dict[str, np.ndarray], Optional[Rows]]:
-        """The batch by name and, exact mode, its records (padding rows cut off, in a copy)."""
-        batch = dict(zip(self.spec.names, arrays))
-        if self._ledger is None:
-            return batch, None
-        mask = batch["mask"]
-        rows = self._rows(self._ledger.source_of(arrays), batch["epoch"], batch["index"], mask)
-        if not mask.all():
-            batch = {name: np.ascontiguousarray(a[mask]) for name, a in batch.items()}
-        return batch, rows
 
     def _padding(self, epoch: int) -> dict[str, np.ndarray]:
         return padding_arrays(self.spec, epoch)

@@ -69,8 +69,3 @@ class PinnedSink(QueueSink):
         tensor = self.tensor(array.dtype, array.shape)
         np.copyto(tensor.numpy(), array)
         return tensor
-
-    def take_batch(self, timeout: float) -> Any:
-        """The next batch (a list of tensors), ``queue_sink.END`` once a finite run ended, or None if none came in
-        time."""
-        return self.take(timeout)

@@ -41,10 +41,9 @@ the batches that arrived before it are handed out; after ``close()``, ``next()``
 from __future__ import annotations
 
 import threading
-import time
-from collections import deque
 from typing import Any, Iterator, Mapping, Optional, Sequence, Union
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -53,19 +52,16 @@ from stoker.protocol.curve import CurveClientKeys
 
 from stoker.consumer.receive.errors import InputClosedError
 from stoker.consumer.receive.queue_sink import END
+from stoker.consumer.marked_consumption import MarkedConsumption
 from stoker.consumer.epochs.epoch_loop import EpochSync
 from stoker.consumer.epochs.held_rows import Rows, padding_arrays
 from stoker.consumer.input_base import InputBase
 from stoker.consumer.input_setup import receive_options
-from stoker.consumer.receive.contract import POLL_S
 from stoker.consumer.receive.options import SpecArg
 from stoker.consumer.exact.state import merge_states
 from stoker.consumer.torch.checkpoint_state import state_bytes, state_dict_of
 from stoker.consumer.torch.device_prefetch import Batch, DevicePrefetch, convert
 from stoker.consumer.torch.pinned_sink import PinnedSink
-
-#: consumed_when="marked": batches handed out and not marked before next() refuses (a forgotten mark_consumed)
-MAX_UNMARKED = 64
 
 
 def training_device(device: str | torch.device) -> torch.device:
@@ -140,10 +136,6 @@ class TorchInput(InputBase):
             raise ValueError(f"consumed_when={consumed_when!r}: choose 'next' (default) or 'marked' (mark_consumed())")
         if consumed_when == "marked" and not exact:
             raise ValueError("consumed_when='marked' belongs to exact mode: pass exact=True")
-        self._marked = consumed_when == "marked"
-        self._unmarked: deque = deque()  # batches handed out, not yet marked consumed (consumed_when="marked")
-        self._premarked = 0  # of those, counted consumed when next() had to wait: their mark_consumed() is owed
-        self._mark_lock = threading.Lock()  # the two above: mark_consumed() never waits for a blocked next()
         for name, dtype in (dtypes or {}).items():
             if not isinstance(dtype, torch.dtype):
                 raise ValueError(f"dtypes[{name!r}] = {dtype!r}: give a torch.dtype, e.g. torch.float16")
@@ -161,20 +153,19 @@ class TorchInput(InputBase):
             rcvhwm=rcvhwm, max_message_bytes=max_message_bytes, curve=curve, discover_every=discover_every,
             share=self.share, stall_after=stall_after, stall_limit=stall_limit)
         self._open_input(options)
+        self._marks = MarkedConsumption(self._ledger) if consumed_when == "marked" and self._ledger else None
         try:
             unknown = sorted(set(dtypes or {}) - set(self.spec.names))
             if unknown:
                 raise ValueError(f"dtypes names {unknown}, but the batches carry {list(self.spec.names)}")
-            self._sink = PinnedSink(queue_capacity, torch.cuda.is_available() if pin_memory is None else pin_memory)
+            sink = PinnedSink(queue_capacity, torch.cuda.is_available() if pin_memory is None else pin_memory)
             self._staging = DevicePrefetch(self.device, prefetch, channels_last, dtypes)
         except BaseException:
             self._core.close()
             raise
         self._lock = threading.Lock()  # one next() at a time; close() waits for it (bounded: it polls)
-        self._ended = False
         self._closed = False
-        if self._ledger is None:
-            self._core.start(self._sink)  # exact mode starts at the first next(): a state may be loaded first
+        self._open_sink(sink)
 
     # ---- the batches ------------------------------------------------------------------------------
 
@@ -189,12 +180,9 @@ class TorchInput(InputBase):
             if self._closed:
                 self.raise_if_failed()
                 raise InputClosedError("this TorchInput was closed")
-            if self._ledger is not None and not self._ledger.started:
-                self._ledger.activate()
-                self._core.start(self._sink)
-            if self._marked and len(self._unmarked) >= MAX_UNMARKED:
-                raise RuntimeError(f"{MAX_UNMARKED} batches handed out and none marked consumed: with "
-                                   "consumed_when='marked', call mark_consumed() as each batch's step starts")
+            self._start_receiving()
+            if self._marks is not None:
+                self._marks.check_room()
             if not len(self._staging):
                 if self._ended or (not self._stage(0.0) and self._ended):
                     return END
@@ -208,9 +196,8 @@ class TorchInput(InputBase):
             return tensors, rows
 
     def _hand_out(self, rows: Rows) -> None:
-        if self._marked:
-            with self._mark_lock:
-                self._unmarked.append(rows)
+        if self._marks is not None:
+            self._marks.handed_out(rows)
         else:
             super()._hand_out(rows)
 
@@ -232,56 +219,33 @@ class TorchInput(InputBase):
     def mark_consumed(self) -> None:
         """``consumed_when="marked"``: the oldest batch handed out and not yet marked is consumed now (its step
         starts). RuntimeError if every batch handed out is marked already, or in another mode."""
-        if not self._marked:
+        if self._marks is None:
             raise RuntimeError("mark_consumed() is for TorchInput(..., exact=True, consumed_when='marked'); by "
                                "default a batch is consumed as next() returns it")
-        with self._mark_lock:
-            if self._premarked:
-                self._premarked -= 1  # counted when next() had to wait for the batch after it
-                return
-            if not self._unmarked:
-                raise RuntimeError("mark_consumed(): every batch handed out is marked consumed already")
-            assert self._ledger is not None
-            super()._hand_out(self._unmarked.popleft())
+        assert self._marks is not None
+        self._marks.mark()
 
     def _count_outstanding(self) -> None:
         """``consumed_when="marked"``: batches handed out and not marked count as consumed now (see the class doc)."""
-        with self._mark_lock:
-            while self._unmarked:
-                assert self._ledger is not None
-                super()._hand_out(self._unmarked.popleft())
-                self._premarked += 1
+        if self._marks is not None:
+            self._marks.count_outstanding()
 
     def _stage(self, wait: float) -> bool:
         """Stage the queue's next batch; whether one was. Waits up to ``wait`` seconds (inf: until one comes);
         False at the end of a finite run (``_ended``) or when none came; the input's error once the queue is empty."""
-        deadline = time.monotonic() + wait
-        while True:
-            item = self._sink.take_batch(max(0.0, min(POLL_S, deadline - time.monotonic())))
-            if item is END:
-                self._ended = True
-                return False
-            if item is not None:
-                self._staging.stage(*self._host_batch(item))
-                return True
-            error = self._core.error
-            if error is not None and self._sink.size() == 0:
-                raise error
-            if time.monotonic() >= deadline:
-                return False
+        item = self._take_from_sink(wait)
+        if item is END or item is None:
+            return False
+        self._staging.stage(*item)
+        return True
 
-    def _host_batch(self, tensors: list[torch.Tensor]) -> tuple[Batch, Optional[Rows]]:
-        """The batch by name and, in exact mode, its records (to report consumed when it is handed out); padding
-        rows (a finite run's last batch) are cut off, in a copy."""
-        batch = dict(zip(self.spec.names, tensors))  # exact mode's stoker_source column (last) left out
-        if self._ledger is None:
-            return batch, None
-        mask = batch["mask"]
-        rows = self._rows(self._ledger.source_of(tensors), batch["epoch"].numpy(), batch["index"].numpy(),
-                          mask.numpy())
-        if not bool(mask.all()):
-            batch = {name: tensor[mask] for name, tensor in batch.items()}
-        return batch, rows
+    @staticmethod
+    def _host(array: torch.Tensor) -> np.ndarray:
+        return array.numpy()
+
+    def _kept(self, batch: Batch, mask: np.ndarray) -> Batch:
+        keep = batch["mask"]
+        return {name: tensor[keep] for name, tensor in batch.items()}
 
     # ---- state ------------------------------------------------------------------------------------
 
