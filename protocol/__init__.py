@@ -1,6 +1,7 @@
 """Stoker wire protocol v1 (see docs/protocol.md). Imported by producer and consumer, never the reverse."""
 
-from .batch_codec import (
+from .batch_codec import decode_batch, decode_header, encode_batch
+from .batch_header import (
     ALLOWED_DTYPES,
     DEFAULT_MAX_MESSAGE_BYTES,
     PROTOCOL_VERSION,
@@ -8,9 +9,6 @@ from .batch_codec import (
     Batch,
     BatchHeader,
     DecodeLimits,
-    decode_batch,
-    decode_header,
-    encode_batch,
 )
 from .errors import ProtocolError
 

@@ -8,162 +8,39 @@ Encoding hands array buffers to ZMQ without copying (send with ``copy=False``);
 decoding validates the header completely *before* touching array bytes and then
 builds arrays with ``np.frombuffer`` on the received frames, so no array byte is
 copied and no allocation is ever sized by a number read from the wire.
-Nothing here uses pickle.
+Nothing here uses pickle. What the header's fields may hold, and the types decoding
+returns, are in ``batch_header.py``; producer ids in ``peer_ids.py``.
 """
 
 from __future__ import annotations
 
-import math
-import re
-import secrets
 import time
-from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import msgpack
 import numpy as np
 
-from .errors import ProtocolError
-
-PROTOCOL_VERSION = 1
-
-#: dtypes a peer may send; everything travels little-endian.
-ALLOWED_DTYPES: frozenset[str] = frozenset(
-    {
-        "bool",
-        "uint8",
-        "int8",
-        "uint16",
-        "int16",
-        "uint32",
-        "int32",
-        "uint64",
-        "int64",
-        "float16",
-        "float32",
-        "float64",
-    }
+from .batch_header import (
+    ALLOWED_DTYPES,
+    ARRAY_NAME_RE,
+    MAX_CLASSES,
+    MAX_HEADER_BYTES,
+    MAX_RANK,
+    MAX_STREAM_CHARS,
+    PROTOCOL_VERSION,
+    STAGES_RULE,
+    ArraySpec,
+    Batch,
+    BatchHeader,
+    DecodeLimits,
+    classes_ok,
+    is_int,
+    session_ok,
+    stages_ok,
+    stream_ok,
 )
-
-_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
-_ID_RE = re.compile(r"[\x21-\x7e]{1,128}")
-
-
-def is_valid_id(text: object) -> bool:
-    """A producer or trainer id: 1-128 printable ASCII characters, no spaces (the one rule for both)."""
-    return isinstance(text, str) and _ID_RE.fullmatch(text) is not None
-
-
-_INSTANCE_RE = re.compile(r"~[0-9a-f]{6}\Z")
-
-
-def with_instance(place: str) -> str:
-    """``place`` (printable ASCII, no spaces) plus ``~`` and 6 random hex digits, cut to the 128-character id
-    limit: a producer daemon's default id, one per instance, so no two daemons' batches are counted as one's."""
-    suffix = f"~{secrets.token_hex(3)}"
-    return place[:128 - len(suffix)] + suffix
-
-
-def place_of(producer: str) -> str:
-    """A producer id without the suffix ``with_instance`` adds: what a producer restarted at the same address and
-    shard keeps, so that a restart is not taken for a second producer serving the same shard."""
-    return _INSTANCE_RE.sub("", producer)
-
-
-MAX_HEADER_BYTES = 64 * 1024
-MAX_ARRAYS = 64
-MAX_RANK = 8
-DEFAULT_MAX_MESSAGE_BYTES = 512 * 1024 * 1024
-
-
-@dataclass(frozen=True)
-class DecodeLimits:
-    """Bounds a receiver enforces on every message.
-
-    max_message_bytes: total size of all frames (default 512 MiB); also set it as
-        ``zmq.MAXMSGSIZE`` on the socket so oversized frames never reach Python.
-    max_arrays: most arrays one batch may carry (default 64).
-    """
-
-    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
-    max_arrays: int = MAX_ARRAYS
-
-
-@dataclass(frozen=True)
-class ArraySpec:
-    """Name, dtype and shape of one array as the header declares it."""
-
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-
-    @property
-    def nbytes(self) -> int:
-        # Python ints: no overflow however large the claimed shape is.
-        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
-
-    @property
-    def wire_dtype(self) -> np.dtype:
-        """The numpy dtype of its frame's bytes: little-endian, as the wire carries every array."""
-        return np.dtype(self.dtype).newbyteorder("<")
-
-
-@dataclass(frozen=True)
-class BatchHeader:
-    """The decoded, validated frame 0 of a batch message."""
-
-    version: int
-    producer: str
-    seq: int
-    arrays: tuple[ArraySpec, ...]
-    worker: int = 0
-    sent_at: float = 0.0
-    stream: str = ""  # exact mode: the stream (shard) the batch belongs to
-    session: int = -1  # exact mode: the receiving trainer's session it was sent under
-    stages: dict[str, float] = field(default_factory=dict)  # seconds the producer spent per stage on it
-    classes: int = 0  # classes the producer's dataset names (0: not said), so a trainer can check its own
-
-
-@dataclass
-class Batch:
-    """A decoded batch: its header and arrays that view the received frames."""
-
-    header: BatchHeader
-    arrays: dict[str, np.ndarray] = field(default_factory=dict)
-
-    def __getitem__(self, name: str) -> np.ndarray:
-        return self.arrays[name]
-
-
-#: The producer stages a batch header may time (``stages``), in pipeline order. ``fetch``: the time its reads
-#: waited for object storage (a shard fetched, retries included), sent only when not zero: a trainer older than
-#: it refuses a header naming it, so upgrade trainers before producers that read from object storage.
-STAGES = ("fetch", "read", "decode", "augment", "send")
-
-
-def _stages_ok(stages: Any) -> bool:
-    return isinstance(stages, dict) and all(
-        k in STAGES and isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 1e6
-        for k, v in stages.items())
-
-
-_STAGES_RULE = f"header field 'stages' must map stage names among {list(STAGES)} to seconds in [0, 1e6)"
-MAX_STREAM_CHARS = 64
-
-
-def _stream_ok(stream: Any) -> bool:
-    return isinstance(stream, str) and len(stream) <= MAX_STREAM_CHARS
-
-
-MAX_CLASSES = 10**7
-
-
-def _classes_ok(classes: Any) -> bool:
-    return _is_int(classes) and 0 <= classes <= MAX_CLASSES
-
-
-def _session_ok(session: Any) -> bool:
-    return _is_int(session) and -1 <= session < 2**31
+from .errors import ProtocolError
+from .peer_ids import is_valid_id
 
 
 def encode_batch(
@@ -195,8 +72,8 @@ def encode_batch(
     specs = []
     frames: list[Any] = [b""]
     for name, array in arrays.items():
-        if not _NAME_RE.match(name):
-            raise ProtocolError(f"array name {name!r} must match {_NAME_RE.pattern}")
+        if not ARRAY_NAME_RE.match(name):
+            raise ProtocolError(f"array name {name!r} must match {ARRAY_NAME_RE.pattern}")
         array = np.asarray(array)
         dtype_name = array.dtype.name
         if dtype_name not in ALLOWED_DTYPES:
@@ -214,16 +91,16 @@ def encode_batch(
         "arrays": specs,
     }
     if stream:
-        if not _stream_ok(stream):
+        if not stream_ok(stream):
             raise ProtocolError(f"stream {stream!r} must be at most {MAX_STREAM_CHARS} characters")
         header["stream"] = stream
     if classes:
-        if not _classes_ok(classes):
+        if not classes_ok(classes):
             raise ProtocolError(f"classes must be an integer in [0, {MAX_CLASSES}], got {classes!r}")
         header["classes"] = int(classes)
     if stages:
-        if not _stages_ok(dict(stages)):
-            raise ProtocolError(f"{_STAGES_RULE}, got {dict(stages)!r}")
+        if not stages_ok(dict(stages)):
+            raise ProtocolError(f"{STAGES_RULE}, got {dict(stages)!r}")
         header["stages"] = {k: float(v) for k, v in stages.items()}
     frames[0] = msgpack.packb(header, use_bin_type=True)
     return frames
@@ -238,8 +115,8 @@ def with_session(frame: Any, *, stream: str, session: int, limits: DecodeLimits 
     ``MAX_STREAM_CHARS`` characters, a session a receiver would refuse, or a result over ``MAX_HEADER_BYTES``.
     """
     header = _unpack_header(frame, limits)
-    _require(_stream_ok(stream), f"stream {stream!r} must be at most {MAX_STREAM_CHARS} characters")
-    _require(_session_ok(session), f"session must be an integer in [-1, 2**31), got {session!r}")
+    _require(stream_ok(stream), f"stream {stream!r} must be at most {MAX_STREAM_CHARS} characters")
+    _require(session_ok(session), f"session must be an integer in [-1, 2**31), got {session!r}")
     header["stream"], header["session"] = stream, session
     out = msgpack.packb(header, use_bin_type=True)
     _require(len(out) <= MAX_HEADER_BYTES, f"header would be {len(out)} bytes, more than the {MAX_HEADER_BYTES} allowed")
@@ -249,10 +126,6 @@ def with_session(frame: Any, *, stream: str, session: int, limits: DecodeLimits 
 def _require(condition: bool, message: str) -> None:
     if not condition:
         raise ProtocolError(message)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _unpack_header(frame: Any, limits: DecodeLimits) -> Any:
@@ -281,7 +154,7 @@ def decode_header(frame: Any, limits: DecodeLimits = DecodeLimits()) -> BatchHea
     """Parse and validate frame 0. Raises ProtocolError naming the bad field."""
     header = _unpack_header(frame, limits)
     version = header.get("v")
-    _require(_is_int(version), "header field 'v' (protocol version) is missing or not an integer")
+    _require(is_int(version), "header field 'v' (protocol version) is missing or not an integer")
     _require(
         version == PROTOCOL_VERSION,
         f"protocol version {version} is not supported: this receiver speaks version {PROTOCOL_VERSION}; "
@@ -290,19 +163,19 @@ def decode_header(frame: Any, limits: DecodeLimits = DecodeLimits()) -> BatchHea
     producer = header.get("producer")
     _require(is_valid_id(producer), f"header field 'producer' is invalid: {producer!r}")
     seq = header.get("seq")
-    _require(_is_int(seq) and seq >= 0, f"header field 'seq' must be an integer >= 0, got {seq!r}")
+    _require(is_int(seq) and seq >= 0, f"header field 'seq' must be an integer >= 0, got {seq!r}")
     worker = header.get("worker", 0)
-    _require(_is_int(worker) and 0 <= worker < 2**31, f"header field 'worker' must be a small integer >= 0, got {worker!r}")
+    _require(is_int(worker) and 0 <= worker < 2**31, f"header field 'worker' must be a small integer >= 0, got {worker!r}")
     sent_at = header.get("sent_at", 0.0)
     _require(isinstance(sent_at, (int, float)) and not isinstance(sent_at, bool), f"header field 'sent_at' must be a number, got {sent_at!r}")
     stream = header.get("stream", "")
-    _require(_stream_ok(stream), f"header field 'stream' must be a short string, got {stream!r}")
+    _require(stream_ok(stream), f"header field 'stream' must be a short string, got {stream!r}")
     session = header.get("session", -1)
-    _require(_session_ok(session), f"header field 'session' must be an integer, got {session!r}")
+    _require(session_ok(session), f"header field 'session' must be an integer, got {session!r}")
     stages = header.get("stages", {})
-    _require(_stages_ok(stages), _STAGES_RULE)
+    _require(stages_ok(stages), STAGES_RULE)
     classes = header.get("classes", 0)
-    _require(_classes_ok(classes), f"header field 'classes' must be an integer in [0, {MAX_CLASSES}], got {classes!r}")
+    _require(classes_ok(classes), f"header field 'classes' must be an integer in [0, {MAX_CLASSES}], got {classes!r}")
     specs_raw = header.get("arrays")
     _require(isinstance(specs_raw, list), "header field 'arrays' is missing or not a list")
     _require(len(specs_raw) <= limits.max_arrays, f"header lists {len(specs_raw)} arrays, more than the {limits.max_arrays} allowed")
@@ -311,12 +184,12 @@ def decode_header(frame: Any, limits: DecodeLimits = DecodeLimits()) -> BatchHea
     for i, spec in enumerate(specs_raw):
         _require(isinstance(spec, dict), f"arrays[{i}] must be a map")
         name, dtype, shape = spec.get("name"), spec.get("dtype"), spec.get("shape")
-        _require(isinstance(name, str) and bool(_NAME_RE.match(name)), f"arrays[{i}].name is invalid: {name!r}")
+        _require(isinstance(name, str) and bool(ARRAY_NAME_RE.match(name)), f"arrays[{i}].name is invalid: {name!r}")
         _require(name not in seen, f"array name {name!r} appears twice")
         seen.add(name)
         _require(isinstance(dtype, str) and dtype in ALLOWED_DTYPES, f"array {name!r} has dtype {dtype!r}, not one of {sorted(ALLOWED_DTYPES)}")
         _require(isinstance(shape, list) and len(shape) <= MAX_RANK, f"array {name!r} shape must be a list of at most {MAX_RANK} dims, got {shape!r}")
-        _require(all(_is_int(d) and d >= 0 for d in shape), f"array {name!r} shape must hold integers >= 0, got {shape!r}")
+        _require(all(is_int(d) and d >= 0 for d in shape), f"array {name!r} shape must hold integers >= 0, got {shape!r}")
         specs.append(ArraySpec(name=name, dtype=dtype, shape=tuple(shape)))
     return BatchHeader(version=version, producer=producer, seq=seq, arrays=tuple(specs), worker=worker,
                        sent_at=float(sent_at), stream=stream, session=session,

@@ -14,7 +14,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from .batch_codec import ALLOWED_DTYPES, Batch
+from .batch_header import ALLOWED_DTYPES, Batch
 from .errors import ProtocolError
 
 #: The arrays Stoker producers add to every batch, last and in this order (docs/protocol.md, "What a Stoker batch

@@ -33,7 +33,7 @@ from typing import Any, Optional
 import msgpack
 import numpy as np
 
-from .batch_codec import is_valid_id
+from .peer_ids import is_valid_id
 from .errors import ProtocolError
 from .input_state import InputState
 

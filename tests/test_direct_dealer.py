@@ -16,7 +16,8 @@ from stoker.consumer.exact.direct_dealer import DirectDealer
 from stoker.consumer.receive.contract import aligned_empty
 from stoker.consumer.transport.zmtp import _GREETING
 from stoker.protocol import DecodeLimits, ProtocolError
-from stoker.protocol.batch_codec import Batch, encode_batch
+from stoker.protocol.batch_codec import encode_batch
+from stoker.protocol.batch_header import Batch
 from stoker.protocol.batch_spec import BatchSpec
 from stoker.protocol.exact_messages import Credit, Status, decode_trainer_message, encode_credit, encode_status
 

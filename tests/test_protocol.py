@@ -11,7 +11,9 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from stoker.protocol import ALLOWED_DTYPES, PROTOCOL_VERSION, DecodeLimits, ProtocolError, decode_batch, encode_batch
-from stoker.protocol.batch_codec import MAX_HEADER_BYTES, is_valid_id, place_of, with_instance, with_session
+from stoker.protocol.batch_codec import with_session
+from stoker.protocol.batch_header import MAX_HEADER_BYTES
+from stoker.protocol.peer_ids import is_valid_id, place_of, with_instance
 from stoker.protocol.batch_spec import BOOKKEEPING, BatchSpec, bookkeeping_arrays
 
 dtypes = st.sampled_from(sorted(ALLOWED_DTYPES)).map(np.dtype)

@@ -53,7 +53,7 @@ from typing import Optional, Sequence
 import msgpack
 import numpy as np
 
-from stoker.protocol.batch_codec import is_valid_id
+from stoker.protocol.peer_ids import is_valid_id
 from stoker.protocol.exact_messages import MAX_SPLIT
 from stoker.protocol.input_state import InputState, StreamKey, StreamProgress
 

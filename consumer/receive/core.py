@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence
 import numpy as np
 
 from stoker.protocol import ProtocolError
-from stoker.protocol.batch_codec import Batch
+from stoker.protocol.batch_header import Batch
 from stoker.protocol.batch_spec import BatchSpec
 
 from stoker.consumer.receive.errors import InputClosedError, InputError, InputTimeoutError

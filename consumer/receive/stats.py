@@ -21,7 +21,7 @@ import numpy as np
 
 from stoker.consumer.receive.coverage import Coverage
 from stoker.protocol import ProtocolError
-from stoker.protocol.batch_codec import place_of
+from stoker.protocol.peer_ids import place_of
 from stoker.protocol.batch_spec import BatchMismatchError
 from stoker.protocol.input_state import StreamKey
 

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
-from stoker.protocol.batch_codec import STAGES
+from stoker.protocol.batch_header import STAGES
 
 
 @dataclass

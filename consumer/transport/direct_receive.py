@@ -19,7 +19,8 @@ from typing import Callable, Optional
 import numpy as np
 
 from stoker.protocol import DecodeLimits, ProtocolError
-from stoker.protocol.batch_codec import MAX_HEADER_BYTES, Batch, decode_header
+from stoker.protocol.batch_codec import decode_header
+from stoker.protocol.batch_header import MAX_HEADER_BYTES, Batch
 from stoker.protocol.batch_spec import BatchSpec
 from stoker.protocol.exact_messages import unpack_producer_frame
 

@@ -16,7 +16,7 @@ import time
 from typing import TYPE_CHECKING, Optional, Sequence
 
 from stoker.protocol import ProtocolError
-from stoker.protocol.batch_codec import Batch
+from stoker.protocol.batch_header import Batch
 from stoker.protocol.batch_spec import ArrayShape, BatchSpec
 
 from stoker.consumer.receive.errors import InputError
