@@ -33,8 +33,8 @@ def parse_args():
 
 def _image_folder(tmp: Path, records: int, classes: int) -> tuple[Path, int]:
     """The synthetic dataset's JPEGs as SRC/<class>/<n>.jpg; (the folder, its bytes)."""
-    from stoker.producer.dataset.format import LmdbDataset
-    from stoker.producer.dataset.synthetic import build_synthetic
+    from stoker.producer.dataset.sources import LmdbDataset
+    from stoker.producer.dataset.build.synthetic import build_synthetic
 
     build_synthetic(tmp / "synth", records, seed=0, num_classes=classes, progress=False)
     src, total = tmp / "src", 0
@@ -50,7 +50,7 @@ def _image_folder(tmp: Path, records: int, classes: int) -> tuple[Path, int]:
 
 
 def _build(src: Path, out: Path, shard_bytes, threads: int) -> float:
-    from stoker.producer.dataset.build import build_lmdb
+    from stoker.producer.dataset.build.builder import build_lmdb
 
     started = time.perf_counter()
     build_lmdb(src, out, overwrite=True, threads=threads, progress=False, shard_bytes=shard_bytes)
@@ -61,7 +61,7 @@ def _build(src: Path, out: Path, shard_bytes, threads: int) -> float:
 
 def main() -> None:
     args = parse_args()
-    from stoker.producer.dataset.sharded_writer import parse_bytes
+    from stoker.producer.dataset.build.sharded_writer import parse_bytes
 
     shard_bytes = parse_bytes(args.shard_size)
     seconds: dict[str, list[float]] = {"single": [], "sharded": []}

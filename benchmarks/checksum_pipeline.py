@@ -41,7 +41,7 @@ def make_pipeline(size: int = 32) -> Pipeline:
 
 def build_checksum_lmdb(path: Path, records: int, size: int) -> dict[int, int]:
     """An LMDB of random ``pixels`` and labels; returns record index -> checksum of its pixels."""
-    from stoker.producer.dataset.writer import write_lmdb
+    from stoker.producer.dataset.build.write_records import write_lmdb
 
     rng = np.random.default_rng(0)
     weights = checksum_weights(size)

@@ -39,7 +39,7 @@ from stoker.producer.images.augment import (
     resize_flip_into,
     train_transform,
 )
-from stoker.producer.dataset.synthetic import synthetic_jpeg
+from stoker.producer.dataset.build.synthetic import synthetic_jpeg
 
 SIZE = 224
 SCALES = [(1, 1), (7, 8), (3, 4), (5, 8), (1, 2), (1, 4)]

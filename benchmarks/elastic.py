@@ -49,7 +49,7 @@ from stoker.consumer.numpy.batch_stream import BatchStream
 from stoker.consumer.receive.coverage import coverage_text
 from stoker.consumer.exact.control_plane import pool_scheduler
 from stoker.producer.process import ProducerProcess, Throttle
-from stoker.producer.dataset.synthetic import build_synthetic
+from stoker.producer.dataset.build.synthetic import build_synthetic
 
 
 class Run:

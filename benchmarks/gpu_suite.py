@@ -241,7 +241,7 @@ def section_latency(p: dict[str, Any], precision: str) -> dict[str, Any]:
     from stoker.consumer import ZMQInput
     from stoker.consumer.train.models import build_model
     from harness import mean_step_seconds  # the same measure as trainer_latency.py
-    from stoker.producer.dataset.synthetic import build_synthetic
+    from stoker.producer.dataset.build.synthetic import build_synthetic
 
     tf.keras.mixed_precision.set_global_policy(precision)
     device = "/GPU:0" if p["device"] == "GPU" else "/CPU:0"

@@ -128,7 +128,7 @@ def section_torch_latency(p: dict[str, Any], precision: str = "float32") -> dict
     from torch.profiler import ProfilerActivity, profile
 
     from stoker.consumer import TorchInput
-    from stoker.producer.dataset.synthetic import build_synthetic
+    from stoker.producer.dataset.build.synthetic import build_synthetic
 
     device, size, batch, classes = torch.device(torch_device(p)), p["image_size"], p["batch_size"], 1000
     model = build_torch_model(p["model"], classes)

@@ -128,7 +128,7 @@ def synthetic_lmdb(records: int, name: str = "bench") -> Iterator[Path]:
     """A synthetic LMDB of ``records`` JPEGs (seed 0) in a temporary folder, removed on exit; yields its path.
 
     The folder (``path.parent``) is the caller's to put other temporary files in."""
-    from stoker.producer.dataset.synthetic import build_synthetic
+    from stoker.producer.dataset.build.synthetic import build_synthetic
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / name

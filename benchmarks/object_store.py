@@ -58,7 +58,7 @@ def _round(location: str, args, s3: LocalS3, cache: Path | None) -> tuple[float,
 
 
 def _fetch_mb_per_s(cache: Path | None) -> float:
-    from stoker.producer.dataset.remote import fetch_log
+    from stoker.producer.dataset.sources.shard_cache import fetch_log
 
     fetches = fetch_log(cache) if cache is not None else []
     if not fetches:
@@ -68,8 +68,8 @@ def _fetch_mb_per_s(cache: Path | None) -> float:
 
 def main() -> None:
     args = parse_args()
-    from stoker.producer.dataset.synthetic import build_synthetic
-    from stoker.producer.dataset.shards import open_dataset
+    from stoker.producer.dataset.build.synthetic import build_synthetic
+    from stoker.producer.dataset.sources import open_dataset
 
     rounds: dict[str, list] = {"local": [], "warm": [], "cold": []}
     with tempfile.TemporaryDirectory() as tmp, LocalS3(Path(tmp) / "s3") as s3:

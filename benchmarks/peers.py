@@ -28,7 +28,7 @@ import tensorflow as tf  # noqa: E402
 
 from delivery import producer_delivery  # noqa: E402
 from harness import add_out_argument, benchmark_parser, synthetic_lmdb, write_results  # noqa: E402
-from stoker.producer.dataset.format import LmdbDataset  # noqa: E402
+from stoker.producer.dataset.sources.lmdb_dataset import LmdbDataset  # noqa: E402
 
 
 def write_tfrecord(lmdb_path: Path, out: Path) -> None:

@@ -29,7 +29,7 @@ import numpy as np
 from harness import add_out_argument, benchmark_parser, machine_info, synthetic_lmdb, write_results
 from stoker.producer.images.augment import decode_rgb, decode_train_crop, eval_transform, resize_flip_into
 from stoker.producer.serve.batch_slots import SlotLayout, sample_rows
-from stoker.producer.dataset.format import LmdbDataset, record_key
+from stoker.producer.dataset.sources import LmdbDataset, record_key
 from stoker.producer.pipeline import load_pipeline
 from stoker.producer.serve.sharding import RecordRng
 

@@ -28,7 +28,7 @@ import numpy as np
 from delivery import producer_delivery
 from harness import add_out_argument, benchmark_parser, machine_info, synthetic_lmdb, write_results
 from stoker.producer.images.augment import decode_train_crop, resize_flip_into
-from stoker.producer.dataset.format import LmdbDataset
+from stoker.producer.dataset.sources import LmdbDataset
 
 
 def decoder_limit(lmdb_path: Path, size: int, seconds: float) -> float:

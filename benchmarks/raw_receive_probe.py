@@ -199,7 +199,7 @@ def _start_sender(port_file: Path) -> tuple[subprocess.Popen, str]:
 
 def run_rounds(args) -> dict[str, list[tuple[float, float]]]:
     """(images/s, CPU s per GB) of every receiver per round, each in a fresh process."""
-    from stoker.producer.dataset.synthetic import build_synthetic
+    from stoker.producer.dataset.build.synthetic import build_synthetic
 
     results: dict[str, list[tuple[float, float]]] = {m: [] for m in MODES}
     with tempfile.TemporaryDirectory() as tmp:

@@ -176,7 +176,7 @@ def parse_args():
 def run_parts(args, result: dict[str, Any]) -> None:
     """Parts 1 to 4 (module doc) on one tiny LMDB, into ``result``."""
     from checksum_pipeline import checksum_weights  # noqa: F401  (fails early if the pipeline is missing)
-    from stoker.producer.dataset.writer import write_lmdb
+    from stoker.producer.dataset.build.write_records import write_lmdb
 
     fan_in = [n for n in (int(x) for x in args.fan_in.split(",")) if n <= args.producers]
     counts = [int(x) for x in args.trainers.split(",")]

@@ -47,8 +47,8 @@ def parse_args():
 
 def _dataset(tmp: Path, args, s3: LocalS3) -> tuple[str, int, int]:
     """Synthesize and upload the sharded dataset; (its URL, shards, bytes)."""
-    from stoker.producer.dataset.shards import open_dataset
-    from stoker.producer.dataset.synthetic import build_synthetic
+    from stoker.producer.dataset.sources import open_dataset
+    from stoker.producer.dataset.build.synthetic import build_synthetic
 
     build_synthetic(tmp / "probe", args.records, seed=0, progress=False)
     total = (tmp / "probe" / "data.mdb").stat().st_size
@@ -62,7 +62,7 @@ def _dataset(tmp: Path, args, s3: LocalS3) -> tuple[str, int, int]:
 
 def _round(url: str, args, s3: LocalS3, caches: list[Path], budget: int, aware: bool) -> dict:
     from stoker.consumer import BatchStream
-    from stoker.producer.dataset.remote import fetch_log
+    from stoker.producer.dataset.sources.shard_cache import fetch_log
 
     flags = producer_flags(args.batch_size, 32, workers=1, seed=0, shard="auto", epochs=args.epochs)
     flags += ["--s3-endpoint", s3.endpoint, "--cache-size", str(budget), "--shuffle-window", "1",

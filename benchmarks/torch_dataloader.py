@@ -35,7 +35,7 @@ class LmdbImageNet:
     def __init__(self, path: Path, image_size: int, seed: int = 0) -> None:
         self.path, self.image_size, self.seed = path, image_size, seed
         self._dataset = self._fill = self._rng = None
-        from stoker.producer.dataset.format import LmdbDataset
+        from stoker.producer.dataset.sources import LmdbDataset
 
         with LmdbDataset(path) as dataset:
             self.length = len(dataset)
@@ -48,7 +48,7 @@ class LmdbImageNet:
         import torch
 
         if self._dataset is None:  # opened in each worker: LMDB handles do not cross fork
-            from stoker.producer.dataset.format import LmdbDataset
+            from stoker.producer.dataset.sources import LmdbDataset
             from stoker.producer.images.builtin_pipelines import make_imagenet
             from stoker.producer.serve.sharding import RecordRng
 

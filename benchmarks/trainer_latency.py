@@ -31,7 +31,7 @@ from harness import (add_out_argument, benchmark_parser, launch_producer, mean_s
 from stoker.consumer import ZMQInput  # noqa: E402
 from stoker.consumer.train.models import build_model  # noqa: E402
 from stoker.producer.images.augment import decode_train_crop, resize_flip_into  # noqa: E402
-from stoker.producer.dataset.format import LmdbDataset  # noqa: E402
+from stoker.producer.dataset.sources.lmdb_dataset import LmdbDataset  # noqa: E402
 
 
 def make_model(name: str, size: int, classes: int) -> tf.keras.Model:

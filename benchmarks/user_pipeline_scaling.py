@@ -61,7 +61,7 @@ def make_pipeline(passes: int = 6) -> Pipeline:
 
 
 def transform_alone(lmdb_path: Path, seconds: float) -> float:
-    from stoker.producer.dataset.format import LmdbDataset
+    from stoker.producer.dataset.sources import LmdbDataset
     from stoker.producer.serve.sharding import RecordRng
 
     pipeline = make_pipeline()

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from stoker.producer.dataset.format import LmdbDataset
+from stoker.producer.dataset.sources import LmdbDataset
 from stoker.producer.process import ProducerProcess
 
 from .cluster_elastic import POOL_NAME, ConsumedWatcher, PoolNames

@@ -12,12 +12,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from stoker.producer.dataset.cache import cached_dataset
-from stoker.producer.dataset.format import DatasetError, LmdbDataset
+from stoker.producer.dataset.build.build_once import cached_dataset
+from stoker.producer.dataset.sources import DatasetError, LmdbDataset
 from stoker.producer.process import ProducerProcess
 from stoker.producer.produce_command import produce_flags
 from stoker.producer.measure.procfs import running
-from stoker.producer.dataset.synthetic import build_synthetic
+from stoker.producer.dataset.build.synthetic import build_synthetic
 
 DEMO_CLASSES = 10
 

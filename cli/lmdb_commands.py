@@ -13,11 +13,11 @@ from stoker.cli.argument_parser import HelpFormatter, key_value, positive_int
 from stoker.cli.exit_codes import EXIT_OK
 
 if TYPE_CHECKING:
-    from stoker.producer.dataset.format import LmdbDataset
+    from stoker.producer.dataset.sources import LmdbDataset
 
 
 def size_argument(text: str) -> int:
-    from stoker.producer.dataset.sharded_writer import parse_bytes
+    from stoker.producer.dataset.build.sharded_writer import parse_bytes
 
     try:
         return parse_bytes(text)
@@ -117,14 +117,14 @@ def add_storage_arguments(parser: argparse.ArgumentParser) -> None:
 
 def storage_of(args: argparse.Namespace, **more: object):
     """The ``RemoteOptions`` of ``add_storage_arguments``' flags (``more``: a producer's cache flags)."""
-    from stoker.producer.dataset.shards import RemoteOptions
+    from stoker.producer.dataset.sources import RemoteOptions
 
     return RemoteOptions(storage_options=tuple(args.storage_option or ()), s3_endpoint=args.s3_endpoint,
                          **more)  # type: ignore[arg-type]
 
 
 def cmd_lmdb_build(args: argparse.Namespace) -> int:
-    from stoker.producer.dataset.build import build_lmdb
+    from stoker.producer.dataset.build.builder import build_lmdb
 
     report = build_lmdb(args.src, args.out, overwrite=args.overwrite, threads=args.threads, progress=not args.quiet,
                         jsonl=args.jsonl, image_fields=args.image_field or ["image"], task=args.task,
@@ -165,7 +165,7 @@ def _per_class(classes: Sequence[str], counts: Sequence[int], limit: Optional[in
 
 
 def cmd_lmdb_synth(args: argparse.Namespace) -> int:
-    from stoker.producer.dataset.synthetic import build_synthetic
+    from stoker.producer.dataset.build.synthetic import build_synthetic
 
     def build(out: object) -> None:
         meta = build_synthetic(out, args.count, seed=args.seed, num_classes=args.classes,  # type: ignore[arg-type]
@@ -176,9 +176,8 @@ def cmd_lmdb_synth(args: argparse.Namespace) -> int:
     if not args.exist_ok:
         build(args.out)
         return EXIT_OK
-    from stoker.producer.dataset.cache import cached_dataset
-    from stoker.producer.dataset.format import DatasetError
-    from stoker.producer.dataset.shards import open_dataset
+    from stoker.producer.dataset.build.build_once import cached_dataset
+    from stoker.producer.dataset.sources import DatasetError, open_dataset
 
     def usable(out: object) -> bool:
         try:
@@ -216,7 +215,7 @@ def _count_labels(ds: "LmdbDataset") -> tuple[list[int], int]:
     """Records per class counted by reading every record, and how many records could not be read."""
     from tqdm import tqdm
 
-    from stoker.producer.dataset.format import RecordError
+    from stoker.producer.dataset.sources import RecordError
 
     counts, unreadable = [0] * len(ds.meta.classes), 0
     for index in tqdm(range(len(ds)), desc="count", unit="rec", disable=None):  # a bar on terminals only
@@ -250,8 +249,7 @@ def _print_per_class(ds: "LmdbDataset", count: bool) -> None:
 
 
 def cmd_lmdb_info(args: argparse.Namespace) -> int:
-    from stoker.producer.dataset.format import RecordError
-    from stoker.producer.dataset.shards import ShardedDataset, open_dataset
+    from stoker.producer.dataset.sources import RecordError, ShardedDataset, open_dataset
 
     with open_dataset(args.path) as ds:
         meta = ds.meta
@@ -293,7 +291,7 @@ def cmd_lmdb_info(args: argparse.Namespace) -> int:
 
 def cmd_lmdb_upload(args: argparse.Namespace) -> int:
     from stoker.cli.main import stop_event_on_signals
-    from stoker.producer.dataset.upload import upload_dataset
+    from stoker.producer.dataset.build.upload import upload_dataset
 
     stop = stop_event_on_signals()  # Ctrl-C and SIGTERM end the retries at once (exit 130, "interrupted")
     shards, size = upload_dataset(args.path, args.url, storage_of(args), overwrite=args.overwrite, cancel=stop)

@@ -356,8 +356,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _setup_logging(args.verbose, args.log_format)
     from stoker.producer.serve.daemon import BindError
-    from stoker.producer.dataset.format import DatasetError
-    from stoker.producer.dataset.build import SourceError
+    from stoker.producer.dataset.sources import DatasetError
+    from stoker.producer.dataset.build.builder import SourceError
 
     func: Callable[[argparse.Namespace], int] = args.func
     try:

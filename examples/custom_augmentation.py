@@ -47,7 +47,7 @@ def main() -> None:
 
     from stoker.consumer import ZMQInput
     from stoker.producer.process import ProducerProcess
-    from stoker.producer.dataset.synthetic import build_synthetic
+    from stoker.producer.dataset.build.synthetic import build_synthetic
 
     scratch = tempfile.TemporaryDirectory(prefix="stoker-example-")  # removed at exit
     data = Path(scratch.name) / "train"

@@ -23,9 +23,9 @@ def main() -> None:
     import tensorflow as tf
 
     from stoker.consumer import ZMQInput
-    from stoker.producer.dataset.writer import write_lmdb
+    from stoker.producer.dataset.build.write_records import write_lmdb
     from stoker.producer.process import ProducerProcess
-    from stoker.producer.dataset.synthetic import synthetic_record
+    from stoker.producer.dataset.build.synthetic import synthetic_record
 
     # Any iterable of dicts: an encoded image, boxes as float32 [n, 4] (x1, y1, x2, y2 pixels), classes.
     scratch = tempfile.TemporaryDirectory(prefix="stoker-example-")  # removed at exit

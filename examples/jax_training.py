@@ -43,7 +43,7 @@ def main() -> None:
 
     from stoker.consumer import BatchStream
     from stoker.producer.process import ProducerProcess
-    from stoker.producer.dataset.synthetic import build_synthetic
+    from stoker.producer.dataset.build.synthetic import build_synthetic
 
     def loss_fn(params, images, labels):
         x = images.astype(jnp.float32).reshape(images.shape[0], -1) / 255.0

@@ -209,7 +209,7 @@ def train(args: argparse.Namespace) -> None:
 
 def demo(args: argparse.Namespace) -> None:
     """Without torchrun: synthetic data, two pool producers, a two-rank job of this script, all on this machine."""
-    from stoker.producer.dataset.synthetic import build_synthetic
+    from stoker.producer.dataset.build.synthetic import build_synthetic
     from stoker.producer.process import ProducerProcess
 
     with tempfile.TemporaryDirectory(prefix="stoker-example-") as tmp:

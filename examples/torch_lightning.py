@@ -100,7 +100,7 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=64, help="synthetic images")
     args = parser.parse_args()
 
-    from stoker.producer.dataset.synthetic import build_synthetic
+    from stoker.producer.dataset.build.synthetic import build_synthetic
     from stoker.producer.process import ProducerProcess
 
     with tempfile.TemporaryDirectory(prefix="stoker-example-") as tmp:

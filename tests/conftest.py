@@ -9,7 +9,7 @@ import cv2
 import numpy as np
 import pytest
 
-from stoker.producer.dataset.synthetic import build_synthetic
+from stoker.producer.dataset.build.synthetic import build_synthetic
 
 SYNTH_COUNT = 96
 SYNTH_CLASSES = 4
@@ -51,7 +51,7 @@ def image_checksums(images: np.ndarray) -> list[int]:
 @pytest.fixture(scope="session")
 def record_by_checksum(synth_lmdb: Path) -> dict[int, tuple[int, int]]:
     """Checksum of each record's expected 32 px eval image -> (record index, label)."""
-    from stoker.producer.dataset.format import LmdbDataset
+    from stoker.producer.dataset.sources import LmdbDataset
 
     table = {}
     with LmdbDataset(synth_lmdb) as ds:

@@ -18,7 +18,7 @@ from stoker.producer.images.augment import (
     random_crop_window,
     train_transform,
 )
-from stoker.producer.dataset.synthetic import synthetic_jpeg
+from stoker.producer.dataset.build.synthetic import synthetic_jpeg
 
 SIZE = 64
 

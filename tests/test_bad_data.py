@@ -18,10 +18,9 @@ import pytest
 
 from stoker.consumer import InputTimeoutError
 from stoker.consumer.numpy.batch_stream import BatchStream
-from stoker.producer.dataset.format import DatasetError, LmdbDataset, RecordError
-from stoker.producer.dataset.shards import open_dataset
-from stoker.producer.dataset.synthetic import build_synthetic, synthetic_record
-from stoker.producer.dataset.writer import write_lmdb
+from stoker.producer.dataset.sources import DatasetError, LmdbDataset, RecordError, open_dataset
+from stoker.producer.dataset.build.synthetic import build_synthetic, synthetic_record
+from stoker.producer.dataset.build.write_records import write_lmdb
 from stoker.producer.process import ProducerProcess, ProducerStartError
 from stoker.producer.supervision.restart_policy import Death, RestartPolicy
 from stoker.producer.supervision.worker_progress import WorkerProgress

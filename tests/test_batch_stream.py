@@ -14,7 +14,7 @@ from stoker.consumer import InputClosedError, InputTimeoutError
 from stoker.consumer.numpy.batch_stream import BatchStream
 from stoker.consumer.exact.state import parse_state
 from stoker.producer.process import ProducerProcess
-from stoker.producer.dataset.synthetic import build_synthetic
+from stoker.producer.dataset.build.synthetic import build_synthetic
 
 from conftest import CHECKSUM_WEIGHTS as WEIGHTS, EVAL_SIZE as SIZE
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from stoker.cli.main import build_parser
-from stoker.producer.dataset.synthetic import build_synthetic
+from stoker.producer.dataset.build.synthetic import build_synthetic
 from stoker.producer.process import ProducerProcess
 
 

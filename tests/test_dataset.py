@@ -13,11 +13,12 @@ import msgpack
 import numpy as np
 import pytest
 
-from stoker.producer.dataset.format import META_KEY, DatasetError, LmdbDataset, RecordError
-from stoker.producer.dataset.writer import DatasetWriter
-from stoker.producer.dataset.build import build_lmdb
+from stoker.producer.dataset.sources import DatasetError, LmdbDataset, RecordError
+from stoker.producer.dataset.sources.lmdb_format import META_KEY
+from stoker.producer.dataset.build.lmdb_writer import DatasetWriter
+from stoker.producer.dataset.build.builder import build_lmdb
 from stoker.producer.images.decode import decode_rgb
-from stoker.producer.dataset.synthetic import build_synthetic, synthetic_jpeg
+from stoker.producer.dataset.build.synthetic import build_synthetic, synthetic_jpeg
 
 from image_samples import FORMATS, bomb, encode, pattern_image, real_png_bomb
 
@@ -205,7 +206,7 @@ def test_stage_benchmark_skips_undecodable_records_as_the_workers_do(synth_lmdb,
 
 
 def test_write_lmdb_stores_any_fields_and_reports_bad_records_by_position(tmp_path):
-    from stoker.producer.dataset.writer import write_lmdb
+    from stoker.producer.dataset.build.write_records import write_lmdb
 
     jpeg = _jpeg(1)
 
@@ -237,7 +238,7 @@ def test_write_lmdb_stores_any_fields_and_reports_bad_records_by_position(tmp_pa
 
 
 def test_write_lmdb_publishes_nothing_when_the_records_fail_midway(tmp_path):
-    from stoker.producer.dataset.writer import write_lmdb
+    from stoker.producer.dataset.build.write_records import write_lmdb
 
     def records():
         yield {"image": _jpeg(1), "label": 0}
@@ -249,8 +250,8 @@ def test_write_lmdb_publishes_nothing_when_the_records_fail_midway(tmp_path):
 
 
 def test_arrays_in_records_are_validated_when_read_never_unpickled(tmp_path):
-    from stoker.producer.dataset.format import ARRAY_EXT
-    from stoker.producer.dataset.writer import write_lmdb
+    from stoker.producer.dataset.sources.lmdb_format import ARRAY_EXT
+    from stoker.producer.dataset.build.write_records import write_lmdb
 
     write_lmdb(tmp_path / "ds", [{"a": np.arange(6, dtype=np.int32).reshape(2, 3)}] * 3, progress=False)
     bad = {
@@ -337,7 +338,7 @@ def test_a_folder_whose_first_file_is_empty_still_checks_every_image(tmp_path):
 
 
 def test_write_lmdb_infers_the_schema_from_the_first_record_that_passes_and_says_which(tmp_path):
-    from stoker.producer.dataset.writer import write_lmdb
+    from stoker.producer.dataset.build.write_records import write_lmdb
 
     records = [{"image": b"", "label": 0}, {"image": _jpeg(1)[:3], "label": 1},
                {"image": _jpeg(2), "label": 2}, {"image": b"plain text", "label": 3}, {"image": _jpeg(4), "label": 4}]
@@ -350,7 +351,7 @@ def test_write_lmdb_infers_the_schema_from_the_first_record_that_passes_and_says
 
 
 def test_write_lmdb_warns_when_a_field_inferred_as_bytes_later_holds_images(tmp_path):
-    from stoker.producer.dataset.writer import write_lmdb
+    from stoker.producer.dataset.build.write_records import write_lmdb
 
     records = [{"image": b"a text file named .jpg", "label": 0}, {"image": _jpeg(1), "label": 1}]
     report = write_lmdb(tmp_path / "w.lmdb", records, progress=False)

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from stoker.producer.dataset.format import DatasetError, LmdbDataset
-from stoker.producer.dataset.writer import DatasetWriter, remove_abandoned_partials
-from stoker.producer.dataset.synthetic import synthetic_jpeg
+from stoker.producer.dataset.sources import DatasetError, LmdbDataset
+from stoker.producer.dataset.build.lmdb_writer import DatasetWriter
+from stoker.producer.dataset.build.partial_folders import remove_abandoned_partials
+from stoker.producer.dataset.build.synthetic import synthetic_jpeg
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -49,7 +50,7 @@ def test_a_build_removes_abandoned_partials_but_never_one_being_written(tmp_path
 
 def test_a_second_demo_waits_for_the_first_to_build_the_cache_then_uses_it(tmp_path, monkeypatch):
     """The second process starts while the first is half-way through writing the dataset."""
-    import stoker.producer.dataset.synthetic as synthetic
+    import stoker.producer.dataset.build.synthetic as synthetic
     from stoker.cli.demo import demo_dataset
 
     cache, records, lines, second = tmp_path / "cache", 16, queue.Queue(), []

@@ -20,9 +20,10 @@ import msgpack
 import numpy as np
 import pytest
 
-from stoker.producer.dataset.build import SourceError, build_lmdb
-from stoker.producer.dataset.format import META_KEY, DatasetError, LmdbDataset
-from stoker.producer.dataset.synthetic import build_synthetic
+from stoker.producer.dataset.build.builder import SourceError, build_lmdb
+from stoker.producer.dataset.sources import DatasetError, LmdbDataset
+from stoker.producer.dataset.sources.lmdb_format import META_KEY
+from stoker.producer.dataset.build.synthetic import build_synthetic
 
 
 def _jpeg(seed: int) -> bytes:

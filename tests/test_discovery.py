@@ -11,7 +11,7 @@ import pytest
 from stoker.consumer.numpy.batch_stream import BatchStream
 from stoker.consumer.transport.discovery import NameNotFound, ProducerPool, is_literal
 from stoker.producer.process import ProducerProcess
-from stoker.producer.dataset.synthetic import build_synthetic
+from stoker.producer.dataset.build.synthetic import build_synthetic
 
 
 def test_ip_addresses_and_ipc_stand_as_given_and_names_are_resolved_by_the_system():

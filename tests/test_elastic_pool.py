@@ -18,7 +18,7 @@ import pytest
 
 from stoker.consumer.numpy.batch_stream import BatchStream
 from stoker.producer.process import ProducerProcess
-from stoker.producer.dataset.synthetic import build_synthetic
+from stoker.producer.dataset.build.synthetic import build_synthetic
 
 RECORDS = 3000
 BATCH = 8

@@ -17,7 +17,7 @@ import pytest
 
 from stoker.consumer.numpy.batch_stream import BatchStream
 from stoker.consumer.epochs.held_rows import HeldBatches, Rows, padding_arrays
-from stoker.producer.dataset.synthetic import build_synthetic
+from stoker.producer.dataset.build.synthetic import build_synthetic
 from stoker.producer.process import ProducerProcess
 from stoker.protocol.batch_spec import BatchSpec
 

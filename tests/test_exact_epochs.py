@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from stoker.consumer import InputFinished, ZMQInput
 from stoker.producer.process import ProducerProcess
-from stoker.producer.dataset.synthetic import build_synthetic
+from stoker.producer.dataset.build.synthetic import build_synthetic
 
 pytestmark = pytest.mark.timeout(240)
 

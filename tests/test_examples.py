@@ -41,7 +41,7 @@ def test_torch_ddp_learns_the_class_count_of_a_10_class_dataset_from_the_produce
     """Issue 39: --classes defaulted to the demo's 4, so a 10-class dataset failed every rank with IndexError."""
     if not os.environ.get("CI"):
         pytest.importorskip("torch", reason="the stoker[torch] extra is not installed")
-    from stoker.producer.dataset.synthetic import build_synthetic
+    from stoker.producer.dataset.build.synthetic import build_synthetic
     from stoker.producer.process import ProducerProcess
 
     build_synthetic(tmp_path / "ds", 40, seed=1, num_classes=10, progress=False)

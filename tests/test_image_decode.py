@@ -9,7 +9,7 @@ from image_samples import FORMATS, LOSSLESS, bomb, encode, pattern_image
 from stoker.producer.images.augment import CROP_DECODING, decode_train_crop
 from stoker.producer.images.decode import (DECODERS, DecodeError, decode_rgb, decode_with_opencv, read_image_info,
                                           sniff_format)
-from stoker.producer.dataset.build import check_encoded_image
+from stoker.producer.dataset.build.builder import check_encoded_image
 
 TOO_LARGE = "pixels Stoker decodes"
 

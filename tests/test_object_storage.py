@@ -19,11 +19,10 @@ from typing import Iterator
 import pytest
 
 from stoker.consumer import BatchStream
-from stoker.producer.dataset.remote import fetch_log
-from stoker.producer.dataset.shards import RemoteOptions, open_dataset
-from stoker.producer.dataset.format import LmdbDataset
-from stoker.producer.dataset.synthetic import build_synthetic
-from stoker.producer.dataset.writer import write_lmdb
+from stoker.producer.dataset.sources import LmdbDataset, RemoteOptions, open_dataset
+from stoker.producer.dataset.sources.shard_cache import fetch_log
+from stoker.producer.dataset.build.synthetic import build_synthetic
+from stoker.producer.dataset.build.write_records import write_lmdb
 from stoker.producer.process import ProducerProcess, ProducerStartError
 
 s3fs = pytest.importorskip("s3fs") if not os.environ.get("CI") else __import__("s3fs")

@@ -199,7 +199,7 @@ def test_producer_side_runs_without_tensorflow(synth_lmdb):
     # sys.modules[name] = None makes any `import tensorflow` fail, as on a data host without it.
     probe = (
         "import sys; sys.modules['tensorflow'] = None\n"
-        "import stoker.protocol, stoker.producer.serve.daemon, stoker.producer.serve.worker, stoker.producer.dataset.build\n"
+        "import stoker.protocol, stoker.producer.serve.daemon, stoker.producer.serve.worker, stoker.producer.dataset.build.builder\n"
         "from stoker.cli.main import main\n"
         "sys.exit(main(['lmdb', 'info', %r]))\n"
     ) % str(synth_lmdb)

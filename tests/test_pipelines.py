@@ -12,7 +12,7 @@ from stoker.producer.serve.batch_slots import SlotLayout, sample_rows
 from stoker.producer.images.builtin_pipelines import make_detection, make_imagenet, make_segmentation
 from stoker.producer.pipeline import Field, Pipeline, PipelineError, SampleError, load_pipeline, upto
 from stoker.producer.serve.sharding import RecordRng
-from stoker.producer.dataset.synthetic import class_colour, synthetic_record, synthetic_scene
+from stoker.producer.dataset.build.synthetic import class_colour, synthetic_record, synthetic_scene
 
 
 def _rows(pipeline: Pipeline, batch: int = 1) -> tuple[dict[str, np.ndarray], list[dict[str, np.ndarray]]]:

@@ -24,7 +24,7 @@ from stoker.consumer import InputError
 from stoker.consumer.numpy.batch_stream import BatchStream
 from stoker.producer.process import ProducerProcess
 from stoker.producer.throttle import Throttle
-from stoker.producer.dataset.synthetic import build_synthetic
+from stoker.producer.dataset.build.synthetic import build_synthetic
 
 RECORDS = 1024  # the demo's dataset size: 64 splits an epoch at batch 16
 BATCH = 16

@@ -21,7 +21,7 @@ import pytest
 import zmq
 
 from stoker.consumer.numpy.batch_stream import BatchStream
-from stoker.producer.dataset.format import LmdbDataset
+from stoker.producer.dataset.sources import LmdbDataset
 from stoker.producer.process import ProducerProcess
 from stoker.producer.measure.procfs import running
 from stoker.protocol import decode_batch

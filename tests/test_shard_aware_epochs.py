@@ -18,8 +18,8 @@ import pytest
 from stoker.consumer.exact.pool.split_scheduler import SplitScheduler
 from stoker.protocol.exact_messages import ProtocolError, Status, decode_status, encode_status
 from stoker.protocol.input_state import InputState, StreamKey, epoch_order
-from stoker.producer.dataset.shards import Manifest, ShardInfo
-from stoker.producer.dataset.format import DatasetMeta, FieldKind
+from stoker.producer.dataset.sources.manifest import Manifest, ShardInfo
+from stoker.producer.dataset.sources.lmdb_format import DatasetMeta, FieldKind
 from stoker.producer.serve.sharding import ShardSpec, layout_block
 from stoker.producer.serve.policies.pool import PoolPolicy
 

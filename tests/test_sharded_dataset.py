@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from stoker.consumer import BatchStream
-from stoker.producer.dataset.format import DatasetError, LmdbDataset, RecordError
-from stoker.producer.dataset.remote import fetch_log
-from stoker.producer.dataset.shards import MANIFEST, ShardedDataset, open_dataset, parse_manifest
-from stoker.producer.dataset.synthetic import build_synthetic
-from stoker.producer.dataset.writer import write_lmdb
+from stoker.producer.dataset.sources import DatasetError, LmdbDataset, RecordError, ShardedDataset, open_dataset
+from stoker.producer.dataset.sources.shard_cache import fetch_log
+from stoker.producer.dataset.sources.manifest import MANIFEST, parse_manifest
+from stoker.producer.dataset.build.synthetic import build_synthetic
+from stoker.producer.dataset.build.write_records import write_lmdb
 from stoker.producer.process import ProducerProcess
 
 pytestmark = pytest.mark.timeout(300)
@@ -137,10 +137,10 @@ def test_a_bounded_cache_fetches_checks_evicts_and_fetches_again_through_any_fss
     """The object-storage path on a file:// URL (fsspec's local filesystem, real files and LMDBs): a cache that
     holds one shard fetches each shard when it is needed, evicts the least recently used, lets a reader of an
     evicted shard go (checked every time here) and fetches it again; every fetch is counted."""
-    from stoker.producer.dataset import shards as shards_module
-    from stoker.producer.dataset.remote import open_remote
+    from stoker.producer.dataset.sources import sharded as sharded_module
+    from stoker.producer.dataset.sources.object_storage import open_remote
 
-    monkeypatch.setattr(shards_module, "CHECK_EVICTED_S", 0.0)
+    monkeypatch.setattr(sharded_module, "CHECK_EVICTED_S", 0.0)
     manifest = _manifest(sharded)["shards"]
     biggest = max(s["bytes"] for s in manifest)
     cache = tmp_path / "cache"

@@ -21,8 +21,8 @@ from typing import Iterator
 
 import pytest
 
-from stoker.producer.dataset.storage_retry import StorageRefused, classify, retried
-from stoker.producer.dataset.synthetic import build_synthetic
+from stoker.producer.dataset.sources.storage_retry import StorageRefused, classify, retried
+from stoker.producer.dataset.build.synthetic import build_synthetic
 
 from test_object_storage import CREDENTIALS, local_s3
 

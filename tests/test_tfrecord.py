@@ -1,4 +1,4 @@
-"""TFRecord import (producer/dataset/tfrecord.py): files written by real TensorFlow, read without it, and the two
+"""TFRecord import (producer/dataset/build/tfrecord_import.py): files written by real TensorFlow, read without it, and the two
 parsers (frames, tf.train.Example) fuzzed: they return or raise BadExample, never anything else, and stay linear."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stoker.producer.dataset.shards import open_dataset
-from stoker.producer.dataset.tfrecord import BadExample, frames, masked_crc, parse_example
+from stoker.producer.dataset.sources import open_dataset
+from stoker.producer.dataset.build.tfrecord_import import BadExample, frames, masked_crc, parse_example
 
 from image_samples import encode, pattern_image
 
@@ -127,10 +127,10 @@ def test_a_build_decodes_the_first_value_of_its_two_features_only_and_features_a
 
 
 def test_a_tar_extended_header_claiming_gigabytes_is_refused_before_it_is_read():
-    """tarfile reads a GNU long name or a pax header whole: WebDataset import bounds it first (webdataset.py)."""
+    """tarfile reads a GNU long name or a pax header whole: WebDataset import bounds it first (webdataset_import.py)."""
     import tarfile
 
-    from stoker.producer.dataset.webdataset import tar_items
+    from stoker.producer.dataset.build.webdataset_import import tar_items
 
     class Endless:
         """The header, then as many bytes as asked for: a tar whose header is the truth, up to 64 MiB read."""

@@ -18,7 +18,7 @@ if not os.environ.get("CI"):  # CI installs the extra (.ci/run): there a missing
     pytest.importorskip("torch", reason="the stoker[torch] extra is not installed (.ci/run installs it)")
 
 from stoker.producer.process import ProducerProcess
-from stoker.producer.dataset.synthetic import build_synthetic
+from stoker.producer.dataset.build.synthetic import build_synthetic
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -27,7 +27,7 @@ from stoker.consumer.receive.queue_sink import END
 from stoker.consumer.torch.pinned_sink import PinnedSink
 from stoker.consumer.torch.torch_input import default_share
 from stoker.producer.process import ProducerProcess
-from stoker.producer.dataset.synthetic import build_synthetic
+from stoker.producer.dataset.build.synthetic import build_synthetic
 
 from conftest import CHECKSUM_WEIGHTS as WEIGHTS, EVAL_SIZE as SIZE
 

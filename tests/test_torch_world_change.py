@@ -20,7 +20,7 @@ import pytest
 if not os.environ.get("CI"):  # CI installs the extra (.ci/run): there a missing torch fails the run
     pytest.importorskip("torch", reason="the stoker[torch] extra is not installed (.ci/run installs it)")
 
-from stoker.producer.dataset.synthetic import build_synthetic
+from stoker.producer.dataset.build.synthetic import build_synthetic
 from stoker.producer.process import ProducerProcess
 
 pytestmark = pytest.mark.timeout(420)

@@ -22,7 +22,7 @@ from typing import Callable
 
 import pytest
 
-from stoker.producer.dataset.synthetic import build_synthetic
+from stoker.producer.dataset.build.synthetic import build_synthetic
 from stoker.producer.process import ProducerProcess
 
 pytestmark = pytest.mark.timeout(300)

@@ -13,10 +13,10 @@ import pytest
 import tensorflow as tf
 
 from stoker.consumer import InputTimeoutError, ZMQInput
-from stoker.producer.dataset.format import LmdbDataset
-from stoker.producer.dataset.writer import write_lmdb
+from stoker.producer.dataset.sources import LmdbDataset
+from stoker.producer.dataset.build.write_records import write_lmdb
 from stoker.producer.process import ProducerProcess
-from stoker.producer.dataset.synthetic import build_synthetic, synthetic_record
+from stoker.producer.dataset.build.synthetic import build_synthetic, synthetic_record
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -19,7 +19,7 @@ import numpy as np
 from stoker.protocol import encode_batch
 
 from stoker.producer.serve.batch_slots import SlotLayout, sample_rows
-from stoker.producer.dataset.format import DatasetError, LmdbDataset, RecordError
+from stoker.producer.dataset.sources import DatasetError, LmdbDataset, RecordError
 from stoker.producer.pipeline import SampleError, load_pipeline
 from stoker.producer.serve.sharding import RecordRng
 

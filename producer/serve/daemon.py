@@ -43,7 +43,7 @@ from stoker.protocol.input_state import StreamKey
 from stoker.protocol.metrics_server import MetricsServer
 
 from stoker.producer.serve.batch_slots import SlotLayout, allocate
-from stoker.producer.dataset.shards import RemoteOptions, ShardedDataset, open_dataset
+from stoker.producer.dataset.sources import RemoteOptions, ShardedDataset, open_dataset
 from stoker.producer.serve.forwarder import SlotForwarder
 from stoker.producer.serve.policies.choice import policy_for
 from stoker.producer.measure.metrics import ProducerCollector

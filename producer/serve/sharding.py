@@ -18,7 +18,7 @@ from typing import Iterator, Optional
 
 import numpy as np
 
-from stoker.producer.dataset.shards import Manifest
+from stoker.producer.dataset.sources.manifest import Manifest
 from stoker.protocol.input_state import MAX_WINDOW, StreamKey, epoch_order
 
 __all__ = ["EpochOrders", "RecordRng", "ShardLookahead", "ShardSpec", "epoch_order", "layout_block", "worker_stream"]

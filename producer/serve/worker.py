@@ -36,8 +36,8 @@ from stoker.protocol import encode_batch
 from stoker.protocol.input_state import StreamKey
 
 from stoker.producer.serve.batch_slots import GRANT, HELLO, READY, SlotLayout, decode_work, parse_slot, sample_rows, slot_frame
-from stoker.producer.dataset.format import LmdbDataset, RecordError, record_key
-from stoker.producer.dataset.shards import RemoteOptions, ShardedDataset, open_dataset
+from stoker.producer.dataset.sources import (LmdbDataset, RecordError, RemoteOptions, ShardedDataset, open_dataset,
+                                             record_key)
 from stoker.producer.serve.logs import configure_logging
 from stoker.producer.pipeline import SampleError, load_pipeline
 from stoker.producer.serve.sharding import EpochOrders, RecordRng, ShardLookahead, worker_stream

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from stoker.producer.dataset.format import DatasetError
+from stoker.producer.dataset.sources.lmdb_format import DatasetError
 
 
 def cached_dataset(path: str | os.PathLike, build: Callable[[Path], object], usable: Callable[[Path], bool],

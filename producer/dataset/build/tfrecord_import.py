@@ -21,7 +21,7 @@ from __future__ import annotations
 import struct
 from typing import Any, Callable, Collection, Iterator, Mapping, Optional, Sequence
 
-from stoker.producer.dataset.format import MAX_RECORD_BYTES
+from stoker.producer.dataset.sources.lmdb_format import MAX_RECORD_BYTES
 
 MAX_FEATURES = 4096
 MAX_LABEL = 10**6  # a larger class index is a corrupt label, not a dataset (the builder sizes classes by it)

@@ -34,8 +34,8 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import numpy as np
 from tqdm import tqdm
 
-from stoker.producer.dataset.sharded_writer import open_writer
-from stoker.producer.dataset.writer import WriteReport, write_records
+from stoker.producer.dataset.build.sharded_writer import open_writer
+from stoker.producer.dataset.build.write_records import WriteReport, write_records
 from stoker.producer.images.decode import check_encoded_image  # noqa: F401  (re-exported: the builders' check)
 
 SHARD_ORDER_SEED = 0  # the order a sharded build writes a folder's or list's files in: a fixed shuffle
@@ -230,11 +230,11 @@ def _build_from_stream(source_format: str, src: str, out: str | os.PathLike, ove
                        tfrecord_keys: tuple[str, str]) -> WriteReport:
     """A build from records read as a stream (WebDataset tars, TFRecord files): classes "0" ... the largest label."""
     if source_format == "webdataset":
-        from stoker.producer.dataset.webdataset import webdataset_items
+        from stoker.producer.dataset.build.webdataset_import import webdataset_items
 
         items = webdataset_items([src], storage_options)
     else:
-        from stoker.producer.dataset.tfrecord import tfrecord_items
+        from stoker.producer.dataset.build.tfrecord_import import tfrecord_items
 
         items = tfrecord_items([src], storage_options, *tfrecord_keys)
     report = WriteReport()

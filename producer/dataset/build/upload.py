@@ -19,11 +19,13 @@ from typing import Optional
 
 from tqdm import tqdm
 
-from stoker.producer.dataset.format import DatasetError
-from stoker.producer.dataset.remote import storage
-from stoker.producer.dataset.sharded_writer import file_sha256
-from stoker.producer.dataset.shards import MANIFEST, RemoteOptions, ShardUnavailable, parse_manifest
-from stoker.producer.dataset.storage_retry import retried
+from stoker.producer.dataset.sources.lmdb_format import DatasetError
+from stoker.producer.dataset.sources.object_storage import storage
+from stoker.producer.dataset.build.sharded_writer import file_sha256
+from stoker.producer.dataset.sources.manifest import MANIFEST, parse_manifest
+from stoker.producer.dataset.sources.object_storage import RemoteOptions
+from stoker.producer.dataset.sources.sharded import ShardUnavailable
+from stoker.producer.dataset.sources.storage_retry import retried
 
 
 def upload_dataset(path: str | os.PathLike, url: str, remote: RemoteOptions = RemoteOptions(),

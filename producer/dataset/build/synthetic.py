@@ -25,8 +25,8 @@ import cv2
 import numpy as np
 from tqdm import tqdm
 
-from stoker.producer.dataset.format import DatasetMeta
-from stoker.producer.dataset.sharded_writer import open_writer
+from stoker.producer.dataset.sources.lmdb_format import DatasetMeta
+from stoker.producer.dataset.build.sharded_writer import open_writer
 
 
 def synthetic_image(seed: int, index: int, num_classes: int, min_side: int = 300, max_side: int = 500) -> tuple[np.ndarray, int]:

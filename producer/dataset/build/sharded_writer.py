@@ -1,6 +1,6 @@
-"""Writes a sharded dataset (``shards.py``): shards of a target size and the manifest, never seen half-built.
+"""Writes a sharded dataset (``sources/sharded.py``): shards of a target size and the manifest, never seen half-built.
 
-``ShardedWriter`` has the interface ``writer.write_records`` drives (``schema``, ``kinds``, ``schema_from``,
+``ShardedWriter`` has the interface ``write_records.write_records`` drives (``schema``, ``kinds``, ``schema_from``,
 ``check``, ``add``, ``finish``), so every builder path (folders, lists, JSON lines, ``write_lmdb``) writes shards
 with the same checks and report. Records go to ``shard-00000`` until its records' bytes reach ``shard_bytes``,
 then to the next, each shard holding as many records as the first (one record count makes the layout an elastic
@@ -20,10 +20,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
-from stoker.producer.dataset.format import DatasetError, DatasetMeta, FieldKind
-from stoker.producer.dataset.shards import MANIFEST, Manifest, ShardInfo
-from stoker.producer.dataset.writer import (DatasetWriter, _lock_new_partial, built_meta, publish_partial,
-                                            remove_abandoned_partials)
+from stoker.producer.dataset.build.lmdb_writer import DatasetWriter, built_meta
+from stoker.producer.dataset.build.partial_folders import lock_new_partial, publish_partial, remove_abandoned_partials
+from stoker.producer.dataset.sources.lmdb_format import DatasetError, DatasetMeta, FieldKind
+from stoker.producer.dataset.sources.manifest import MANIFEST, Manifest, ShardInfo
 
 HASH_CHUNK = 8 << 20
 
@@ -68,7 +68,7 @@ class ShardedWriter:
             raise DatasetError(f"{self.out} already exists; pass --overwrite to replace it")
         self.out.parent.mkdir(parents=True, exist_ok=True)
         remove_abandoned_partials(self.out)
-        self.partial, self._lock = _lock_new_partial(self.out)
+        self.partial, self._lock = lock_new_partial(self.out)
         self.classes = tuple(classes)
         self.shards: list[ShardInfo] = []  # the closed shards' (filled by ``_closed`` as their closing ends)
         #: Closing a shard (its LMDB synced and closed, its file hashed: ~10% of a build) runs on this thread while

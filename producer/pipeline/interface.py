@@ -1,62 +1,12 @@
-"""Where the user's preprocessing plugs in: declared output fields plus a per-sample function.
-
-A ``Pipeline`` turns one record (a dict of the dataset's fields, see docs/format.md)
-and an ``rng`` into one sample: named numpy arrays matching its declared ``Field``
-list. Stoker owns the rest: worker processes, batching into shared memory,
-transport, backpressure, shutdown, metrics. A ten-line pipeline::
-
-    import numpy as np
-    from stoker.producer.images.decode import decode_rgb
-    from stoker.producer.pipeline import Field, Pipeline
-
-    def make_pipeline(size: int = 64) -> Pipeline:
-        def sample(record, rng):
-            image = decode_rgb(record["image"])[:size, :size]       # your decoding and augmentation
-            if rng.random() < 0.5:
-                image = image[:, ::-1]
-            padded = np.zeros((size, size, 3), np.uint8)
-            padded[: image.shape[0], : image.shape[1]] = image
-            return {"images": padded, "labels": record["label"]}
-        return Pipeline([Field("images", "uint8", (size, size, 3)), Field("labels", "int32", ())], sample=sample)
-
-and ``stoker produce --pipeline my_module:make_pipeline --pipeline-arg size=96``.
-
-The function comes in one of two forms:
-
-- ``sample(record, rng) -> {name: array}``: Stoker checks each array against its
-  field and copies it into the batch. numpy arrays must have the declared dtype;
-  Python numbers and lists are converted to it.
-- ``fill(record, rng, rows) -> {name: length} | None``: writes into ``rows``, this
-  sample's row of each batch array in shared memory (no copy: the built-in
-  ``imagenet`` pipeline resizes straight into it); returns the length of each
-  variable-length field it filled.
-
-Variable length: a field whose first dimension is ``upto(N)`` (e.g. boxes
-``(upto(100), 4)``) is batched padded with zeros to N, with an int32
-``<name>_len`` array holding each sample's true length (docs/decisions.md says
-why padded rather than ragged). ``index`` and ``epoch`` (int64 and int32: which
-record, which epoch) are added to every batch by Stoker.
-
-Randomness: use only ``rng``. It is derived from (seed, epoch, record index), so
-a run with ``--seed`` is reproducible and a record gets the same augmentation
-however batches are composed and workers split.
-
-Errors: a pipeline whose declaration is wrong raises PipelineError when loaded
-(the daemon refuses to start and says why); a sample that does not match its
-fields, or a function that raises, gives SampleError naming the field, the
-expected and the actual: the worker skips that record, counts and logs it,
-and carries on.
+"""The ``Pipeline`` interface a user's code plugs into (the package's doc says how): declared ``Field``s, checked
+when made (PipelineError), and ``Pipeline.write``, which makes one sample into its rows of a batch and holds it to
+the declaration (SampleError naming the field, the expected and the actual).
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import inspect
 import re
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import numpy as np
@@ -65,7 +15,6 @@ from stoker.protocol import ALLOWED_DTYPES
 from stoker.protocol.batch_spec import BOOKKEEPING, LENGTH_SUFFIX, bookkeeping_arrays, shape_text
 
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,59}$")  # leaves room for the _len suffix within 64
-BUILTIN = ("imagenet", "detection", "segmentation")
 
 
 class PipelineError(ValueError):
@@ -277,113 +226,3 @@ def check_fields(fields: Sequence[Field]) -> None:
     for f in fields:
         if f.variable and f.name + LENGTH_SUFFIX in seen:
             raise PipelineError(f"field {f.name + LENGTH_SUFFIX!r} clashes with the length Stoker adds for {f.name!r}")
-
-
-# ---- loading ---------------------------------------------------------------------------------
-
-def _builtin(name: str) -> Callable[..., Pipeline]:
-    from stoker.producer.images import builtin_pipelines
-
-    return getattr(builtin_pipelines, f"make_{name}")
-
-
-def resolve(ref: str) -> Callable[..., Pipeline] | Pipeline:
-    """The factory (or Pipeline) ``ref`` names: a built-in, ``package.module:attr`` or ``path/file.py:attr``."""
-    if ref in BUILTIN:
-        return _builtin(ref)
-    target, sep, attr = ref.rpartition(":")
-    if not sep or not target or not attr:
-        raise PipelineError(f"--pipeline {ref!r}: expected one of {', '.join(BUILTIN)}, "
-                            "package.module:function or path/to/file.py:function")
-    if target.endswith(".py"):
-        path = Path(target)
-        if not path.is_file():
-            raise PipelineError(f"--pipeline {ref!r}: no file {path}")
-        module_name = f"stoker_user_pipeline_{abs(hash(str(path.resolve())))}"
-        spec = importlib.util.spec_from_file_location(module_name, path)
-        module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-        sys.modules[module_name] = module
-        try:
-            spec.loader.exec_module(module)  # type: ignore[union-attr]
-        except Exception as exc:
-            raise PipelineError(f"--pipeline {ref!r}: importing {path} raised {type(exc).__name__}: {exc}") from exc
-    else:
-        try:
-            module = importlib.import_module(target)
-        except ImportError as exc:
-            raise PipelineError(f"--pipeline {ref!r}: cannot import {target} ({exc}); is it installed or on "
-                                "PYTHONPATH?") from exc
-        except Exception as exc:
-            raise PipelineError(f"--pipeline {ref!r}: importing {target} raised {type(exc).__name__}: {exc}") from exc
-    found = getattr(module, attr, None)
-    if found is None:
-        names = [n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n))]
-        raise PipelineError(f"--pipeline {ref!r}: {target} has no {attr!r} (it has {', '.join(names[:12])})")
-    if not isinstance(found, Pipeline) and not callable(found):
-        raise PipelineError(f"--pipeline {ref!r}: {attr} is a {type(found).__name__}, not a Pipeline or a function "
-                            "returning one")
-    return found
-
-
-def _convert(value: str, parameter: inspect.Parameter, ref: str) -> Any:
-    kind = parameter.annotation if parameter.annotation is not inspect.Parameter.empty else (
-        type(parameter.default) if parameter.default not in (inspect.Parameter.empty, None) else str)
-    if isinstance(kind, str):  # postponed annotations ("int")
-        kind = {"int": int, "float": float, "bool": bool, "str": str}.get(kind, str)
-    try:
-        if kind is bool:
-            if value.lower() not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
-                raise ValueError(value)
-            return value.lower() in ("true", "1", "yes", "on")
-        if kind in (int, float):
-            return kind(value)
-    except ValueError:
-        raise PipelineError(f"--pipeline-arg {parameter.name}={value}: {ref} expects {kind.__name__}") from None
-    return value
-
-
-def load_pipeline(ref: str, args: Mapping[str, str] | None = None, standard: Mapping[str, Any] | None = None) -> Pipeline:
-    """Build the pipeline ``ref`` names with ``args`` (``--pipeline-arg`` strings, converted to the factory's types).
-
-    ``standard`` (``mode``, ``image_size`` from ``stoker produce``) reaches the factory only for parameters it
-    declares (or ``**kwargs``), and never overrides ``args``. PipelineError says what went wrong.
-    """
-    args, standard = dict(args or {}), dict(standard or {})
-    found = resolve(ref)
-    if isinstance(found, Pipeline):
-        if args:
-            raise PipelineError(f"--pipeline {ref!r} names a Pipeline, not a function: it takes no --pipeline-arg")
-        return found
-    try:
-        signature = inspect.signature(found)
-    except (TypeError, ValueError):
-        signature = None
-    kwargs: dict[str, Any] = {}
-    if signature is not None:
-        params = signature.parameters
-        var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-        for key, value in args.items():
-            if key in params:
-                kwargs[key] = _convert(value, params[key], ref)
-            elif var_kw:
-                kwargs[key] = value
-            else:
-                accepted = [n for n, p in params.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-                raise PipelineError(f"--pipeline-arg {key}: {ref} takes {', '.join(accepted) or 'no arguments'}")
-        for key, value in standard.items():
-            if key not in kwargs and (key in params or var_kw):
-                kwargs[key] = value
-    else:
-        kwargs = {**args}
-    try:
-        made = found(**kwargs)
-    except PipelineError:
-        raise
-    except Exception as exc:
-        raise PipelineError(f"--pipeline {ref!r}: making the pipeline raised {type(exc).__name__}: {exc}") from exc
-    if not isinstance(made, Pipeline):
-        raise PipelineError(f"--pipeline {ref!r} returned {type(made).__name__}, expected a "
-                            "stoker.producer.pipeline.Pipeline")
-    if not made.name:
-        made.name = ref
-    return made

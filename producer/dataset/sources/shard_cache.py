@@ -1,7 +1,5 @@
-"""Sharded datasets in object storage: the manifest read through fsspec, shards fetched into a bounded local cache.
-
-``open_remote("s3://bucket/prefix/")`` (any fsspec URL: ``s3://`` with s3fs, ``gs://`` with gcsfs, ``file://``)
-reads the manifest and returns a ``ShardedDataset`` whose shards a ``ShardCache`` makes local on first use:
+"""The bounded local cache a sharded dataset in object storage is read through: ``ShardCache`` makes a shard local
+on first use (``object_storage.open_remote`` gives each such dataset one):
 
 - *Content-addressed*: a shard is cached under its SHA-256 (``CACHE/shards/<sha256>/data.mdb``), so datasets and
   URLs that share a shard share its copy, and a cached shard is one whose bytes were checked.
@@ -23,10 +21,6 @@ reads the manifest and returns a ``ShardedDataset`` whose shards a ``ShardCache`
   one; one background thread per process fetches it through the same locks, so the read finds it in place.
 - *Counted*: every fetch appends one JSON line to ``CACHE/fetches.jsonl`` (shard, bytes, seconds, worker pid,
   whether it was ahead), so a benchmark or an operator counts fetches across processes; ``stoker produce`` logs
-  each at INFO.
-
-Credentials come from the storage library's standard chains (for s3fs: environment variables, ``~/.aws``
-files, instance and pod roles); ``storage_options`` pass anything else (an endpoint). Nothing of them is logged.
 """
 
 from __future__ import annotations
@@ -42,12 +36,12 @@ import queue
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
-from stoker.producer.dataset.format import DatasetError
 from stoker.protocol.exact_messages import MAX_HELD
-from stoker.producer.dataset.shards import MANIFEST, ShardedDataset, ShardInfo, ShardUnavailable, parse_manifest
-from stoker.producer.dataset.storage_retry import FetchWatch, StorageCancelled, StorageRefused, retried
+from stoker.producer.dataset.sources.manifest import ShardInfo
+from stoker.producer.dataset.sources.sharded import ShardUnavailable
+from stoker.producer.dataset.sources.storage_retry import FetchWatch, StorageCancelled, retried
 
 log = logging.getLogger("stoker.producer")
 
@@ -57,7 +51,6 @@ FAILED_HOLD_S = 30.0
 CHUNK = 4 << 20
 PREFETCH_MIN_SHARDS = 3  # a budget of fewer shards fetches nothing ahead: it would evict the shard being read
 PREFETCH_THREAD = "stoker-prefetch"
-S3_CONNECT_TIMEOUT_S, S3_READ_TIMEOUT_S = 10, 60  # one S3 call's bounds (``storage``)
 FETCH_LOG = "fetches.jsonl"  # one JSON line per fetch, in the cache's folder (``fetch_log``)
 
 
@@ -332,55 +325,3 @@ class _Flock:
 
     def __exit__(self, *exc: object) -> None:
         self.file.close()
-
-
-def storage(url: str, storage_options: Optional[dict[str, Any]] = None) -> tuple[Any, str]:
-    """``(filesystem, root)`` for ``url``; DatasetError naming the package a scheme needs. An S3 client gets bounded
-    connect and read timeouts unless ``storage_options`` set its ``config_kwargs`` (botocore waits 60 s by default,
-    and retries: one call could hold a retry loop for minutes)."""
-    try:
-        import fsspec
-    except ImportError:
-        raise DatasetError(f"{url}: reading object storage needs fsspec: pip install 'stoker[s3]'") from None
-    options = dict(storage_options or {})
-    if url.split("://", 1)[0] in ("s3", "s3a"):
-        options.setdefault("config_kwargs", {"connect_timeout": S3_CONNECT_TIMEOUT_S,
-                                             "read_timeout": S3_READ_TIMEOUT_S})
-    try:
-        return fsspec.core.url_to_fs(url, **options)
-    except ImportError as exc:
-        raise DatasetError(f"{url}: {exc} (for s3:// install 'stoker[s3]'; gs:// needs gcsfs)") from None
-    except ValueError as exc:
-        raise DatasetError(f"{url}: {exc}") from None
-
-
-def open_remote(url: str, cache_dir: Optional[os.PathLike] = None, cache_bytes: int = DEFAULT_CACHE_BYTES,
-                storage_options: Optional[dict[str, Any]] = None,
-                retry_seconds: float = DEFAULT_RETRY_SECONDS, manifest: Optional[bytes] = None,
-                cancel: Optional[threading.Event] = None) -> ShardedDataset:
-    """The sharded dataset at ``url`` (its manifest read now, or ``manifest``'s bytes as read before; shards fetched
-    on first use); DatasetError naming what is wrong with the URL, the credentials or the manifest, at once for an
-    error that cannot heal; StorageCancelled once ``cancel`` is set (it also ends the shard cache's waits)."""
-    fs, root = storage(url, storage_options)
-    where = f"{url.rstrip('/')}/{MANIFEST}"
-
-    def read_manifest() -> bytes:
-        with fs.open(f"{root.rstrip('/')}/{MANIFEST}", "rb") as f:
-            return f.read(64 * 1024 * 1024 + 1)
-    try:
-        data = manifest or retried(f"reading {where}", read_manifest, retry_seconds, cancel)
-    except StorageRefused as exc:
-        if exc.verdict.reason == "the object does not exist":
-            raise DatasetError(f"no sharded dataset at {url}: {exc} (upload one with `stoker lmdb upload`)") from None
-        raise DatasetError(f"cannot read the dataset at {url}: {exc}") from None
-    except ShardUnavailable as exc:
-        raise DatasetError(f"cannot read the dataset at {url}: {exc} (is --s3-endpoint right and the server up? "
-                           "--fetch-retry-seconds sets how long it is waited for)") from None
-    parsed = parse_manifest(data, where)
-    largest = max(parsed.shards, key=lambda s: s.bytes)
-    if largest.bytes > cache_bytes:
-        raise DatasetError(f"the cache's budget ({cache_bytes} bytes) is smaller than shard {largest.name} of {url} "
-                           f"({largest.bytes} bytes): raise --cache-size to a few shards at least")
-    cache = ShardCache(Path(cache_dir) if cache_dir is not None else default_cache_dir(), cache_bytes, fs, root,
-                       retry_seconds, cancel)
-    return ShardedDataset(parsed, cache, url, data)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import tarfile
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
-from stoker.producer.dataset.format import MAX_RECORD_BYTES
+from stoker.producer.dataset.sources.lmdb_format import MAX_RECORD_BYTES
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff")
 LABEL_EXTENSIONS = ("cls", "cls.txt", "label")

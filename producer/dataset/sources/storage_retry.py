@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Protocol
 
-from stoker.producer.dataset.shards import ShardUnavailable
+from stoker.producer.dataset.sources.sharded import ShardUnavailable
 
 log = logging.getLogger("stoker.producer")
 

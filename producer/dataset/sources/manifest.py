@@ -1,0 +1,129 @@
+"""A sharded dataset's manifest (docs/format.md, "Sharded datasets"): what ``manifest.json`` says and the checks it
+passes before a reader trusts it.
+
+``DATASET/manifest.json`` is ``{"format": "stoker-shards", "version": 1, "count": N, "fields": ..., "shards": [...]}``:
+every shard's name, record count, size in bytes and SHA-256 of its ``data.mdb`` (so a reader that fetched a shard
+from object storage can check it before use), and the dataset's schema and classes. A manifest that does not
+describe a dataset (counts that do not add up, names outside ``shard-NNNNN``, more than ``MAX_SHARDS``) is a
+DatasetError naming what is wrong. ``sharded.ShardedDataset`` reads the dataset it describes.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import re
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+from stoker.producer.dataset.sources.lmdb_format import DatasetError, DatasetMeta, FieldKind
+
+MANIFEST = "manifest.json"
+FORMAT = "stoker-shards"
+VERSION = 1
+MAX_SHARDS = 100_000
+MAX_MANIFEST_BYTES = 64 * 1024 * 1024
+_SHARD_NAME = re.compile(r"shard-[0-9]{5,6}")  # fullmatch: no trailing newline, ASCII digits only
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    name: str
+    first: int  # global index of its first record
+    records: int
+    bytes: int  # size of its data.mdb
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    meta: DatasetMeta  # the whole dataset's: count, fields, classes, per-class counts
+    shards: tuple[ShardInfo, ...]
+
+    def shard_of(self, index: int) -> int:
+        """The shard holding global record ``index``."""
+        if not 0 <= index < self.meta.count:
+            raise IndexError(f"record {index} is outside the dataset's {self.meta.count}")
+        return bisect.bisect_right(self._firsts, index) - 1
+
+    @cached_property
+    def records_per_shard(self) -> int:
+        """The records every shard holds (the last may hold fewer), 0 if they differ: an elastic pool's epochs are
+        two-level shuffles (shards, then records within them) only over such a layout, which is one number."""
+        first = self.shards[0].records
+        if len(self.shards) < 2 or any(s.records != first for s in self.shards[:-1]) or self.shards[-1].records > first:
+            return 0
+        return first
+
+    @cached_property
+    def _firsts(self) -> list[int]:
+        return [s.first for s in self.shards]
+
+    def to_json(self) -> str:
+        m = self.meta
+        return json.dumps({"format": FORMAT, "version": VERSION, "count": m.count,
+                           "fields": {n: k.to_meta() for n, k in m.fields.items()}, "classes": list(m.classes),
+                           "class_counts": list(m.class_counts) if m.class_counts is not None else None,
+                           "task": m.task, "info": dict(m.info),
+                           "shards": [{"name": s.name, "records": s.records, "bytes": s.bytes, "sha256": s.sha256}
+                                      for s in self.shards]}, indent=1)
+
+
+def parse_manifest(data: bytes, where: str) -> Manifest:
+    """A manifest's bytes, checked; DatasetError naming what is wrong (``where``: its path or URL)."""
+    def bad(why: str) -> DatasetError:
+        return DatasetError(f"{where}: not a Stoker sharded-dataset manifest: {why}")
+
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise bad(f"{len(data)} bytes (at most {MAX_MANIFEST_BYTES})")
+    try:
+        body = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise bad(f"invalid JSON ({exc})") from None
+    if not isinstance(body, dict) or body.get("format") != FORMAT:
+        raise bad(f"'format' is not {FORMAT!r}")
+    if body.get("version") != VERSION:
+        raise bad(f"version {body.get('version')!r}; this Stoker reads version {VERSION}: upgrade it")
+    shards, count = body.get("shards"), body.get("count")
+    if not isinstance(shards, list) or not 1 <= len(shards) <= MAX_SHARDS:
+        raise bad(f"'shards' must list 1-{MAX_SHARDS} shards")
+    infos, first = [], 0
+    for i, s in enumerate(shards):
+        ok = (isinstance(s, dict) and isinstance(s.get("name"), str) and _SHARD_NAME.fullmatch(s["name"])
+              and all(isinstance(s.get(k), int) and not isinstance(s.get(k), bool) and s[k] >= 0
+                      for k in ("records", "bytes"))
+              and isinstance(s.get("sha256"), str) and _SHA256.fullmatch(s["sha256"]))
+        if not ok:
+            raise bad(f"shard {i} must be {{name: shard-NNNNN, records: int, bytes: int, sha256: hex}}")
+        infos.append(ShardInfo(s["name"], first, s["records"], s["bytes"], s["sha256"]))
+        first += s["records"]
+    if len({s.name for s in infos}) != len(infos):
+        raise bad("two shards have one name")
+    if not isinstance(count, int) or isinstance(count, bool) or count != first or not 0 < count < 10**8:
+        raise bad(f"'count' {count!r} is not the shards' records added up ({first}), 1 to 10^8")
+    meta = _meta(body, count, bad)
+    return Manifest(meta, tuple(infos))
+
+
+def _meta(body: dict, count: int, bad: Any) -> DatasetMeta:
+    fields = body.get("fields")
+    if not isinstance(fields, dict) or not fields:
+        raise bad("'fields' must map field names to kinds")
+    try:
+        kinds = {str(name): FieldKind.parse(kind) for name, kind in fields.items()}
+    except (ValueError, TypeError, OverflowError, DatasetError) as exc:
+        raise bad(f"'fields': {exc}") from None
+    classes = body.get("classes") or []
+    counts = body.get("class_counts")
+    if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
+        raise bad("'classes' must list class names")
+    if counts is not None and not (isinstance(counts, list) and len(counts) == len(classes)
+                                   and all(isinstance(n, int) and n >= 0 for n in counts) and sum(counts) == count):
+        raise bad("'class_counts' must give one count per class, adding up to 'count'")
+    task, info = body.get("task", ""), body.get("info", {})
+    return DatasetMeta(count=count, fields=kinds, classes=tuple(classes), task=task if isinstance(task, str) else "",
+                       info=info if isinstance(info, dict) else {},
+                       class_counts=tuple(counts) if counts is not None else None)
+

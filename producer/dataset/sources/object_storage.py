@@ -1,0 +1,110 @@
+"""Sharded datasets in object storage: the manifest read through fsspec, shards fetched into a bounded local cache.
+
+``open_remote("s3://bucket/prefix/")`` (any fsspec URL: ``s3://`` with s3fs, ``gs://`` with gcsfs, ``file://``)
+reads the manifest and returns a ``ShardedDataset`` whose shards a ``ShardCache`` makes local on first use.
+
+The cache itself (content-addressed, never a partial shard, bounded, one fetch per shard on a host, retried,
+fetched ahead, counted) is ``shard_cache.py``; ``RemoteOptions`` is how ``stoker produce``'s flags reach it.
+
+Credentials come from the storage library's standard chains (for s3fs: environment variables, ``~/.aws``
+files, instance and pod roles); ``storage_options`` pass anything else (an endpoint). Nothing of them is logged.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from stoker.producer.dataset.sources.lmdb_format import DatasetError
+from stoker.producer.dataset.sources.manifest import MANIFEST, parse_manifest
+from stoker.producer.dataset.sources.shard_cache import (DEFAULT_CACHE_BYTES, DEFAULT_RETRY_SECONDS, ShardCache,
+                                                         default_cache_dir)
+from stoker.producer.dataset.sources.sharded import ShardedDataset, ShardUnavailable
+from stoker.producer.dataset.sources.storage_retry import StorageRefused, retried
+
+S3_CONNECT_TIMEOUT_S, S3_READ_TIMEOUT_S = 10, 60  # one S3 call's bounds (``storage``)
+
+
+@dataclass(frozen=True)
+class RemoteOptions:
+    """How a producer reaches a dataset in object storage (``stoker produce``'s flags); plain data, so it crosses
+    ``spawn`` to the workers. ``storage_options``: fsspec's, as text (``true``/``false`` become booleans)."""
+
+    cache_dir: Optional[str] = None
+    cache_bytes: Optional[int] = None
+    storage_options: tuple[tuple[str, str], ...] = ()
+    s3_endpoint: Optional[str] = None
+    retry_seconds: float = 300.0
+    #: the manifest as the daemon read it, given to its workers: a dataset re-uploaded during a run never changes
+    #: what a worker's record index means (None: read it)
+    manifest: Optional[bytes] = None
+
+    def fsspec_options(self) -> dict[str, Any]:
+        options: dict[str, Any] = {k: {"true": True, "false": False}.get(v.lower(), v) for k, v in self.storage_options}
+        if self.s3_endpoint:
+            options.setdefault("client_kwargs", {})["endpoint_url"] = self.s3_endpoint
+        return options
+
+    def open_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"storage_options": self.fsspec_options(), "retry_seconds": self.retry_seconds,
+                                  "manifest": self.manifest}
+        if self.cache_dir:
+            kwargs["cache_dir"] = self.cache_dir
+        if self.cache_bytes:
+            kwargs["cache_bytes"] = self.cache_bytes
+        return kwargs
+
+
+def storage(url: str, storage_options: Optional[dict[str, Any]] = None) -> tuple[Any, str]:
+    """``(filesystem, root)`` for ``url``; DatasetError naming the package a scheme needs. An S3 client gets bounded
+    connect and read timeouts unless ``storage_options`` set its ``config_kwargs`` (botocore waits 60 s by default,
+    and retries: one call could hold a retry loop for minutes)."""
+    try:
+        import fsspec
+    except ImportError:
+        raise DatasetError(f"{url}: reading object storage needs fsspec: pip install 'stoker[s3]'") from None
+    options = dict(storage_options or {})
+    if url.split("://", 1)[0] in ("s3", "s3a"):
+        options.setdefault("config_kwargs", {"connect_timeout": S3_CONNECT_TIMEOUT_S,
+                                             "read_timeout": S3_READ_TIMEOUT_S})
+    try:
+        return fsspec.core.url_to_fs(url, **options)
+    except ImportError as exc:
+        raise DatasetError(f"{url}: {exc} (for s3:// install 'stoker[s3]'; gs:// needs gcsfs)") from None
+    except ValueError as exc:
+        raise DatasetError(f"{url}: {exc}") from None
+
+
+def open_remote(url: str, cache_dir: Optional[os.PathLike] = None, cache_bytes: int = DEFAULT_CACHE_BYTES,
+                storage_options: Optional[dict[str, Any]] = None,
+                retry_seconds: float = DEFAULT_RETRY_SECONDS, manifest: Optional[bytes] = None,
+                cancel: Optional[threading.Event] = None) -> ShardedDataset:
+    """The sharded dataset at ``url`` (its manifest read now, or ``manifest``'s bytes as read before; shards fetched
+    on first use); DatasetError naming what is wrong with the URL, the credentials or the manifest, at once for an
+    error that cannot heal; StorageCancelled once ``cancel`` is set (it also ends the shard cache's waits)."""
+    fs, root = storage(url, storage_options)
+    where = f"{url.rstrip('/')}/{MANIFEST}"
+
+    def read_manifest() -> bytes:
+        with fs.open(f"{root.rstrip('/')}/{MANIFEST}", "rb") as f:
+            return f.read(64 * 1024 * 1024 + 1)
+    try:
+        data = manifest or retried(f"reading {where}", read_manifest, retry_seconds, cancel)
+    except StorageRefused as exc:
+        if exc.verdict.reason == "the object does not exist":
+            raise DatasetError(f"no sharded dataset at {url}: {exc} (upload one with `stoker lmdb upload`)") from None
+        raise DatasetError(f"cannot read the dataset at {url}: {exc}") from None
+    except ShardUnavailable as exc:
+        raise DatasetError(f"cannot read the dataset at {url}: {exc} (is --s3-endpoint right and the server up? "
+                           "--fetch-retry-seconds sets how long it is waited for)") from None
+    parsed = parse_manifest(data, where)
+    largest = max(parsed.shards, key=lambda s: s.bytes)
+    if largest.bytes > cache_bytes:
+        raise DatasetError(f"the cache's budget ({cache_bytes} bytes) is smaller than shard {largest.name} of {url} "
+                           f"({largest.bytes} bytes): raise --cache-size to a few shards at least")
+    cache = ShardCache(Path(cache_dir) if cache_dir is not None else default_cache_dir(), cache_bytes, fs, root,
+                       retry_seconds, cancel)
+    return ShardedDataset(parsed, cache, url, data)

@@ -1,0 +1,176 @@
+"""Sharded datasets: N Stoker LMDBs and a manifest, read as one dataset with global record indices.
+
+Layout (docs/format.md, "Sharded datasets")::
+
+    DATASET/manifest.json          {"format": "stoker-shards", "version": 1, "count": N, "fields": ..., "shards": [...]}
+    DATASET/shard-00000/data.mdb   records 0 .. n0-1 of the dataset, keys 0 .. n0-1 (a valid one-shard dataset)
+    DATASET/shard-00001/data.mdb   records n0 .. n0+n1-1, keys 0 .. n1-1
+
+Each shard is an ordinary Stoker LMDB (``stoker lmdb info`` reads it alone); the manifest lists every shard's
+name, record count, size in bytes and SHA-256 of its ``data.mdb``, so a reader that fetched a shard from object
+storage can check it before use, and the dataset's schema and classes (``manifest.py``). A record's global index is
+its shard's first index plus its key in the shard. One plain LMDB stays a valid dataset: ``open_dataset`` (this
+package's door) opens either.
+
+``ShardedDataset`` reads a sharded dataset whose shards a ``ShardSource`` makes local (a folder: they are there;
+object storage: ``shard_cache.ShardCache`` fetches them). A shard that cannot be had is a RecordError for each of
+its records (the producer skips and counts them, naming the shard), never a crash.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any, Iterator, Optional, Protocol, Sequence
+
+from stoker.producer.dataset.sources.lmdb_dataset import LmdbDataset
+from stoker.producer.dataset.sources.lmdb_format import DatasetError, RecordError, record_key
+from stoker.producer.dataset.sources.manifest import Manifest, ShardInfo
+
+OPEN_SHARDS = 16  # LMDB environments a reader keeps open at once (least recently used closed first)
+CHECK_EVICTED_S = 0.5  # how often a reader checks an open shard of a bounded cache is still there
+
+
+class ShardSource(Protocol):
+    """Where a sharded dataset's shards are: ``local(shard)`` is the folder holding its ``data.mdb`` (fetched first
+    where needed; RecordError-worthy failures raise ``ShardUnavailable``). ``evicts``: a shard's folder may be
+    removed while a reader has it open (a bounded cache): the reader then lets go of it and asks again;
+    ``holdings(shards)``: an evicting source's capacity and cached shards (``ShardedDataset.holdings``);
+    ``prefetch(shards, number)``: fetch one ahead, in the background."""
+
+    evicts: bool
+
+    def local(self, shard: ShardInfo) -> Path: ...
+
+    def holdings(self, shards: Sequence[ShardInfo]) -> tuple[int, list[int]]: ...
+
+    def prefetch(self, shards: Sequence[ShardInfo], number: int) -> None: ...
+
+
+class ShardUnavailable(RuntimeError):
+    """A shard cannot be had (missing, corrupt, unreachable past the retries): its records are skipped."""
+
+
+class LocalShards:
+    """Shards in a folder beside the manifest."""
+
+    evicts = False
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def local(self, shard: ShardInfo) -> Path:
+        path = self.root / shard.name
+        if not (path / "data.mdb").is_file():
+            raise ShardUnavailable(f"shard {shard.name} is missing: no {path / 'data.mdb'}")
+        return path
+
+
+class ShardedDataset:
+    """``LmdbDataset``'s interface over a sharded dataset (module doc). One per process, like LmdbDataset."""
+
+    def __init__(self, manifest: Manifest, source: ShardSource, where: str, manifest_bytes: bytes = b"") -> None:
+        self.manifest, self.source, self.path = manifest, source, where
+        self.manifest_bytes = manifest_bytes  # as read: the daemon pins its workers to it (RemoteOptions.manifest)
+        self.meta = manifest.meta
+        self._open: OrderedDict[int, LmdbDataset] = OrderedDict()
+        self._checked: dict[int, float] = {}  # shard -> when its open file was last seen in place
+        self._inode: dict[int, int] = {}  # shard -> the inode of the data.mdb it opened (a re-fetch is another)
+
+    def __len__(self) -> int:
+        return self.meta.count
+
+    def _shard(self, number: int) -> LmdbDataset:
+        if number in self._open:
+            dataset = self._open[number]
+            if not self._evicted(number, dataset):
+                self._open.move_to_end(number)
+                return dataset
+            self._close(number)
+        if self.source.evicts:  # opening another: let go of every open shard that left the cache meanwhile
+            for other in [n for n, d in self._open.items() if self._evicted(n, d, now=float("inf"))]:
+                self._close(other)
+        info = self.manifest.shards[number]
+        for attempt in range(3):
+            try:
+                path = self.source.local(info)
+                dataset = LmdbDataset(path)
+                break
+            except DatasetError as exc:
+                # Another worker evicted the shard between its fetch and our open: fetch it again.
+                if not self.source.evicts or (path / "data.mdb").exists() or attempt == 2:
+                    raise RecordError(record_key(info.first), f"shard {info.name}: {exc}") from None
+            except ShardUnavailable as exc:
+                raise RecordError(record_key(info.first), f"shard {info.name}: {exc}") from None
+        if len(dataset) != info.records:
+            dataset.close()
+            raise RecordError(record_key(info.first), f"shard {info.name} holds {len(dataset)} records, the manifest "
+                              f"says {info.records}: rebuild the dataset or fix the manifest")
+        self._open[number] = dataset
+        if self.source.evicts:
+            self._inode[number] = os.stat(dataset.path / "data.mdb").st_ino
+        while len(self._open) > OPEN_SHARDS:
+            self._close(next(iter(self._open)))
+        return dataset
+
+    def _close(self, number: int) -> None:
+        self._open.pop(number).close()
+        self._checked.pop(number, None)
+        self._inode.pop(number, None)
+
+    def _evicted(self, number: int, dataset: LmdbDataset, now: Optional[float] = None) -> bool:
+        """Whether an open shard's file left a bounded cache (gone, or fetched again: another file). Held open, an
+        evicted (unlinked) shard would keep its disk space past the budget and never be fetched again; looked at
+        most every CHECK_EVICTED_S (``now=inf``: at once). A shard still in place is marked recently used."""
+        clock = time.monotonic()
+        if not self.source.evicts or (now or clock) - self._checked.get(number, 0.0) < CHECK_EVICTED_S:
+            return False
+        self._checked[number] = clock
+        try:
+            if os.stat(dataset.path / "data.mdb").st_ino != self._inode.get(number):
+                return True
+            os.utime(dataset.path)  # in use: the cache evicts least recently used folders first
+        except OSError:
+            return True
+        return False
+
+    def read(self, index: int) -> dict[str, Any]:
+        """Record ``index`` (global); RecordError if it is corrupt or its shard cannot be had."""
+        number = self.manifest.shard_of(index)
+        return self._shard(number).read(index - self.manifest.shards[number].first)
+
+    def iter_raw(self, indices: list[int]) -> Iterator[tuple[int, Optional[bytes]]]:
+        for index in indices:
+            number = self.manifest.shard_of(index)
+            local = index - self.manifest.shards[number].first
+            for _, raw in self._shard(number).iter_raw([local]):
+                yield index, raw
+
+    def size_bytes(self) -> int:
+        return sum(s.bytes for s in self.manifest.shards)
+
+    def prefetch(self, number: int) -> None:
+        """Fetch shard ``number`` ahead, in the background, where the source is a cache (a hint: an error is the
+        read's to report when it comes to that shard)."""
+        if self.source.evicts:
+            self.source.prefetch(self.manifest.shards, number)
+
+    def holdings(self) -> tuple[Optional[int], list[int]]:
+        """``(capacity, held)``: how many shards this host's cache holds at most (None: every shard is on local
+        disk) and which it holds now, least recently used first (at most ``MAX_HELD``). What an elastic pool's
+        trainer hands splits by (protocol ``status``: ``cache``, ``held``); reads no shard."""
+        if not self.source.evicts:
+            return None, []
+        return self.source.holdings(self.manifest.shards)
+
+    def close(self) -> None:
+        while self._open:
+            self._open.popitem()[1].close()
+
+    def __enter__(self) -> "ShardedDataset":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
