@@ -135,7 +135,7 @@ def test_joins_and_leaves_of_a_static_address_list_are_counted_logged_and_summar
     # summary had no pool line. Counted alike for discovery (test above) and a static list (here).
     import socket
 
-    from stoker.consumer.train.loop import TrainReport
+    from stoker.consumer.train.run_summary import TrainReport
 
     with socket.socket() as s:  # the third producer's address is listed before it runs
         s.bind(("127.0.0.1", 0))
