@@ -16,7 +16,7 @@ import re
 
 from harness import (add_out_argument, benchmark_parser, launch_producer, producer_flags, synthetic_lmdb,
                      write_results)
-from stoker.cli.local_cluster import LocalCluster
+from stoker.cli.cluster.local_cluster import LocalCluster
 from stoker.consumer.train.throughput import measure_link
 
 UNITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}

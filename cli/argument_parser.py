@@ -2,13 +2,15 @@
 
 A typo in a flag gets the subcommand's own usage, the flag it most likely meant, and where its
 ``--help`` is; a subcommand reports the arguments it does not know itself rather than leaving them to
-the top-level parser, whose usage says nothing about the subcommand's flags.
+the top-level parser, whose usage says nothing about the subcommand's flags. The argument types every
+family of commands shares are here too (``positive_int``, ``key_value``, ``output_file``, ``size_argument``).
 """
 
 from __future__ import annotations
 
 import argparse
 import difflib
+import os
 import re
 import sys
 from typing import Any, NoReturn, Optional, Sequence
@@ -89,3 +91,26 @@ def key_value(text: str) -> tuple[str, str]:
     if not sep or not key.strip():
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
     return key.strip(), value
+
+
+def output_file(text: str) -> str:
+    """An argparse type: a file we will write at the end of a long run; refuse now a folder that is missing or
+    read-only."""
+    folder = os.path.dirname(os.path.abspath(text))
+    if not os.path.isdir(folder):
+        raise argparse.ArgumentTypeError(f"folder {folder} does not exist; create it first")
+    if not os.access(folder, os.W_OK):
+        raise argparse.ArgumentTypeError(f"folder {folder} is not writable")
+    if os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text} is a folder; give a file name")
+    return text
+
+
+def size_argument(text: str) -> int:
+    """An argparse type: a size in bytes written as 64GB, 256MB, 1GiB."""
+    from stoker.producer.dataset.build.sharded_writer import parse_bytes
+
+    try:
+        return parse_bytes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None

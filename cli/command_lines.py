@@ -1,7 +1,7 @@
 """Command lines of ``stoker produce`` and ``stoker train`` for launchers, from typed arguments.
 
 The one place a launcher (``stoker cluster``, the demo, ``ProducerProcess``) spells these
-commands' flags, so a renamed flag is changed here and in ``cli/parser.py`` only. Producers:
+commands' flags, so a renamed flag is changed here and in its family's ``flags.py`` only. Producers:
 ``produce_flags``/``produce_command`` live with ``ProducerProcess`` (``stoker.producer.process``,
 which must not import the CLI) and are re-exported here; trainers: ``train_command``.
 """

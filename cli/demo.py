@@ -2,22 +2,22 @@
 
 Builds (or reuses) a synthetic LMDB in the cache directory, starts two producer
 daemons on loopback serving disjoint shards, trains a small CNN through
-ZMQInput, then stops everything and checks that nothing is left running.
+ZMQInput, then stops everything and checks that nothing is left running. The
+producer's and the trainer's modules are imported when the demo runs, as every
+command's are.
 """
 
 from __future__ import annotations
 
+import argparse
+import os
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from stoker.producer.dataset.build.build_once import cached_dataset
-from stoker.producer.dataset.sources import DatasetError, LmdbDataset
-from stoker.producer.process import ProducerProcess
-from stoker.producer.produce_command import produce_flags
-from stoker.producer.measure.procfs import running
-from stoker.producer.dataset.build.synthetic import build_synthetic
+from stoker.cli.argument_parser import HelpFormatter, positive_int
+from stoker.cli.optional_extras import quiet_tensorflow
 
 DEMO_CLASSES = 10
 
@@ -35,6 +35,10 @@ class DemoConfig:
 
 def demo_dataset(cache_dir: Path, records: int) -> Path:
     """The cached demo LMDB, built on first use (deterministic: seed 0); safe with several demos at once."""
+    from stoker.producer.dataset.build.build_once import cached_dataset
+    from stoker.producer.dataset.sources import DatasetError, LmdbDataset
+    from stoker.producer.dataset.build.synthetic import build_synthetic
+
     path = cache_dir / f"demo-lmdb-{records}"
 
     def usable(p: Path) -> bool:
@@ -57,6 +61,9 @@ def demo_dataset(cache_dir: Path, records: int) -> Path:
 def run_demo(config: DemoConfig) -> int:
     from stoker.consumer.tf.summaries import optional_logdir
     from stoker.consumer.train.loop import TrainConfig, train
+    from stoker.producer.process import ProducerProcess
+    from stoker.producer.produce_command import produce_flags
+    from stoker.producer.measure.procfs import running
 
     started = time.perf_counter()
     cache = Path(config.cache_dir)
@@ -96,3 +103,25 @@ def run_demo(config: DemoConfig) -> int:
               f"threads left {leftover_threads}")
     print(f"demo took {time.perf_counter() - started:.0f} s")
     return 0 if clean else 1
+
+
+def add_demo_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]", common: argparse.ArgumentParser) -> None:
+    """``stoker demo``."""
+    d = sub.add_parser("demo", parents=[common], formatter_class=HelpFormatter, help="run the whole pipeline on this machine",
+                       description="Build a small synthetic LMDB (cached), start two producer daemons on loopback "
+                       "with disjoint shards, train a small CNN through ZMQInput and report images/s, queue "
+                       "occupancy, the bottleneck, and a clean shutdown.")
+    d.add_argument("--cache-dir", default=os.path.join(os.path.expanduser("~"), ".cache", "stoker"),
+                   help="where the demo LMDB is kept between runs")
+    d.add_argument("--steps", type=positive_int, default=300, help="training steps")
+    d.add_argument("--records", type=positive_int, default=1024, help="synthetic images in the demo LMDB")
+    d.add_argument("--image-size", type=positive_int, default=64, help="image size")
+    d.add_argument("--batch-size", type=positive_int, default=32, help="batch size")
+    d.add_argument("--workers", type=positive_int, default=1, help="worker processes per producer")
+    d.set_defaults(func=cmd_demo)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    quiet_tensorflow()
+    return run_demo(DemoConfig(cache_dir=args.cache_dir, steps=args.steps, records=args.records,
+                               image_size=args.image_size, batch_size=args.batch_size, workers=args.workers))

@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Callable, Mapping
-
 from stoker.cli.argument_parser import HelpFormatter
 
 MAX_FILE_BYTES = 256 * 1024 * 1024  # as an input state's own bound
 
 
-def add_state_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]", common: argparse.ArgumentParser,
-                     handlers: Mapping[str, Callable[[argparse.Namespace], int]]) -> None:
+def add_state_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]", common: argparse.ArgumentParser) -> None:
     """``stoker state info`` and ``stoker state merge``."""
     state = sub.add_parser("state", parents=[common], formatter_class=HelpFormatter,
                            help="inspect and merge exact-mode input states",
@@ -30,7 +27,7 @@ def add_state_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]",
                            description="The trainer id(s), share and, per stream, the completed epochs and the "
                            "records consumed in each open one.")
     info.add_argument("file", help="a file holding save_state()'s bytes")
-    info.set_defaults(func=handlers["state_info"])
+    info.set_defaults(func=cmd_state_info)
     merge = ssub.add_parser(
         "merge", parents=[common], formatter_class=HelpFormatter, help="merge a job's ranks' states into one",
         description="Merge the states of every rank of one job, saved at the same step, into a job state. Give the "
@@ -39,7 +36,7 @@ def add_state_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]",
         "A fixed-shard job resumes on at least as many trainers as it had (an elastic pool on any number).")
     merge.add_argument("files", nargs="+", help="the ranks' state files, in any order")
     merge.add_argument("-o", "--output", required=True, help="file to write the job state to")
-    merge.set_defaults(func=handlers["state_merge"])
+    merge.set_defaults(func=cmd_state_merge)
 
 
 def _read(path: str) -> bytes:

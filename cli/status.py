@@ -10,13 +10,16 @@ others are still shown.
 
 from __future__ import annotations
 
+import argparse
+import sys
 import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from typing import Sequence
 
-from prometheus_client.parser import text_string_to_metric_families
+from stoker.cli.argument_parser import HelpFormatter
+from stoker.cli.exit_codes import EXIT_FAILURE, EXIT_OK, EXIT_SOME_DOWN
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -27,6 +30,8 @@ class ScrapeError(RuntimeError):
 
 def scrape(url: str, timeout: float = 5.0) -> Samples:
     """All samples at ``url`` as ``{(name, sorted label items): value}``."""
+    from prometheus_client.parser import text_string_to_metric_families  # when a command scrapes, not at start
+
     if not url.startswith(("http://", "https://")):
         url = f"http://{url}"
     if not url.rstrip("/").endswith("/metrics"):
@@ -136,3 +141,26 @@ def print_status(urls: Sequence[str], interval: float) -> list[StatusRow]:
     down = sum(r.kind == "down" for r in rows)
     print(f"bottleneck: {verdict(rows)}" + (f" ({down} of {len(rows)} URL(s) down)" if down else ""))
     return rows
+
+
+def add_status_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]", common: argparse.ArgumentParser) -> None:
+    """``stoker status``."""
+    st = sub.add_parser("status", parents=[common], formatter_class=HelpFormatter, help="live rates and queue occupancy",
+                        description="Scrape the Prometheus endpoints of producers and trainers (their "
+                        "--metrics-port) twice and show each one's live rate, the trainer's queue occupancy, and "
+                        "which side is the bottleneck. A URL that does not answer (a producer that left the pool) is "
+                        "shown as down. Exit code: 0 every URL answered; 3 some answered (shown) and the rows "
+                        "marked down did not; 1 none answered; 2 bad usage.")
+    st.add_argument("--metrics", required=True,
+                    help="comma-separated metrics URLs, e.g. hostA:9100,hostB:9100,trainer:9200")
+    st.add_argument("--interval", type=float, default=2.0, help="seconds between the two scrapes")
+    st.set_defaults(func=cmd_status)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    try:
+        rows = print_status([u.strip() for u in args.metrics.split(",") if u.strip()], args.interval)
+    except ScrapeError as exc:
+        print(f"stoker status: error: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    return EXIT_SOME_DOWN if any(r.kind == "down" for r in rows) else EXIT_OK

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from stoker.cli.local_cluster import ClusterError, check_available
+from stoker.cli.cluster.local_cluster import ClusterError, check_available
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -142,7 +142,7 @@ def test_an_elastic_pool_gains_and_loses_a_data_host_mid_run_and_every_epoch_sta
 def test_coverage_is_one_line_for_the_epochs_consumed_exactly_once_and_one_for_each_other(tmp_path):
     """A long run on a small dataset has many epochs: those every record of which came once share one line; an
     epoch cut short or with a record twice is named on its own."""
-    from stoker.cli.cluster_elastic import ConsumedWatcher
+    from stoker.cli.cluster.elastic import ConsumedWatcher
 
     def write(path, steps):
         path.write_text("".join(json.dumps({"step": n, "epoch": [e] * len(ix), "index": ix}) + "\n"

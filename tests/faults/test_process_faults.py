@@ -12,7 +12,7 @@ import pytest
 import zmq
 
 from conftest import EVAL_SIZE, image_checksums, stoker_batch
-from stoker.cli.local_cluster import ClusterError, LocalCluster, check_available
+from stoker.cli.cluster.local_cluster import ClusterError, LocalCluster, check_available
 from stoker.consumer import InputTimeoutError, ZMQInput
 from stoker.producer.process import ProducerProcess
 from stoker.protocol import encode_batch

@@ -8,7 +8,7 @@ of them. With ``epochs`` the producers run exact, finite epochs and wait until
 every trainer joined; each trainer trains until the epochs end and can log what
 it consumed, so coverage across trainers can be checked. With ``add_host_at``/
 ``remove_host_at`` the producers form an elastic pool (``--shard auto``) that trainers find by
-name (``cluster_elastic``): a data host joins and one leaves mid-run, and the harness prints
+name (``elastic.py``): a data host joins and one leaves mid-run, and the harness prints
 images/s over time and the epochs' coverage (one line for those every record of which came once, one
 per other epoch). Everything is torn down when training ends, fails, or is interrupted: producers
 are stopped, any process left in the namespaces is killed, the namespaces deleted. Last, one line per producer
@@ -29,9 +29,9 @@ from typing import Callable, Optional, Sequence
 from stoker.producer.dataset.sources import LmdbDataset
 from stoker.producer.process import ProducerProcess
 
-from .cluster_elastic import POOL_NAME, ConsumedWatcher, PoolNames
-from .command_lines import produce_flags, train_command
-from .local_cluster import ClusterError, LocalCluster, check_available
+from stoker.cli.cluster.elastic import POOL_NAME, ConsumedWatcher, PoolNames
+from stoker.cli.cluster.local_cluster import ClusterError, LocalCluster, check_available
+from stoker.cli.command_lines import produce_flags, train_command
 
 PORT = 5555
 
