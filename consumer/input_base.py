@@ -141,6 +141,8 @@ class InputBase:
         if self._ledger is None:
             raise ValueError(f"epochs() is for exact mode: {type(self).__name__}(..., exact=True), producers "
                              "--exact or --epochs N (plain mode has no epochs to end)")
+        if self._sink is None:
+            raise TypeError(self._not_iterable())
         if self._epoch_loop is not None:
             raise RuntimeError("epochs() was called already on this input: iterate that one")
         self._epoch_loop = EpochLoop(self, sync if sync is not None else self._default_sync(), HeldBatches(),
@@ -176,11 +178,17 @@ class InputBase:
         Raises the input's error once what arrived before it is taken. A facade that stages batches ahead
         (``TorchInput``) overrides it over ``_take_from_sink``."""
         if self._sink is None:
-            raise TypeError(f"{type(self).__name__} is not iterated batch by batch: watch consumed_epochs instead")
+            raise TypeError(self._not_iterable())
         if self._ended:
             return END
         self._start_receiving()
         return self._take_from_sink(float("inf") if timeout is None else timeout)
+
+    def _not_iterable(self) -> str:
+        name = type(self).__name__
+        return (f"{name} is not iterated batch by batch (its framework takes the batches: get(), as_dataset()): "
+                f"watch {name}.consumed_epochs for where an epoch ends, or take epochs() from a BatchStream or "
+                "TorchInput")
 
     def _take_from_sink(self, wait: float) -> Any:
         """The sink's next batch, named (``_named``); ``END`` (then ``_ended``), or None if none came within ``wait``

@@ -1,38 +1,90 @@
-"""What every facade does before receiving: its keyword arguments into ``ReceiveOptions``, then a receive core.
+"""What every facade does before receiving: its shared keyword arguments as one ``InputOptions``, then a receive core.
 
-``receive_options(...)`` checks a facade's arguments and builds the one options object (exact mode: with
-its ``ConsumedLedger``, from ``resume_state`` or ``trainer_id``); ``open_core(options)`` picks the
-receiver the options chose and returns a running ``ReceiveCore`` (spec resolved, not yet delivering).
-Every argument error is a ValueError that names the fix.
+``InputOptions`` holds the keyword arguments every facade takes alike (``BatchStream``'s order and defaults;
+a facade's own signature keeps its defaults, ``ZMQInput``'s ``queue_capacity=50`` say) and checks the
+ones the floor does not; ``.receive_options()`` builds the one checked ``ReceiveOptions`` (exact mode: with
+its ``ConsumedLedger``, from ``resume_state`` or ``trainer_id``). A facade whose signature lists them
+builds it with ``InputOptions.from_arguments(locals())``; a new facade may take ``**kw`` and write
+``InputOptions(addresses, **kw)``. ``open_core(options)`` picks the receiver the options chose and returns a
+running ``ReceiveCore`` (spec resolved, not yet delivering). Every argument error is a ValueError that names
+the fix.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from dataclasses import dataclass, fields
+from typing import Any, Mapping, Optional, Sequence
+
+from stoker.protocol import DEFAULT_MAX_MESSAGE_BYTES
+from stoker.protocol.curve import CurveClientKeys
 
 from stoker.consumer.exact.ledger import ConsumedLedger
 from stoker.consumer.exact.receiver import ExactReceiver
 from stoker.consumer.receive.contract import Receiver
 from stoker.consumer.receive.core import ReceiveCore
-from stoker.consumer.receive.options import AddressSource, ReceiveOptions, SpecArg, check_source, declared_spec
+from stoker.consumer.receive.options import (DEFAULT_REFRESH_S, STALL_AFTER_S, STALL_LIMIT_S, AddressSource,
+                                             ReceiveOptions, SpecArg, check_source, declared_spec)
 from stoker.consumer.transport.discovery import ProducerPool
 from stoker.consumer.transport.libzmq_receiver import LibzmqReceiver
 from stoker.consumer.transport.zmtp_receiver import ZMTPReceiver
 
 
-def receive_options(addresses: AddressSource, *, spec: SpecArg = None, batch_size: Optional[int] = None,
-                    image_shape: Optional[Sequence[int]] = None, exact: bool = False,
-                    resume_state: Optional[bytes] = None, trainer_id: Optional[str] = None,
-                    **options: Any) -> ReceiveOptions:
-    """The options from a facade's keyword arguments (the rest by name, as the fields); ValueError naming the fix."""
-    if batch_size is not None and batch_size < 1:
-        raise ValueError(f"batch_size={batch_size}: give the producers' batch size, >= 1")
-    ledger = ConsumedLedger.start(resume_state, trainer_id, options.get("share", (0, 1))) if exact else None
-    if ledger is None and (resume_state is not None or trainer_id is not None):
-        raise ValueError("resume_state and trainer_id belong to exact mode: pass exact=True (and start the "
-                         "producers with --exact)")
-    return ReceiveOptions(check_source(addresses), declared_spec(spec, batch_size, image_shape, exact),
-                          ledger=ledger, **options)
+@dataclass(frozen=True)
+class InputOptions:
+    """The keyword arguments every facade shares, as its users write them (``BatchStream``'s doc says each one).
+
+    ``queue_capacity`` is the facade's sink's, in batches; the rest go to the receive core. Constructing it
+    checks ``batch_size`` and ``queue_capacity``; ``receive_options()`` checks the rest (ValueError naming the
+    fix)."""
+
+    addresses: AddressSource
+    batch_size: Optional[int] = None
+    image_shape: Optional[Sequence[int]] = None
+    spec: SpecArg = None
+    queue_capacity: int = 8
+    recv_timeout: float = 60.0
+    rcvhwm: int = 4
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    curve: Optional[CurveClientKeys] = None
+    exact: bool = False
+    resume_state: Optional[bytes] = None
+    trainer_id: Optional[str] = None
+    receive: str = "auto"
+    discover_every: float = DEFAULT_REFRESH_S
+    share: tuple[int, int] = (0, 1)
+    stall_after: Optional[float] = STALL_AFTER_S
+    stall_limit: Optional[float] = STALL_LIMIT_S
+
+    def __post_init__(self) -> None:
+        if self.queue_capacity < 1:
+            raise ValueError(f"queue_capacity={self.queue_capacity}: give batches >= 1")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise ValueError(f"batch_size={self.batch_size}: give the producers' batch size, >= 1")
+
+    @classmethod
+    def from_arguments(cls, arguments: Mapping[str, Any], **overrides: Any) -> "InputOptions":
+        """The options among a facade's arguments (its ``locals()`` as ``__init__`` begins), by name; a facade's
+        own arguments are left out, ``overrides`` replace what the facade resolved itself (``TorchInput``'s
+        share). TypeError naming the shared arguments a facade's signature lacks."""
+        names = [f.name for f in fields(cls)]
+        missing = [name for name in names if name not in arguments and name not in overrides]
+        if missing:
+            raise TypeError(f"a facade takes every shared argument of InputOptions; missing: {missing}")
+        return cls(**{name: overrides[name] if name in overrides else arguments[name] for name in names})
+
+    def receive_options(self) -> ReceiveOptions:
+        """The one checked ``ReceiveOptions`` (exact mode: a new ``ConsumedLedger``, so build it once per input);
+        ValueError naming the fix."""
+        ledger = ConsumedLedger.start(self.resume_state, self.trainer_id, self.share) if self.exact else None
+        if ledger is None and (self.resume_state is not None or self.trainer_id is not None):
+            raise ValueError("resume_state and trainer_id belong to exact mode: pass exact=True (and start the "
+                             "producers with --exact)")
+        return ReceiveOptions(check_source(self.addresses),
+                              declared_spec(self.spec, self.batch_size, self.image_shape, self.exact),
+                              receive=self.receive, recv_timeout=self.recv_timeout, rcvhwm=self.rcvhwm,
+                              max_message_bytes=self.max_message_bytes, curve=self.curve, ledger=ledger,
+                              discover_every=self.discover_every, share=self.share, stall_after=self.stall_after,
+                              stall_limit=self.stall_limit)
 
 
 def open_core(options: ReceiveOptions) -> ReceiveCore:

@@ -162,6 +162,13 @@ def test_no_producer_gives_a_clear_timeout_error_not_a_hang():
     assert not _stoker_threads()
 
 
+def test_epochs_on_an_exact_zmq_input_names_what_to_use_instead():
+    # TensorFlow takes ZMQInput's batches (get(), as_dataset()): epochs() refuses at once, not at the first batch
+    with ZMQInput(["tcp://127.0.0.1:1"], batch_size=BATCH, image_shape=(SIZE, SIZE, 3), exact=True) as inp:
+        with pytest.raises(TypeError, match=r"not iterated batch by batch.*consumed_epochs.*BatchStream or TorchInput"):
+            inp.epochs()
+
+
 def test_eager_get_after_producers_vanish_raises_timeout(synth_lmdb):
     with _producer(synth_lmdb) as producer:
         inp = ZMQInput([producer.endpoint], batch_size=BATCH, image_shape=(SIZE, SIZE, 3), recv_timeout=1.5,

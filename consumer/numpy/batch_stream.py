@@ -42,7 +42,7 @@ from stoker.protocol.curve import CurveClientKeys
 
 from stoker.consumer.epochs.held_rows import padding_arrays
 from stoker.consumer.input_base import InputBase
-from stoker.consumer.input_setup import receive_options
+from stoker.consumer.input_setup import InputOptions
 from stoker.consumer.receive.options import SpecArg
 from stoker.consumer.receive.queue_sink import QueueSink
 
@@ -67,15 +67,9 @@ class BatchStream(InputBase):
                  trainer_id: Optional[str] = None, receive: str = "auto", discover_every: float = 5.0,
                  share: tuple[int, int] = (0, 1), stall_after: Optional[float] = 10.0,
                  stall_limit: Optional[float] = 300.0) -> None:
-        if queue_capacity < 1:
-            raise ValueError(f"queue_capacity={queue_capacity}: give batches >= 1 (default 8)")
-        options = receive_options(
-            addresses, spec=spec, batch_size=batch_size, image_shape=image_shape, exact=exact,
-            resume_state=resume_state, trainer_id=trainer_id, receive=receive, recv_timeout=recv_timeout,
-            rcvhwm=rcvhwm, max_message_bytes=max_message_bytes, curve=curve, discover_every=discover_every,
-            share=share, stall_after=stall_after, stall_limit=stall_limit)
-        self._open_input(options)
-        self._open_sink(QueueSink(queue_capacity))
+        options = InputOptions.from_arguments(locals())
+        self._open_input(options.receive_options())
+        self._open_sink(QueueSink(options.queue_capacity))
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
         return self

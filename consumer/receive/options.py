@@ -3,7 +3,7 @@
 ``ReceiveOptions`` holds what ``ZMQInput``, ``BatchStream`` and any other facade pass to their receive
 core: producer addresses, the declared spec, timeouts, limits, curve keys, exact mode (its ledger),
 discovery, share, stall bounds and the receive path. ``open_core`` and every receiver take it; a
-facade keeps its keyword arguments for users and builds it (``input_setup.receive_options``), adding
+facade keeps its keyword arguments for users and builds it (``input_setup.InputOptions``), adding
 only what is its framework's. The receive path (``receive=``):
 
 - ``"auto"`` (default): direct ZMTP receive wherever it applies, that is tcp:// without
@@ -79,7 +79,7 @@ class ReceiveOptions:
 
     ``spec`` is the declared spec with Stoker's bookkeeping arrays added, or None to learn it. ``ledger`` is
     exact mode's state owner (trainer id, consumed records), None in plain mode: exact mode is decided here,
-    once. Facades build it with ``input_setup.receive_options(...)`` from their keyword arguments; every field
+    once. Facades build it with ``InputOptions(...).receive_options()`` from their keyword arguments; every field
     is checked here (ValueError naming the fix).
     """
 

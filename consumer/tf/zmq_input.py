@@ -3,7 +3,7 @@
     producers --> receiver (direct ZMTP | libzmq PULL | exact DEALERs) --> ReceiveCore --> TFFeeder
                   (receive/core: sockets, validation, silence)              (FIFOQueue, StagingArea, get())
 
-``ZMQInput`` turns its arguments into one ``ReceiveOptions`` (``input_setup``), opens a
+``ZMQInput`` turns its arguments into one ``ReceiveOptions`` (``input_setup.InputOptions``), opens a
 ``ReceiveCore`` over the chosen transport (``InputBase``, shared with every facade) and feeds a
 ``TFFeeder`` (``tf/feeder.py``) from it; exact mode's state goes in and out as bytes through the
 ``ConsumedLedger`` (``exact/ledger.py``). Each layer has its module and its own docstring; the map of
@@ -31,7 +31,7 @@ from stoker.protocol.curve import CurveClientKeys
 from stoker.consumer.tf.batch_tensors import BatchTensors, Selection
 from stoker.consumer.receive.errors import InputClosedError
 from stoker.consumer.input_base import InputBase
-from stoker.consumer.input_setup import receive_options
+from stoker.consumer.input_setup import InputOptions
 from stoker.consumer.receive.stats import InputStats
 from stoker.consumer.tf.feeder import TFFeeder
 from stoker.consumer.tf.staging import training_devices
@@ -147,13 +147,10 @@ class ZMQInput(InputBase, tf.train.experimental.PythonState):
         stall_after: Optional[float] = 10.0,
         stall_limit: Optional[float] = 300.0,
     ) -> None:
-        if queue_capacity < 1 or nr_stage < 1:
-            raise ValueError("queue_capacity and nr_stage must be >= 1")
-        options = receive_options(
-            addresses, spec=spec, batch_size=batch_size, image_shape=image_shape, exact=exact,
-            resume_state=resume_state, trainer_id=trainer_id, receive=receive, recv_timeout=recv_timeout,
-            rcvhwm=rcvhwm, max_message_bytes=max_message_bytes, curve=curve, discover_every=discover_every,
-            share=share, stall_after=stall_after, stall_limit=stall_limit)
+        shared = InputOptions.from_arguments(locals())
+        if nr_stage < 1:
+            raise ValueError(f"nr_stage={nr_stage}: give batches >= 1 (default 1)")
+        options = shared.receive_options()
         self.devices = training_devices(device, devices, strategy)
         self.device = self.devices[0]
         self.queue_capacity, self.recv_timeout, self.nr_stage, self.rcvhwm = queue_capacity, recv_timeout, nr_stage, rcvhwm

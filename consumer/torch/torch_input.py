@@ -56,7 +56,7 @@ from stoker.consumer.marked_consumption import MarkedConsumption
 from stoker.consumer.epochs.epoch_loop import EpochSync
 from stoker.consumer.epochs.held_rows import Rows, padding_arrays
 from stoker.consumer.input_base import InputBase
-from stoker.consumer.input_setup import receive_options
+from stoker.consumer.input_setup import InputOptions
 from stoker.consumer.receive.options import SpecArg
 from stoker.consumer.exact.state import merge_states
 from stoker.consumer.torch.checkpoint_state import state_bytes, state_dict_of
@@ -128,8 +128,8 @@ class TorchInput(InputBase):
                  stall_limit: Optional[float] = 300.0, *, device: str | torch.device = "cpu", prefetch: int = 2,
                  channels_last: bool = False, dtypes: Optional[Mapping[str, torch.dtype]] = None,
                  pin_memory: Optional[bool] = None, consumed_when: str = "next") -> None:
-        if queue_capacity < 1:
-            raise ValueError(f"queue_capacity={queue_capacity}: give batches >= 1 (default 8)")
+        self.share = default_share(share, exact)
+        shared = InputOptions.from_arguments(locals(), share=self.share)
         if prefetch < 1:
             raise ValueError(f"prefetch={prefetch}: give batches >= 1 (default 2)")
         if consumed_when not in ("next", "marked"):
@@ -144,15 +144,9 @@ class TorchInput(InputBase):
             raise ValueError("pin_memory=True, but torch.cuda.is_available() is False here: pinned memory needs CUDA "
                              "(leave pin_memory=None: pinned exactly where CUDA is available)")
         self.queue_capacity, self.prefetch = queue_capacity, prefetch
-        self.share = default_share(share, exact)
         #: state_dict() gathers every rank's state into the job state (share from torch.distributed, world > 1)
         self.gathers_job_state = share is None and _distributed(exact) and self.share[1] > 1
-        options = receive_options(
-            addresses, spec=spec, batch_size=batch_size, image_shape=image_shape, exact=exact,
-            resume_state=resume_state, trainer_id=trainer_id, receive=receive, recv_timeout=recv_timeout,
-            rcvhwm=rcvhwm, max_message_bytes=max_message_bytes, curve=curve, discover_every=discover_every,
-            share=self.share, stall_after=stall_after, stall_limit=stall_limit)
-        self._open_input(options)
+        self._open_input(shared.receive_options())
         self._marks = MarkedConsumption(self._ledger) if consumed_when == "marked" and self._ledger else None
         try:
             unknown = sorted(set(dtypes or {}) - set(self.spec.names))
