@@ -14,7 +14,7 @@ import zmq
 
 from stoker.consumer.exact.direct_dealer import DirectDealer
 from stoker.consumer.receive.contract import aligned_empty
-from stoker.consumer.transport.zmtp import _GREETING
+from stoker.consumer.transport.zmtp_wire import GREETING
 from stoker.protocol import DecodeLimits, ProtocolError
 from stoker.protocol.batch_codec import encode_batch
 from stoker.protocol.batch_header import Batch
@@ -161,7 +161,7 @@ def test_sending_to_a_peer_that_reads_nothing_never_waits():
     def serve() -> None:
         peer, _ = listener.accept()
         accepted.append(peer)
-        peer.sendall(_GREETING[:12] + b"NULL".ljust(20, b"\0") + b"\0" * 32)
+        peer.sendall(GREETING[:12] + b"NULL".ljust(20, b"\0") + b"\0" * 32)
         ready = b"\x05READY" + bytes([11]) + b"Socket-Type" + (6).to_bytes(4, "big") + b"ROUTER"
         peer.sendall(bytes([0x04, len(ready)]) + ready)
         # and never reads again

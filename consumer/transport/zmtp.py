@@ -5,7 +5,9 @@ take a frame only after a copy (``tensor_import``). Speaking the wire protocol o
 plain TCP socket lets ``recv_into`` put each array's bytes straight into an aligned buffer
 TensorFlow then owns: no copy beyond the kernel's. Producers are unchanged (their PUSH socket
 sees an ordinary PULL peer). ZMTP 3.0 (rfc.zeromq.org/spec/23): a 64-byte greeting each way,
-a READY command each way, then frames of ``flags, size, body``.
+a READY command each way, then frames of ``flags, size, body``. This module is the connection: the
+socket, its reads and bounded sends, frames and their limits; what the greeting and READY bytes mean
+(and our own) is ``zmtp_wire.py``.
 
 Only what a trainer needs: NULL mechanism (CurveZMQ stays with libzmq), one message at a
 time, PING answered with PONG; as a DEALER (exact mode, facing a producer's ROUTER) it also
@@ -37,14 +39,13 @@ from typing import Callable, Optional
 
 from stoker.protocol.errors import ProtocolError
 
-from stoker.consumer.receive.errors import ADVICE_HUNG_UP, ADVICE_PRODUCER_EXACT, ADVICE_PRODUCER_PLAIN
+from stoker.consumer.receive.errors import ADVICE_HUNG_UP
 from stoker.consumer.receive.options import tcp_address
+from stoker.consumer.transport.zmtp_wire import (COMMAND, GREETING, LONG, MAX_COMMAND_BYTES, MORE, PEER_TYPE,
+                                                 SocketTypeMismatch, check_greeting, check_ready, encode_frame,
+                                                 mismatch_advice, ready_command)
 
-_MORE, _LONG, _COMMAND = 0x01, 0x02, 0x04
-_GREETING = b"\xff" + b"\0" * 8 + b"\x7f" + b"\x03\x00" + b"NULL".ljust(20, b"\0") + b"\x00" + b"\0" * 31
-_MAX_COMMAND_BYTES = 4096
-#: What each socket type we speak must find at the other end: a producer's PUSH (plain) or ROUTER (exact mode).
-PEER_TYPE = {"PULL": b"PUSH", "DEALER": b"ROUTER"}
+__all__ = ["MAX_UNSENT", "PEER_TYPE", "STALL_S", "SocketTypeMismatch", "Stopped", "ZMTPConnection"]
 #: Seconds a peer may go without sending a byte once a message has begun (libzmq drops a peer after
 #: its heartbeat timeout; a live peer stalled mid-frame would otherwise hold its receive thread forever).
 #: Between messages a producer may be idle, or send nothing but heartbeats, for as long as it likes.
@@ -52,10 +53,6 @@ STALL_S = 30.0
 #: Bytes a DEALER's sends may queue while the peer reads nothing: the largest control message (a hello with a
 #: long run's input state) fits; past it the peer is dropped.
 MAX_UNSENT = 256 * 1024 * 1024
-
-
-class SocketTypeMismatch(ProtocolError):
-    """The peer is a ZMTP socket of another type: one side runs exact mode and the other does not."""
 
 
 class Stopped(Exception):
@@ -144,7 +141,7 @@ class ZMTPConnection:
         """Queue ``frame`` as a one-frame message and write what the socket takes now (never waits).
 
         OSError once the connection is closed or stalled (the reader then drops it)."""
-        self._queue(_frame(frame))
+        self._queue(encode_frame(frame))
 
     def _queue(self, data: bytes) -> None:
         with self._out_lock:
@@ -221,34 +218,34 @@ class ZMTPConnection:
 
     def _frame_head(self) -> tuple[int, int]:
         flags = self._read(1)[0]
-        if flags & ~(_MORE | _LONG | _COMMAND):
+        if flags & ~(MORE | LONG | COMMAND):
             self.in_sync = False
             raise ProtocolError(f"frame flags {flags:#04x} have reserved bits set: not a ZMTP 3 stream")
-        size = struct.unpack(">Q", self._read(8))[0] if flags & _LONG else self._read(1)[0]
+        size = struct.unpack(">Q", self._read(8))[0] if flags & LONG else self._read(1)[0]
         return flags, size
 
     def next_frame(self) -> tuple[bool, int]:
         """Head of the next message frame, answering PING and skipping other commands: (more, size).
 
         Heartbeats are legal traffic however long a producer idles: commands cost a bounded read
-        each (at most ``_MAX_COMMAND_BYTES``) and every read checks ``should_stop``.
+        each (at most ``MAX_COMMAND_BYTES``) and every read checks ``should_stop``.
         """
         self.in_message = self._more  # waiting for a frame head is idling only between messages
         while True:
             flags, size = self._frame_head()
-            if not flags & _COMMAND:
-                self._more = bool(flags & _MORE)
+            if not flags & COMMAND:
+                self._more = bool(flags & MORE)
                 self.in_message = True  # its body follows
                 return self._more, size
-            if size > _MAX_COMMAND_BYTES:
+            if size > MAX_COMMAND_BYTES:
                 self.in_sync = False
-                raise ProtocolError(f"a {size}-byte command frame: more than the {_MAX_COMMAND_BYTES} allowed")
+                raise ProtocolError(f"a {size}-byte command frame: more than the {MAX_COMMAND_BYTES} allowed")
             body = self._read(size)
             if body[:5] == b"\x04PING":
                 context = body[7:7 + 16]  # after the 2-byte TTL, at most 16 bytes of context
                 pong = b"\x04PONG" + context
                 if not self._out:  # a peer that reads nothing gets no more than one
-                    self._queue(_frame(pong, command=True))
+                    self._queue(encode_frame(pong, command=True))
 
     def skip(self, size: int, more: bool, budget: int, frames: int, limit: int) -> None:
         """Read past the rest of a message (this frame's ``size`` bytes on).
@@ -288,77 +285,20 @@ class ZMTPConnection:
     # ---- handshake -------------------------------------------------------------------------------
 
     def _handshake(self) -> None:
-        self._sock.sendall(_GREETING)
+        """Greeting and READY each way (``zmtp_wire`` judges the peer's bytes), bounded by the connect deadline."""
+        self._sock.sendall(GREETING)
         try:
             peer = self._read(64)
         except ConnectionError:  # a CurveZMQ producer hangs up on a NULL greeting, often before sending its own
             raise ProtocolError(f"{self.endpoint} closed the connection during the ZMTP greeting: "
                                 f"{ADVICE_HUNG_UP}") from None
-        if peer[0] != 0xFF or peer[9] != 0x7F:
-            raise ProtocolError(f"{self.endpoint} does not speak ZMTP (greeting {peer[:10].hex()}): is it a Stoker "
-                                "producer?")
-        if peer[10] < 3:
-            raise ProtocolError(f"{self.endpoint} speaks ZMTP {peer[10]}.{peer[11]}; direct receive needs 3.0 or later")
-        mechanism = peer[12:32].rstrip(b"\0").decode("ascii", "replace")
-        if mechanism != "NULL":
-            raise ProtocolError(f"{self.endpoint} uses the {mechanism} mechanism (CurveZMQ): direct receive speaks "
-                                "only NULL; give the trainer its curve keys and leave receive='libzmq'")
-        ready = b"\x05READY" + _property("Socket-Type", self.socket_type.encode())
-        if self.socket_type == "DEALER":
-            ready += _property("Identity", b"")  # as libzmq's DEALER sends it: the ROUTER picks our routing id
-        self._sock.sendall(_frame(ready, command=True))
-        exact = self.socket_type == "DEALER"
+        check_greeting(self.endpoint, peer)
+        self._sock.sendall(encode_frame(ready_command(self.socket_type), command=True))
         try:
             flags, size = self._frame_head()
         except ConnectionError:  # libzmq closes on a socket type it cannot talk to, often before its READY
-            raise SocketTypeMismatch(f"{self.endpoint} closed the connection at the READY command: {_mismatch(exact)}"
-                                     ) from None
-        if not flags & _COMMAND or size > _MAX_COMMAND_BYTES:
+            raise SocketTypeMismatch(f"{self.endpoint} closed the connection at the READY command: "
+                                     f"{mismatch_advice(self.socket_type)}") from None
+        if not flags & COMMAND or size > MAX_COMMAND_BYTES:
             raise ProtocolError(f"{self.endpoint} sent no READY command after its greeting")
-        body = self._read(size)
-        if body[:6] == b"\x05ERROR":
-            reason = body[7:7 + body[6]].decode("ascii", "replace") if len(body) > 6 else ""
-            raise ProtocolError(f"{self.endpoint} refused the handshake: {reason}")
-        socket_type = _properties(body[6:]).get("Socket-Type") if body[:6] == b"\x05READY" else None
-        if socket_type in PEER_TYPE.values() and socket_type != PEER_TYPE[self.socket_type]:
-            raise SocketTypeMismatch(f"{self.endpoint} is a {socket_type.decode()} socket: {_mismatch(exact)}")
-        if socket_type != PEER_TYPE[self.socket_type]:
-            raise SocketTypeMismatch(f"{self.endpoint} is a {socket_type!r} socket, not a producer's "
-                                     f"{PEER_TYPE[self.socket_type].decode()} socket")
-
-
-def _mismatch(exact: bool) -> str:
-    """Why a producer refuses this trainer's socket type, and the fix."""
-    return ADVICE_PRODUCER_PLAIN if exact else ADVICE_PRODUCER_EXACT
-
-
-def _frame(body: bytes, command: bool = False) -> bytes:
-    """One last (no MORE) frame: flags, a 1-byte size or a LONG 8-byte one, the body."""
-    flags = _COMMAND if command else 0
-    if len(body) < 256:
-        return bytes([flags, len(body)]) + body
-    return bytes([flags | _LONG]) + struct.pack(">Q", len(body)) + body
-
-
-def _property(name: str, value: bytes) -> bytes:
-    return bytes([len(name)]) + name.encode("ascii") + struct.pack(">I", len(value)) + value
-
-
-def _properties(data: bytes) -> dict[str, Optional[bytes]]:
-    """READY metadata: name (1-byte length) and value (4-byte length) pairs, every length checked
-    against what the command holds; ProtocolError for one that runs past its end."""
-    out: dict[str, Optional[bytes]] = {}
-    i = 0
-    while i < len(data):
-        n = data[i]
-        if n == 0 or i + 1 + n + 4 > len(data):
-            raise ProtocolError(f"READY property at byte {i} runs past the end of the command: not a ZMTP peer")
-        name = data[i + 1:i + 1 + n].decode("ascii", "replace")
-        i += 1 + n
-        size = struct.unpack(">I", data[i:i + 4])[0]
-        if i + 4 + size > len(data):
-            raise ProtocolError(f"READY property {name!r} declares {size} bytes, the command holds "
-                                f"{len(data) - i - 4}: not a ZMTP peer")
-        out[name] = data[i + 4:i + 4 + size]
-        i += 4 + size
-    return out
+        check_ready(self.endpoint, self.socket_type, self._read(size))
