@@ -7,8 +7,9 @@ by the kernel into the trainer's connection, instead of three times (worker ->
 ipc -> daemon -> TCP) as with a proxy.
 
 Ownership of a slot moves worker -> daemon (``ready``) -> libzmq (in flight until
-its tracker is done) -> worker (``grant``); the daemon keeps that state, so a
-slot is never written while ZMQ may still read it. Memory is bounded by
+its tracker is done) -> worker (``grant``); the daemon keeps that state, one
+``Slot`` record per slot in one ``WorkerSlots`` record per worker, so a slot is
+never written while ZMQ may still read it. Memory is bounded by
 ``workers x slots x batch bytes``, allocated once at start.
 
 The control messages between worker and daemon travel on a local ipc socket as a
@@ -23,11 +24,14 @@ from __future__ import annotations
 
 import enum
 import multiprocessing as mp
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Optional
 
 import msgpack
 import numpy as np
+
+if TYPE_CHECKING:  # the policies import the forwarders, which import this module
+    from stoker.producer.serve.policies.serving_policy import Chunk
 
 
 ArrayLayout = tuple[tuple[str, str, tuple[int, ...]], ...]
@@ -94,6 +98,42 @@ class SlotState(enum.Enum):
     AT_WORKER = "at worker"  # granted (or about to be): the worker may write it
     READY = "ready"  # filled, waiting for the trainer-facing socket
     IN_FLIGHT = "in flight"  # handed to libzmq; reusable once its tracker is done
+
+
+@dataclass(eq=False)
+class Slot:
+    """One batch slot as the daemon's forwarding thread sees it (that thread alone reads and writes it).
+
+    ``granted_to`` is the routing id of the process it was last granted to: a slot is granted at most once to
+    one process, so a worker killed mid-batch never has a slot granted twice. ``work``, in exact mode, is the
+    records it was granted to make (a ``Chunk``), until they are sent or handed back.
+    """
+
+    worker: WorkerSlots = field(repr=False)
+    number: int
+    views: dict[str, np.ndarray] = field(repr=False)  # its arrays in the worker's shared buffer
+    state: SlotState = SlotState.AT_WORKER
+    granted_to: bytes = b""
+    work: Optional[Chunk] = None
+
+
+@dataclass(eq=False)
+class WorkerSlots:
+    """One worker as the daemon knows it: the routing id of its current process (fresh for every start; b"" before
+    the first) and its slots."""
+
+    number: int
+    slots: list[Slot] = field(default_factory=list)
+    routing_id: bytes = b""
+
+
+def worker_slots(layout: SlotLayout, buffers: list[Any]) -> list[WorkerSlots]:
+    """The daemon's record of each worker and its slots, over the shared ``buffers`` (``allocate``), all at the
+    worker."""
+    workers = [WorkerSlots(w) for w in range(len(buffers))]
+    for worker, buffer in zip(workers, buffers):
+        worker.slots = [Slot(worker, number, views) for number, views in enumerate(layout.views(buffer))]
+    return workers
 
 
 HELLO, READY, GRANT = b"hello", b"ready", b"grant"

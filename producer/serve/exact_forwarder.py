@@ -31,9 +31,9 @@ from stoker.protocol.batch_codec import with_session
 from stoker.protocol.exact_messages import (Credit, Describe, Goodbye, Hello, Status, Work, decode_trainer_message,
                                             encode_status)
 
-from stoker.producer.serve.batch_slots import GRANT, SlotLayout, SlotState, encode_work, slot_frame
+from stoker.producer.serve.batch_slots import GRANT, Slot, SlotLayout, SlotState, encode_work, slot_frame
 from stoker.producer.serve.forwarder import IN_FLIGHT_POLL_MS, SlotForwarder
-from stoker.producer.serve.policies.serving_policy import Chunk, ExactPolicy
+from stoker.producer.serve.policies.serving_policy import ExactPolicy
 
 log = logging.getLogger("stoker.producer")
 
@@ -51,8 +51,7 @@ class ExactForwarder(SlotForwarder):
         super().__init__(control, out, layout, buffers)
         self.policy = policy
         self._stream = str(policy.key)
-        self.work: dict[tuple[int, int], Chunk] = {}
-        self.idle: deque[tuple[int, int]] = deque()
+        self.idle: deque[Slot] = deque()  # slots at their worker with nothing to make yet
         self.bad_messages = 0
         self.stale_rows = 0  # rows masked at sending: consumed or held since chosen (FixedShardPolicy.take_stale)
         self._last_bad_log = -_WARN_EVERY_S
@@ -87,32 +86,32 @@ class ExactForwarder(SlotForwarder):
 
     # ---- workers ----------------------------------------------------------------------------
 
-    def _grant(self, worker: int, slot: int) -> None:
+    def _grant(self, slot: Slot) -> None:
         """Grant ``slot`` with the next records to make; with nothing to serve it waits in ``idle``."""
-        old = self.work.pop((worker, slot), None)
-        if old is not None and self.state[worker][slot] is SlotState.AT_WORKER:
+        old, slot.work = slot.work, None
+        if old is not None and slot.state is SlotState.AT_WORKER:
             self.policy.on_unsent(old)  # granted to a worker that died before making it
         chunk = self.policy.next_chunk(self.layout.batch_size)
         if chunk is None:
-            if (worker, slot) not in self.idle:
-                self.idle.append((worker, slot))
+            if slot not in self.idle:
+                self.idle.append(slot)
             return
-        routing_id = self._routing_ids[worker]
+        routing_id = slot.worker.routing_id
         try:
-            self.control.send_multipart([routing_id, GRANT, slot_frame(slot), encode_work(chunk.epochs, chunk.indices)],
-                                        flags=zmq.NOBLOCK)
+            self.control.send_multipart([routing_id, GRANT, slot_frame(slot.number),
+                                         encode_work(chunk.epochs, chunk.indices)], flags=zmq.NOBLOCK)
         except zmq.ZMQError:  # that worker is gone or not connected yet: its hello grants again
             self.policy.on_unsent(chunk)
             return
-        self.work[(worker, slot)] = chunk
-        self.granted_to[worker][slot] = routing_id
+        slot.work = chunk
+        slot.granted_to = routing_id
 
     def _grant_idle(self) -> None:
         for _ in range(len(self.idle)):
-            worker, slot = self.idle.popleft()
-            if self.state[worker][slot] is SlotState.AT_WORKER:
-                self._grant(worker, slot)
-            if self.idle and self.idle[-1] == (worker, slot):
+            slot = self.idle.popleft()
+            if slot.state is SlotState.AT_WORKER:
+                self._grant(slot)
+            if self.idle and self.idle[-1] is slot:
                 break  # nothing to serve now
 
     # ---- trainers ---------------------------------------------------------------------------
@@ -199,30 +198,29 @@ class ExactForwarder(SlotForwarder):
         """Send made batches in order, each to its trainer (any with credit, or the one it was made for)."""
         position = 0
         while position < len(self._ready):
-            worker, slot, header = self._ready[position]
-            chunk = self.work.get((worker, slot))
+            slot, header = self._ready[position]
+            chunk = slot.work
             routing_id = self.policy.route(chunk)
             if routing_id is None:
                 position += 1  # its trainer has no credit now; later batches may be another trainer's
                 continue
-            if not self._send_to(routing_id, worker, slot, header):
+            if not self._send_to(routing_id, slot, header):
                 if chunk is not None and chunk.trainer is not None:
                     position += 1  # that trainer's pipe is full; the others' batches go on
                     continue
                 return
             del self._ready[position]
 
-    def _send_to(self, routing_id: bytes, worker: int, slot: int, header: bytes) -> bool:
+    def _send_to(self, routing_id: bytes, slot: Slot, header: bytes) -> bool:
         """Send a made batch to ``routing_id`` (False: its pipe is full or it left; the batch stays ready), or
         give the slot back unsent when nothing of it is wanted any more."""
-        arrays = self.views[worker][slot]
-        chunk = self.work.get((worker, slot))
+        arrays, chunk = slot.views, slot.work
         mask, indices, epochs = arrays["mask"], arrays["index"], arrays["epoch"]
         valid = mask.astype(bool)
         failed = ~valid & (indices >= 0)
         wanted = self.policy.wanted(chunk, epochs, indices, valid)
         if wanted is None:  # an elastic pool's batch whose trainer left or restarted: it hands out its splits afresh
-            self._take_back(worker, slot)
+            self._take_back(slot)
             return True
         stale = valid & ~wanted
         if stale.any():  # consumed or held elsewhere since they were chosen: never served twice
@@ -234,7 +232,7 @@ class ExactForwarder(SlotForwarder):
                      "came back since they were chosen (%d so far)", int(stale.sum()), self.stale_rows)
         if not wanted.any():  # nothing of it left to serve: the slot goes back unsent
             self._settle_failed(epochs, indices, failed)
-            self._take_back(worker, slot)
+            self._take_back(slot)
             return True
         header = with_session(header, stream=self._stream, session=self.policy.trainers.session_of(routing_id))
         frames = [zmq.Frame(arrays[name], copy=False, track=True) for name in self.names]
@@ -251,20 +249,20 @@ class ExactForwarder(SlotForwarder):
             del frames
         self.policy.on_sent(routing_id, epochs[valid].tolist(), indices[valid].tolist(), chunk)
         self._settle_failed(epochs, indices, failed)
-        self.work.pop((worker, slot), None)
-        self.state[worker][slot] = SlotState.IN_FLIGHT
-        self._in_flight.append((worker, slot, tracker))
+        slot.work = None
+        slot.state = SlotState.IN_FLIGHT
+        self._in_flight.append((slot, tracker))
         return True
 
     def _settle_failed(self, epochs: np.ndarray, indices: np.ndarray, failed: np.ndarray) -> None:
         if failed.any():
             self.policy.on_skipped(epochs[failed].tolist(), indices[failed].tolist())
 
-    def _take_back(self, worker: int, slot: int) -> None:
+    def _take_back(self, slot: Slot) -> None:
         """A made batch is not sent: its slot goes back to its worker, with new work if there is any."""
-        self.work.pop((worker, slot), None)
-        self.state[worker][slot] = SlotState.AT_WORKER
-        self._grant(worker, slot)
+        slot.work = None
+        slot.state = SlotState.AT_WORKER
+        self._grant(slot)
 
     @property
     def finished(self) -> bool:

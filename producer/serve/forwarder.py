@@ -26,7 +26,8 @@ from typing import Any
 
 import zmq
 
-from stoker.producer.serve.batch_slots import GRANT, HELLO, READY, SlotLayout, SlotState, parse_slot, slot_frame
+from stoker.producer.serve.batch_slots import (GRANT, HELLO, READY, Slot, SlotLayout, SlotState, WorkerSlots, parse_slot,
+                                               slot_frame, worker_slots)
 
 log = logging.getLogger("stoker.producer")
 
@@ -39,13 +40,12 @@ class SlotForwarder:
 
     def __init__(self, control: zmq.Socket, out: zmq.Socket, layout: SlotLayout, buffers: list[Any]) -> None:
         self.control, self.out, self.layout = control, out, layout
-        self.views = [layout.views(b) for b in buffers]
         self.names = list(layout.names)
-        self.state = [[SlotState.AT_WORKER] * layout.slots for _ in buffers]
-        self.granted_to: list[list[bytes]] = [[b""] * layout.slots for _ in buffers]
-        self._routing_ids: list[bytes] = [b""] * len(buffers)  # written by register_worker, read here
-        self._ready: deque[tuple[int, int, bytes]] = deque()
-        self._in_flight: list[tuple[int, int, zmq.MessageTracker]] = []
+        self.workers: list[WorkerSlots] = worker_slots(layout, buffers)
+        # Each worker's record by the routing id of its current process; both written by register_worker only.
+        self._by_routing_id: dict[bytes, WorkerSlots] = {}
+        self._ready: deque[tuple[Slot, bytes]] = deque()
+        self._in_flight: list[tuple[Slot, zmq.MessageTracker]] = []
         self.ignored_messages = 0
 
     @property
@@ -55,7 +55,10 @@ class SlotForwarder:
 
     def register_worker(self, worker: int, routing_id: bytes) -> None:
         """The worker process started with ``routing_id`` now owns worker slot set ``worker``."""
-        self._routing_ids[worker] = routing_id
+        record = self.workers[worker]
+        old, record.routing_id = record.routing_id, routing_id
+        self._by_routing_id[routing_id] = record
+        self._by_routing_id.pop(old, None)  # a dead process's messages are ignored from now on
 
     def run(self, stop: threading.Event) -> None:
         """Forward until ``stop`` is set. A bad control message is logged and counted; anything else is logged."""
@@ -85,33 +88,32 @@ class SlotForwarder:
 
     def _handle(self, message: list[bytes]) -> None:
         routing_id, body = message[0], message[1:]
-        try:
-            worker = self._routing_ids.index(routing_id)
-        except ValueError:
+        worker = self._by_routing_id.get(routing_id)
+        if worker is None:
             self.ignored_messages += 1  # a worker that died and was replaced: its slots were re-granted
             return
         try:
             if body == [HELLO]:
-                for slot, state in enumerate(self.state[worker]):
-                    if state is SlotState.AT_WORKER and self.granted_to[worker][slot] != routing_id:
-                        self._grant(worker, slot)
+                for slot in worker.slots:
+                    if slot.state is SlotState.AT_WORKER and slot.granted_to != routing_id:
+                        self._grant(slot)
             elif len(body) == 3 and body[0] == READY:
-                slot = parse_slot(body[1], self.layout.slots)
-                if self.state[worker][slot] is not SlotState.AT_WORKER or self.granted_to[worker][slot] != routing_id:
-                    raise ValueError(f"slot {slot} is {self.state[worker][slot].value}, not granted to this worker")
-                self.state[worker][slot] = SlotState.READY
-                self._ready.append((worker, slot, body[2]))
+                slot = worker.slots[parse_slot(body[1], self.layout.slots)]
+                if slot.state is not SlotState.AT_WORKER or slot.granted_to != routing_id:
+                    raise ValueError(f"slot {slot.number} is {slot.state.value}, not granted to this worker")
+                slot.state = SlotState.READY
+                self._ready.append((slot, body[2]))
             else:
                 raise ValueError(f"unknown control message of {len(body)} frames")
         except ValueError as exc:
             self.ignored_messages += 1
-            log.error("worker %d sent a bad control message, ignored: %s", worker, exc)
+            log.error("worker %d sent a bad control message, ignored: %s", worker.number, exc)
 
-    def _send(self, worker: int, slot: int, header: bytes) -> bool:
+    def _send(self, slot: Slot, header: bytes) -> bool:
         """Send a ready slot; False if it cannot go now. Never blocks: a PUSH whose last trainer left between
         the poll and the send would block for ever, and the daemon's shutdown then closed the socket under
         this thread (a libzmq assertion, ``pfd.revents & POLLIN``, seen once in CI)."""
-        frames = [zmq.Frame(self.views[worker][slot][name], copy=False, track=True) for name in self.names]
+        frames = [zmq.Frame(slot.views[name], copy=False, track=True) for name in self.names]
         tracker = zmq.MessageTracker(*frames)
         try:
             self.out.send_multipart([header, *frames], copy=False, flags=zmq.NOBLOCK)
@@ -119,24 +121,24 @@ class SlotForwarder:
             return False  # nothing of it went (a multipart message is taken whole or not at all)
         finally:
             del frames  # our references would keep the trackers pending
-        self.state[worker][slot] = SlotState.IN_FLIGHT
-        self._in_flight.append((worker, slot, tracker))
+        slot.state = SlotState.IN_FLIGHT
+        self._in_flight.append((slot, tracker))
         return True
 
     def _release_sent(self) -> None:
         still = []
-        for worker, slot, tracker in self._in_flight:
+        for slot, tracker in self._in_flight:
             if not tracker.done:
-                still.append((worker, slot, tracker))
+                still.append((slot, tracker))
                 continue
-            self.state[worker][slot] = SlotState.AT_WORKER
-            self._grant(worker, slot)
+            slot.state = SlotState.AT_WORKER
+            self._grant(slot)
         self._in_flight = still
 
-    def _grant(self, worker: int, slot: int) -> None:
-        routing_id = self._routing_ids[worker]
+    def _grant(self, slot: Slot) -> None:
+        routing_id = slot.worker.routing_id
         try:
-            self.control.send_multipart([routing_id, GRANT, slot_frame(slot)], flags=zmq.NOBLOCK)
+            self.control.send_multipart([routing_id, GRANT, slot_frame(slot.number)], flags=zmq.NOBLOCK)
         except zmq.ZMQError:  # EHOSTUNREACH: that process is dead or not connected yet; its hello grants it
             return
-        self.granted_to[worker][slot] = routing_id
+        slot.granted_to = routing_id
