@@ -157,10 +157,10 @@ def test_produce_startup_line_shows_a_one_value_field_as_scalar_not_empty_bracke
 
 
 def test_counts_in_the_producers_lines_take_the_singular_for_one():
-    from stoker.producer.serve.daemon import _count
+    from stoker.producer.serve.logs import counted
 
-    assert [_count(n, "worker") for n in (0, 1, 2)] == ["0 workers", "1 worker", "2 workers"]
-    assert _count(1, "batch", "batches") == "1 batch" and _count(3, "batch", "batches") == "3 batches"
+    assert [counted(n, "worker") for n in (0, 1, 2)] == ["0 workers", "1 worker", "2 workers"]
+    assert counted(1, "batch", "batches") == "1 batch" and counted(3, "batch", "batches") == "3 batches"
 
 
 def test_a_batch_mismatch_names_a_scalar_array_in_words():

@@ -17,7 +17,8 @@ wait for a free one: backpressure. ``run()`` returns after ``stop`` is set
 (SIGTERM/SIGINT in the CLI) with every worker joined, killed if need be, and
 the ipc socket file removed, in well under 2 s.
 
-The status file (``--status-file``) is the channel for programs: its format is status_file.py's docstring.
+Its settings are a ``ProducerConfig`` (producer_config.py, where they are checked and settled). The status
+file (``--status-file``) is the channel for programs: its format is status_file.py's docstring.
 """
 
 from __future__ import annotations
@@ -32,24 +33,25 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Optional
 
 import zmq
 
-from stoker.protocol.batch_codec import with_instance
-from stoker.protocol.curve import CurveServerKeys
+from stoker.protocol.peer_ids import with_instance
 from stoker.protocol.input_state import StreamKey
 from stoker.protocol.metrics_server import MetricsServer
 
 from stoker.producer.serve.batch_slots import SlotLayout, allocate
-from stoker.producer.dataset.sources import RemoteOptions, ShardedDataset, open_dataset
+from stoker.producer.dataset.sources import ShardedDataset, open_dataset
 from stoker.producer.serve.forwarder import SlotForwarder
 from stoker.producer.serve.policies.choice import policy_for
 from stoker.producer.measure.metrics import ProducerCollector
 from stoker.producer.pipeline import load_pipeline
+from stoker.producer.serve.logs import counted
 from stoker.producer.serve.peer_security import HandshakeFailureLog, RefusalLoggingAuthenticator
 from stoker.producer.serve.policies.serving_policy import ServingPolicy
+from stoker.producer.serve.producer_config import ProducerConfig, check_shard_size, settled
 from stoker.producer.serve.sharding import ShardSpec, layout_block
 from stoker.producer.serve.status_file import StatusFile
 from stoker.producer.measure.stage_stats import StageStats, rate_report
@@ -90,61 +92,9 @@ def _bind_advice(bind: str, why: str) -> str:
         return f"cannot bind {bind}: the address has no scheme: write tcp://{bind} (or tcp://*:PORT for every interface)"
     return f"cannot bind {bind}: {why}; pick a free port or another interface (tcp://*:PORT binds all interfaces)"
 
+
 class BindError(RuntimeError):
     """The --bind address cannot be bound; the message says why and what to try."""
-
-
-def _count(n: int, noun: str, plural: str = "") -> str:
-    """``1 worker``, ``2 workers``: a count with its noun, for lines people read (``plural`` where not noun + s)."""
-    return f"{n} {noun if n == 1 else plural or noun + 's'}"
-
-
-def _check_shard_size(config: ProducerConfig, records: int) -> None:
-    """ValueError for a shard of fewer records than workers; a warning saying what the batches hold for one of fewer
-    records than a batch (legal: a small dataset still serves, but not the batches one expects)."""
-    said = f"shard {config.shard} of {config.lmdb_path} holds {_count(records, 'record')}"
-    if records < config.workers:
-        raise ValueError(f"{said}, fewer than --workers {config.workers}")
-    if records < config.batch_size and not config.exact:  # each worker's record stream runs on from epoch to epoch
-        log.warning("%s, fewer than --batch-size %d: each batch runs over %d epochs or more, so it holds records more "
-                    "than once (in train mode each time augmented anew)", said, config.batch_size,
-                    -(-config.batch_size // records))
-    elif records < config.batch_size:  # EPOCHS_AHEAD (policies/fixed_shards, split_scheduler): 2 epochs open at most
-        log.warning("%s, fewer than --batch-size %d: exact mode sends a record once per epoch, so a batch carries at "
-                    "most %s and trainers cut its other rows off as padding (smaller steps)", said,
-                    config.batch_size, _count(records * min(config.epochs or 2, 2), "sample"))
-
-
-@dataclass(frozen=True)
-class ProducerConfig:
-    """Settings of one producer daemon (the flags of ``stoker produce``)."""
-
-    lmdb_path: str
-    bind: str = "tcp://*:5555"
-    workers: int = 1
-    batch_size: int = 64
-    image_size: int = 224
-    mode: str = "train"
-    pipeline: str = "imagenet"
-    pipeline_args: tuple[tuple[str, str], ...] = ()
-    shard: ShardSpec = ShardSpec()
-    seed: Optional[int] = None
-    sndhwm: int = 2
-    log_interval: float = 10.0
-    producer_id: Optional[str] = None
-    curve: Optional[CurveServerKeys] = None
-    metrics_port: Optional[int] = None
-    log_format: str = "text"
-    repeat_batches: int = 0
-    fast_dct: bool = False
-    exact: bool = False
-    epochs: Optional[int] = None
-    trainer_timeout: float = 10.0
-    min_trainers: int = 1
-    status_file: Optional[str] = None  # JSON lines for programs (module docstring); None: none
-    remote: RemoteOptions = RemoteOptions()  # a dataset in object storage: cache, credentials' options, retries
-    shuffle_window: int = 1  # a pool on a sharded dataset: shards per shuffle window (``epoch_order``; 0: flat)
-    shard_affinity: bool = True  # tell trainers which shards this host caches, so they hand it their splits
 
 
 class ProducerDaemon:
@@ -155,27 +105,7 @@ class ProducerDaemon:
     """
 
     def __init__(self, config: ProducerConfig, cancel: Optional[threading.Event] = None) -> None:
-        if config.mode not in ("train", "eval"):
-            raise ValueError(f"--mode must be train or eval, got {config.mode!r}")
-        if config.workers < 1 or config.batch_size < 1 or config.image_size < 8:
-            raise ValueError("--workers and --batch-size must be >= 1 and --image-size >= 8")
-        if config.epochs is not None and config.epochs < 1:
-            raise ValueError(f"--epochs must be >= 1, got {config.epochs}")
-        if config.epochs is not None and not config.exact:
-            config = replace(config, exact=True)  # a finite run is exact: it ends when every record is consumed
-        if config.shard.auto:
-            if config.min_trainers > 1:
-                raise ValueError("--min-trainers does not apply to --shard auto: each trainer hands out its own splits")
-            if config.repeat_batches:
-                raise ValueError("--repeat-batches is a benchmark of the plain mode; it does not combine with --shard auto")
-            # The trainers hand out the splits over exact mode's control channel, and every producer of the pool
-            # must order an epoch alike: the same seed (0 unless given).
-            config = replace(config, exact=True, seed=config.seed if config.seed is not None else 0)
-        if config.min_trainers > 1 and not config.exact:
-            raise ValueError("--min-trainers needs exact mode (--exact or --epochs N): plain producers do not know "
-                             "their trainers")
-        if config.repeat_batches and config.exact:
-            raise ValueError("--repeat-batches is a benchmark of the plain mode; it does not combine with --exact")
+        config = settled(config)  # ValueError for flags that do not combine, before anything is opened
         self.config = config
         self.pipeline_standard = (("mode", config.mode), ("image_size", config.image_size),
                                   ("fast_dct", config.fast_dct))
@@ -194,7 +124,7 @@ class ProducerDaemon:
         self.stream = StreamKey(config.shard.index, config.shard.count, self.meta.count, self.seed,
                                 splits=config.shard.auto, block=block, window=max(1, config.shuffle_window))
         self.records = self.stream.size  # the shard's (a pool's: the dataset's)
-        _check_shard_size(config, self.records)
+        check_shard_size(config, self.records)
         self.status = StatusFile(config.status_file)
         self._ctx = zmq.Context()
         # Exact mode: a ROUTER, so each batch goes to one trainer with credit and we know which.
@@ -303,12 +233,12 @@ class ProducerDaemon:
     def _announce(self, metrics: Optional[MetricsServer], policy: ServingPolicy) -> None:
         """Bound, workers started: the "serving" log line for people, then the status line for programs."""
         cfg = self.config
-        exact = "plain" if not cfg.exact else f"exact, {_count(cfg.epochs, 'epoch')}" if cfg.epochs else "exact, endless"
+        exact = "plain" if not cfg.exact else f"exact, {counted(cfg.epochs, 'epoch')}" if cfg.epochs else "exact, endless"
         log.info(
             "serving %s on %s: %s in shard %s of %d, pipeline %s (%s mode): batches of %d x {%s}, "
             "%s, seed %d, %s (stream %s), producer_id=%s",
-            cfg.lmdb_path, self.endpoint, _count(self.records, "record"), cfg.shard, self.meta.count,
-            self.pipeline.name, cfg.mode, cfg.batch_size, self.pipeline.describe(), _count(cfg.workers, "worker"),
+            cfg.lmdb_path, self.endpoint, counted(self.records, "record"), cfg.shard, self.meta.count,
+            self.pipeline.name, cfg.mode, cfg.batch_size, self.pipeline.describe(), counted(cfg.workers, "worker"),
             self.seed, exact, self.stream, self.producer_id,
         )
         self.status.write("serving", endpoint=self.endpoint, producer_id=self.producer_id,
@@ -325,7 +255,7 @@ class ProducerDaemon:
         while not stop.wait(min(0.5, cfg.log_interval)):
             self.handshakes.drain()
             if forwarder.finished:
-                log.info("finished: %s of shard %s consumed; %s", _count(cfg.epochs, "exact epoch"), cfg.shard,
+                log.info("finished: %s of shard %s consumed; %s", counted(cfg.epochs, "exact epoch"), cfg.shard,
                          policy.summary())
                 time.sleep(0.5)  # the forwarder's last status reaches the trainers
                 self._out.setsockopt(zmq.LINGER, 1000)
@@ -356,8 +286,8 @@ class ProducerDaemon:
         totals = self.stats.totals()
         batches, images, skipped = (int(totals[k]) for k in ("batches", "images", "skipped"))
         trainers = policy.trainer_counts()
-        log.info("stopped: %s, %s sent, %s skipped, %s%s", _count(batches, "batch", "batches"),
-                 _count(images, "image"), _count(skipped, "record"), _count(restarts, "worker restart"),
+        log.info("stopped: %s, %s sent, %s skipped, %s%s", counted(batches, "batch", "batches"),
+                 counted(images, "image"), counted(skipped, "record"), counted(restarts, "worker restart"),
                  "".join(f", {k}={v}" for k, v in trainers.items()))
         self.status.write("stopped", batches=batches, images=images, skipped=skipped, restarts=restarts,
                           **trainers, **({"error": failure} if failure else {}))

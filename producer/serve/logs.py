@@ -1,4 +1,5 @@
-"""Log set-up shared by the CLI and producer workers: one line per event, text or JSON.
+"""Log set-up shared by the CLI and producer workers: one line per event, text or JSON; and ``counted``, for
+the counts in lines people read.
 
 text: ``2026-01-01 12:00:00,000 INFO stoker.producer: images_per_s=812.3 ...``
 json: ``{"ts": "...", "level": "INFO", "logger": "stoker.producer", "msg": "...", "images_per_s": 812.3}``
@@ -43,3 +44,8 @@ def configure_logging(level: int = logging.INFO, fmt: str = "text") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+
+
+def counted(n: int, noun: str, plural: str = "") -> str:
+    """``1 worker``, ``2 workers``: a count with its noun, for lines people read (``plural`` where not noun + s)."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"

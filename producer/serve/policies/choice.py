@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 from stoker.protocol.input_state import StreamKey
 
@@ -15,11 +15,12 @@ from stoker.producer.serve.policies.fixed_shards import FixedShardPolicy
 from stoker.producer.serve.policies.plain import PlainPolicy
 from stoker.producer.serve.policies.pool import PoolPolicy, ShardCacheView
 from stoker.producer.serve.policies.serving_policy import ServingPolicy
+from stoker.producer.serve.producer_config import ProducerConfig
 
 
-def policy_for(config: Any, stream: StreamKey, producer_id: str, spec: list[tuple[str, str, list[int]]],
+def policy_for(config: ProducerConfig, stream: StreamKey, producer_id: str, spec: list[tuple[str, str, list[int]]],
                cache: Optional[ShardCacheView] = None, storage: Callable[[], str] = lambda: "") -> ServingPolicy:
-    """The serving policy for a daemon's settings (a settled ``ProducerConfig``: ``exact`` already set for
+    """The serving policy for a daemon's settled settings (``settled(config)``: ``exact`` already set for
     ``--epochs`` and ``--shard auto``). ``stream``: what it serves; ``spec``: its batches' arrays, said in
     statuses; ``cache``: a sharded dataset's cache (a pool says what it holds); ``storage``: what its workers
     wait on object storage for."""
