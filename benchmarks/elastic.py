@@ -48,7 +48,8 @@ from harness import (add_out_argument, benchmark_parser, launch_producer, produc
 from stoker.consumer.numpy.batch_stream import BatchStream
 from stoker.consumer.receive.coverage import coverage_text
 from stoker.consumer.exact.control_plane import pool_scheduler
-from stoker.producer.process import ProducerProcess, Throttle
+from stoker.producer.process import ProducerProcess
+from stoker.producer.throttle import Throttle
 from stoker.producer.dataset.build.synthetic import build_synthetic
 
 
@@ -171,7 +172,7 @@ class Tally:
 
 def _scheduler(stream: Any) -> Any:
     """The split scheduler behind an exact BatchStream of an elastic pool (None until a pool producer reported)."""
-    return pool_scheduler(stream._core.receiver.transport)
+    return pool_scheduler(stream._core.receiver.control_plane)
 
 
 def _completed(stream: Any) -> int:

@@ -116,6 +116,12 @@ class StreamKey:
             raise ValueError(f"stream key {text!r} names an invalid shard")
         return cls(index, count, records, seed, block=block, window=window)
 
+    @staticmethod
+    def names_pool(text: str) -> bool:
+        """Whether stream key ``text`` names an elastic pool (``parse(text).splits``), without parsing it: a
+        trainer asks this of every batch's stream. False for "" (not known yet) and for a fixed shard's key."""
+        return text.startswith("splits:")
+
     def __str__(self) -> str:
         layout = f":{self.block}x{self.window}" if self.block else ""
         if self.splits:

@@ -155,7 +155,7 @@ def test_an_exact_consumer_that_stops_taking_batches_keeps_its_connection(tmp_pa
         with BatchStream([producer.endpoint], exact=True, recv_timeout=60, queue_capacity=1) as stream:
             next(stream)
             time.sleep(8)  # the step is slow: nothing is taken, the producer's batches back up
-            links = stream._core.receiver.transport.live_links()
+            links = stream._core.receiver.control_plane.live_links()
             assert [link.handshakes for link in links] == [1], "the connection was dropped while the consumer paused"
             for _ in range(3):
                 next(stream)

@@ -13,7 +13,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from stoker.consumer.exact.direct_dealer import DirectDealer
 from stoker.consumer.exact.links import LibzmqDealer
-from stoker.consumer.exact.control_plane import ExactTransport
+from stoker.consumer.exact.control_plane import ExactControlPlane
 from stoker.consumer.exact.ledger import ConsumedLedger
 from stoker.consumer.receive.contract import aligned_empty
 from stoker.protocol import DecodeLimits
@@ -24,7 +24,7 @@ from stoker.protocol.input_state import InputState
 LINKS = ("libzmq", "direct")
 
 
-def _transport(ctx: zmq.Context, address: str, links: str) -> ExactTransport:
+def _transport(ctx: zmq.Context, address: str, links: str) -> ExactControlPlane:
     limits = DecodeLimits()
     if links == "direct":
         def connect(a: str):  # type: ignore[no-untyped-def]
@@ -32,7 +32,7 @@ def _transport(ctx: zmq.Context, address: str, links: str) -> ExactTransport:
     else:
         def connect(a: str):  # type: ignore[no-untyped-def]
             return LibzmqDealer(ctx, a, [(zmq.LINGER, 0)], limits)
-    return ExactTransport(connect, [address], ConsumedLedger("t0", InputState()), credit=4)
+    return ExactControlPlane(connect, [address], ConsumedLedger("t0", InputState()), credit=4)
 
 
 def _router(ctx: zmq.Context) -> tuple[zmq.Socket, str]:
@@ -48,7 +48,7 @@ def _wait_for_handshake(monitor: zmq.Socket) -> None:
             return
 
 
-def _next_describe(router: zmq.Socket, transport: ExactTransport) -> bytes:
+def _next_describe(router: zmq.Socket, transport: ExactControlPlane) -> bytes:
     """Drive the transport (as ZMQInput's thread does) until the router receives a describe."""
     for _ in range(1000):  # each round waits up to 20 ms for the router
         transport.watch()
@@ -80,7 +80,7 @@ def test_a_handshake_finished_before_the_trainer_looks_is_seen_and_an_unanswered
         ctx.term()
 
 
-def _next_message(router: zmq.Socket, transport: ExactTransport, kind: type):
+def _next_message(router: zmq.Socket, transport: ExactControlPlane, kind: type):
     for _ in range(1000):
         transport.watch()
         transport.flush()

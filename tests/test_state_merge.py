@@ -108,7 +108,7 @@ def test_new_ranks_take_the_old_ranks_ids_and_new_ones_get_their_own():
 def test_a_ledger_saves_its_share_and_how_it_cut_pool_epochs():
     ledger = ConsumedLedger.start(None, "me", (1, 3))
     with ledger.lock:
-        ledger.state.progress(POOL)
+        ledger.pool_progress(POOL)
         ledger.note_split(POOL, 8)
     saved = parse_state(ledger.save_state())
     assert (saved.trainer, saved.share, saved.splits, saved.trainers) == ("me", (1, 3), {POOL: 8}, None)

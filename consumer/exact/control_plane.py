@@ -3,11 +3,11 @@
 Owned by the input's receive thread, whatever the facade (links are not thread-safe, ``links``), except
 ``record_consumed``, which steps call (from ``get()`` and the dataset) under the ledger's
 lock. The consumed records and the trainer id belong to the ``ConsumedLedger`` (``ledger``),
-which the facades save and restore; this transport reads and marks it under that lock.
+which the facades save and restore; this control plane reads it and asks the ledger to mark it, under that lock.
 What it knows of each producer is one ``KnownProducer`` record (``producers``, by number), kept
 with its link by ``ProducerLinks``, which also sends credit, reports and heartbeats.
 
-- Before ``activate()`` the transport only asks producers to ``describe``
+- Before ``activate()`` the control plane only asks producers to ``describe``
   themselves (status and batch spec) and receives nothing: a checkpoint's state can
   still be restored. After it, every new connection (a producer started or
   restarted) gets a ``hello`` with a fresh session, this trainer's whole input
@@ -19,8 +19,8 @@ with its link by ``ProducerLinks``, which also sends credit, reports and heartbe
   heartbeat goes every 0.5 s without other traffic, also while the queue is
   full, so a slow step is never taken for dead.
 - An elastic pool (producers ``--shard auto``) is handed out by this trainer (``pool_work``): its
-  scheduler is made when the first pool producer reports, from what ``configure_pool(spec)`` and
-  the constructor gave; a pool producer that reports before ``configure_pool`` joins then.
+  scheduler is made when the first pool producer reports, from what ``configure(spec)`` and
+  the constructor gave; a pool producer that reports before ``configure`` joins then.
 - ``finished`` once every producer said it finished its epochs (a pool: once its epochs are consumed).
 - ``close()`` says goodbye to each producer it has a session with (if its status says it takes one),
   after the last steps' records: the producer serves what this trainer held to the others at once and
@@ -40,7 +40,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from stoker.protocol.batch_codec import Batch
+from stoker.protocol.batch_header import Batch
 from stoker.protocol.exact_messages import Hello, Status, decode_status, encode_describe, encode_hello
 from stoker.protocol.batch_spec import BatchSpec
 from stoker.protocol.input_state import StreamKey, rows_by_epoch
@@ -48,7 +48,7 @@ from stoker.protocol.input_state import StreamKey, rows_by_epoch
 from stoker.consumer.exact.ledger import ConsumedLedger
 
 from stoker.consumer.exact.links import Link
-from stoker.consumer.exact.pool.pool_work import PoolWork, pool_stream, serves_pool
+from stoker.consumer.exact.pool.pool_work import PoolWork, serves_pool
 from stoker.consumer.exact.producers import KnownProducer, ProducerLinks
 from stoker.consumer.exact.shard_stalls import ShardStallWatch, open_epochs, shard_waiting
 from stoker.consumer.exact.pool.split_plan import SchedulerPlan
@@ -57,14 +57,14 @@ from stoker.consumer.receive.options import STALL_AFTER_S, STALL_LIMIT_S
 
 log = logging.getLogger("stoker.consumer")
 
-__all__ = ["ExactTransport"]
+__all__ = ["ExactControlPlane"]
 
 DESCRIBE_RETRY_S = 1.0
 _STALL_CHECK_S = 0.25
 _PAUSE_S = 1.0  # a gap this long between two stall checks: the trainer itself was paused
 
 
-class ExactTransport:
+class ExactControlPlane:
     """See the module doc. ``connect(address)`` makes a producer's link (ValueError for a bad address); ``credit``:
     batches each producer may send ahead; ``share``: ``(rank, world)``, this trainer's splits of an elastic pool;
     ``stall_after`` / ``stall_limit``: seconds before a producer that sends nothing is named / fails the input."""
@@ -74,7 +74,7 @@ class ExactTransport:
                  stall_limit: Optional[float] = STALL_LIMIT_S) -> None:
         self.ledger, self.credit, self.share, self.stall_after = ledger, credit, share, stall_after
         ledger.attach(self.record_consumed)
-        self._lock = ledger.lock  # one lock for the ledger's records and what this transport derives from them
+        self._lock = ledger.lock  # one lock for the ledger's records and what this control plane derives from them
         self.links = links = ProducerLinks(connect, credit, self._lock)
         #: by producer number (``stoker_source``), which stays its own after it leaves the pool
         self.producers: list[KnownProducer] = links.producers
@@ -88,6 +88,7 @@ class ExactTransport:
         self._turn = 0  # reads so far (each producer's ``read_turn``)
         self._plan: Optional[SchedulerPlan] = None  # an elastic pool's scheduler, all but the dataset
         self._spec: Optional[BatchSpec] = None
+        self._mask_at = -1  # where the spec (``configure``) has its mask
         self._pool: Optional[PoolWork] = None  # made when the first pool producer reports
         self._warned_share = False
         self._shard_stalls = ShardStallWatch(stall_after, stall_limit)
@@ -109,12 +110,14 @@ class ExactTransport:
             self._leave_pool(i)
         return i
 
-    def configure_pool(self, spec: BatchSpec) -> None:
-        """The batches an elastic pool's producers must make: splits are whole batches of ``spec``, and a pool
-        producer describing others gets no work. Once, when the spec is known and before batches are received;
+    def configure(self, spec: BatchSpec) -> None:
+        """The batches this trainer takes (``admit`` cuts their mask) and an elastic pool's producers must make:
+        splits are whole batches of ``spec``, and a pool producer describing others gets no work. Once, when the
+        spec is known and before batches are received;
         with the constructor's ``credit``, ``share`` and ``stall_after`` it is all a pool's scheduler is made from."""
         self._plan = SchedulerPlan(spec.batch_size, self.credit, self.share, self.stall_after)
         self._spec = spec
+        self._mask_at = [a.name for a in spec.arrays].index("mask")  # the column ``admit`` cuts
         for i in self.live():  # a pool producer that reported before this joins now
             status = self.producers[i].status
             if status is not None and serves_pool(status, self.producers[i].session):
@@ -131,7 +134,7 @@ class ExactTransport:
         with self._lock:
             p = self.producers[source]
             if p.stream:
-                self.ledger.state.mark(p.stream, epochs, indices)
+                self.ledger.mark(p.stream, epochs, indices)
             held = p.held
             for e, of_epoch in rows_by_epoch(epochs):
                 held[e].difference_update(indices[of_epoch].tolist())
@@ -221,8 +224,7 @@ class ExactTransport:
         p.heard_at = time.monotonic()
         body, nbytes = message
         status = decode_status(body)  # ProtocolError propagates: counted as a rejected message
-        self.control[2] += 1
-        self.control[3] += nbytes
+        self.control.count_received(nbytes)
         p.status = status
         if self.active and status.stranger and p.session > 0:
             # It answers credit or work of ours with "who are you": it dropped this trainer (silent past its
@@ -234,29 +236,45 @@ class ExactTransport:
             with self._lock:
                 p.stream = status.stream
                 if status.session == p.session and status.session:
-                    self.ledger.note_stream(status.stream)
-                    if status.stream in self.ledger.state.streams:  # epochs every trainer consumed: their bitmaps
-                        self.ledger.state.streams[status.stream].advance(status.completed)  # go, the state stays small
+                    self.ledger.note_stream(status.stream, status.completed)
         if serves_pool(status, p.session):
             self._join_pool(i, status)
-        elif status.stream and not pool_stream(status.stream) and self.share[1] > 1 and not self._warned_share:
+        elif status.stream and not StreamKey.names_pool(status.stream) and self.share[1] > 1 and not self._warned_share:
             self._warned_share = True
             log.warning("share %d/%d applies to elastic pools (producers --shard auto); producer %s serves the "
                         "fixed shard %s, so this trainer takes what its credit earns (the share only names this "
                         "trainer among its job's for a merged state)", *self.share, status.producer, status.stream)
         return None
 
-    def accept(self, i: int, stream: str, session: int) -> bool:
-        """Whether a batch sent under ``session`` counts (not one of an older session, or before any hello)."""
+    def admit(self, i: int, batch: Batch, check: Callable[[Batch], list[np.ndarray]]) -> Optional[list[np.ndarray]]:
+        """The one question the receiver asks of a batch from producer ``i``: its arrays to queue (``check``'s, the
+        batch held to the spec), the mask cut to the rows this trainer keeps (of an elastic pool, its share's
+        records that arrive first: the others are cut off like padding); None if nothing of it is queued: sent
+        under an older session (its records are served again), or nothing new of a pool (its credit comes back).
+        ProtocolError from ``check`` propagates (then ``rejected``). ``queued`` once the sink took it."""
+        header = batch.header
         p = self.producers[i]
-        if session != p.session or session == 0:
+        if header.session != p.session or header.session == 0:
             self.stale_batches += 1
-            return False
+            return None
         p.batch_at = time.monotonic()
+        stream = header.stream
         if stream and stream != p.stream:
             with self._lock:
                 p.stream = stream
-        return True
+        arrays = check(batch)
+        if not StreamKey.names_pool(stream):
+            return arrays
+        keep = self._pool.arrived(i, stream, batch["epoch"], batch["index"], batch["mask"]) \
+            if self._pool is not None else np.zeros(len(batch["index"]), bool)  # a pool not ours: nothing is asked
+        if not keep.any():
+            self.links.give_back(i)
+            return None
+        if self.owned(i):
+            arrays[self._mask_at][...] = keep
+        else:  # libzmq's frames are read-only
+            batch.arrays["mask"] = arrays[self._mask_at] = keep
+        return arrays
 
     def queued(self, i: int, epochs: np.ndarray, indices: np.ndarray, mask: np.ndarray) -> None:
         """A batch from producer ``i`` entered the queue: its records are held here; one credit back."""
@@ -274,20 +292,16 @@ class ExactTransport:
         if self._pool is not None and i in self._pool.pooled:
             self._hello(i)
 
-    def dropped(self, i: int) -> None:
-        """A batch from producer ``i`` was not queued (nothing new in it): its credit comes back."""
-        self.links.give_back(i)
-
     # ---- an elastic pool ---------------------------------------------------------------------
 
     def _join_pool(self, i: int, status: Status) -> None:
         """Producer ``i`` serves an elastic pool: hand it splits (the first such producer defines the pool)."""
         if self._plan is None:
-            return  # configure_pool() joins it
+            return  # configure() joins it
         if self._pool is None:
             with self._lock:
                 scheduler = self._plan.scheduler(StreamKey.parse(status.stream),
-                                                 self.ledger.state.progress(status.stream), status.epochs)
+                                                 self.ledger.pool_progress(status.stream), status.epochs)
                 self.ledger.note_split(status.stream, scheduler.split)
                 self._pool = PoolWork(scheduler, self._spec, self.producers, self._lock, self.links.send,
                                       self._restart)
@@ -296,15 +310,6 @@ class ExactTransport:
     def _leave_pool(self, i: int) -> None:
         if self._pool is not None:
             self._pool.leave(i)
-
-    def arrived(self, i: int, stream: str, epochs: np.ndarray, indices: np.ndarray,
-                mask: np.ndarray) -> Optional[np.ndarray]:
-        """An elastic pool's batch: the rows to keep (new records of this trainer's share); None for fixed shards."""
-        if not stream.startswith("splits:"):
-            return None
-        if self._pool is None:
-            return np.zeros(len(indices), bool)  # no pool of this trainer's: nothing of it is asked for
-        return self._pool.arrived(i, stream, epochs, indices, mask)
 
     def queue_full(self) -> None:
         """The trainer's queue is full: producers wait for credit, which is not a stall of theirs."""
@@ -365,8 +370,8 @@ class ExactTransport:
         self.links.close(0.5 if self.active else 0.0, goodbye=self.active)
 
 
-def pool_scheduler(transport: ExactTransport) -> Optional[SplitScheduler]:
+def pool_scheduler(control_plane: ExactControlPlane) -> Optional[SplitScheduler]:
     """An elastic pool's split scheduler once its first producer reported (None: fixed shards, or not yet), for
     what benchmarks and tests read of it (progress, the stall bound)."""
-    return transport._pool.scheduler if transport._pool is not None else None
+    return control_plane._pool.scheduler if control_plane._pool is not None else None
 

@@ -4,12 +4,12 @@ A thread per producer connects (again every 0.1-1 s while refused, and after a d
 READY as a DEALER, then reads each message: a producer's status, or a batch held to the
 trainer's spec by its header and read straight into ``empty()`` memory, as plain direct
 receive does (``read_message``), so TensorFlow takes it without a copy. Messages wait in an
-inbox for the transport's thread (``receive``); a pipe is readable while any do, so one
+inbox for the control plane's thread (``receive``); a pipe is readable while any do, so one
 ``zmq.Poller`` waits on every link. The inbox is bounded: at ``batch_room`` batches (credit
 keeps an honest producer below it) or ``status_room`` other messages (statuses, errors) the
 thread stops reading, and TCP holds the producer back. A bad message is handed over as its ProtocolError (counted; in a
 pool the producer starts afresh); a stream that cannot be followed is dropped and connected
-again, and every new connection counts as a handshake (the transport says hello on it).
+again, and every new connection counts as a handshake (the control plane says hello on it).
 ``send`` never waits (``ZMTPConnection.send``); ``close`` gives queued messages ``linger_ms``
 to leave and stops the thread, which ``join`` waits for (it is gone within about ``poll_s``).
 """
@@ -24,7 +24,7 @@ from collections import deque
 from typing import Callable, Optional
 
 from stoker.protocol import DecodeLimits, ProtocolError
-from stoker.protocol.batch_codec import Batch
+from stoker.protocol.batch_header import Batch
 from stoker.protocol.batch_spec import BatchSpec
 
 from stoker.consumer.receive.options import tcp_address
@@ -62,7 +62,7 @@ class DirectDealer:
         self._thread = threading.Thread(target=self._run, name=f"stoker-exact-{address}", daemon=True)
         self._thread.start()
 
-    # ---- for the transport's thread ---------------------------------------------------------------
+    # ---- for the control plane's thread ---------------------------------------------------------------
 
     @property
     def pollable(self) -> int:
@@ -153,7 +153,7 @@ class DirectDealer:
                 backoff = self._poll_s if delivered else min(MAX_BACKOFF_S, backoff * 2)
                 if self._stop.wait(backoff):
                     return
-        finally:  # the transport no longer polls a closed link: nothing reads or writes the pipe after this
+        finally:  # the control plane no longer polls a closed link: nothing reads or writes the pipe after this
             os.close(self._ready)
             os.close(self._ready_w)
 

@@ -3,8 +3,10 @@
 ``ConsumedLedger`` is what ``save_state()`` packs and ``restore_state()`` / ``resume_state=`` load (the
 bytes are ``state.pack_state``'s), for every facade alike, and the one exact-mode object a facade talks
 to: ``activate()`` before the first batch is taken, ``consumed(...)`` as a step takes one. The control
-plane (``ExactTransport``) attaches itself: it reads the ledger when it says hello (the trainer id, the
-records consumed), marks records in it as steps consume them, and is active once ``started``. No
+plane (``ExactControlPlane``) attaches itself: it reads the ledger when it says hello (the trainer id, the
+records consumed), asks it to mark records as steps consume them (``mark``) and to drop epochs every trainer
+consumed (``note_stream``), and is active once ``started``. The ledger is the one writer of the state: only an
+elastic pool's scheduler completes epochs in the progress lent to it (``pool_progress``). No
 facade holds a copy of the trainer id. The ledger also owns the one column exact mode adds to each
 queued batch, ``stoker_source`` (which producer a batch came from, to report its records there):
 ``with_source`` gives the queue's spec, ``source_column`` makes it, ``source_of`` reads it back.
@@ -19,9 +21,9 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from stoker.protocol.batch_codec import is_valid_id
+from stoker.protocol.peer_ids import is_valid_id
 from stoker.protocol.batch_spec import BatchSpec
-from stoker.protocol.input_state import InputState, StreamProgress
+from stoker.protocol.input_state import InputState, StreamKey, StreamProgress
 
 from stoker.consumer.exact.state import SavedState, pack_state, parse_state
 from stoker.consumer.exact.state import state_for_share
@@ -98,12 +100,22 @@ class ConsumedLedger:
         with self.lock:
             return min((_whole_epochs(p) for p in self._state.streams.values()), default=0)
 
-    def note_stream(self, stream: str) -> None:
-        """A producer of ours serves ``stream``. A fixed shard is named in the state from now on, even before a
+    def note_stream(self, stream: str, completed: int) -> None:
+        """A producer of ours serves ``stream`` and says every trainer consumed its epochs before ``completed``:
+        their bitmaps go, so the state stays small. A fixed shard is named in the state from now on, even before a
         record of it is consumed: a job state of fixed shards must not shrink (``state.state_for_share``), and only
         the state says it reads fixed shards. The caller holds ``lock``."""
-        if not stream.startswith("splits:"):
+        if not StreamKey.names_pool(stream):
             self._state.progress(stream)
+        progress = self._state.streams.get(stream)
+        if progress is not None:
+            progress.advance(completed)
+
+    def pool_progress(self, stream: str) -> StreamProgress:
+        """Elastic pool ``stream``'s progress (named in the state from now on), lent to the pool's scheduler: it
+        completes in it the epochs whose records of this trainer's share are all consumed (or failed), the one
+        write the ledger leaves to another. The caller holds ``lock`` (the control plane, making the scheduler)."""
+        return self._state.progress(stream)
 
     def note_split(self, stream: str, split: int) -> None:
         """Elastic pool ``stream``'s epochs are cut in splits of ``split`` records (saved: merging needs it).
@@ -111,9 +123,9 @@ class ConsumedLedger:
         self._splits[stream] = split
 
     def mark(self, stream: str, epochs: np.ndarray, indices: np.ndarray) -> None:
-        """These records of ``stream`` were consumed by a step."""
-        with self.lock:
-            self._state.mark(stream, epochs, indices)
+        """These records of ``stream`` were consumed by a step. The caller holds ``lock`` (the control plane, as a
+        step reports them)."""
+        self._state.mark(stream, epochs, indices)
 
     def saved(self) -> SavedState:
         """What a checkpoint saves: the id, a copy of the records, the share and how pool epochs were cut."""

@@ -1,7 +1,7 @@
-"""Exact mode's connection to one producer, over libzmq or over our own ZMTP: what ``ExactTransport`` uses.
+"""Exact mode's connection to one producer, over libzmq or over our own ZMTP: what ``ExactControlPlane`` uses.
 
 A *link* is a DEALER peer of one producer's ROUTER: it connects (again after a drop),
-counts handshakes (each is a new connection, which the transport greets with a hello),
+counts handshakes (each is a new connection, which the control plane greets with a hello),
 explains failed ones, sends single-frame control messages without waiting, and hands
 over each message that arrived: a producer's status (its map) or a batch. Two kinds:
 
@@ -10,7 +10,7 @@ over each message that arrived: a producer's status (its map) or a batch. Two ki
 - ``DirectDealer`` (``direct_dealer``): our ZMTP on a thread of its own, reading each batch
   straight into memory the sink then owns (no copy).
 
-Both are polled by one ``zmq.Poller`` (``pollable``), used by one thread (the transport's),
+Both are polled by one ``zmq.Poller`` (``pollable``), used by one thread (the control plane's),
 except that a ``DirectDealer`` reads on its own thread.
 """
 
@@ -21,7 +21,7 @@ from typing import Any, Optional, Protocol, Sequence
 import zmq
 
 from stoker.protocol import DecodeLimits, ProtocolError, decode_batch
-from stoker.protocol.batch_codec import Batch
+from stoker.protocol.batch_header import Batch
 from stoker.protocol.curve import CurveClientKeys
 from stoker.protocol.exact_messages import unpack_producer_frame
 
@@ -33,7 +33,7 @@ class Link(Protocol):
     """One producer's connection in exact mode; see the module doc."""
 
     address: str
-    #: batches come in memory the sink may own (``put(owned=True)``), not as views of a transport's frames
+    #: batches come in memory the sink may own (``put(owned=True)``), not as views of libzmq's frames
     owned: bool
     handshakes: int
     #: failed handshakes, mode-mismatch refusals (one side runs exact mode, the other not), re-connects
@@ -48,7 +48,7 @@ class Link(Protocol):
         """What a ``zmq.Poller`` waits on: readable while a message waits for ``receive``."""
 
     def watch(self) -> bool:
-        """Handle connection events (the transport's thread, every turn); True if anything changed."""
+        """Handle connection events (the control plane's thread, every turn); True if anything changed."""
 
     def send(self, frame: bytes) -> bool:
         """Queue one control message without waiting; False if not connected (the next connection says hello)."""

@@ -9,8 +9,8 @@
   least recently read first), and what goes back to them besides hellos: credit, consumed records,
   heartbeats (``control_plane``'s doc says when), and a goodbye when the trainer's input closes.
 
-The transport's thread owns both; ``stream``, ``held`` and ``reports`` are also touched by the
-steps (``ExactTransport.record_consumed``), so those are read and written under the transport's lock.
+The control plane's thread owns both; ``stream``, ``held`` and ``reports`` are also touched by the
+steps (``ExactControlPlane.record_consumed``), so those are read and written under the control plane's lock.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import numpy as np
@@ -58,7 +59,7 @@ class KnownProducer:
         self.described_at = float("-inf")  # a describe request went out (before activation)
         self.heard_at = now  # any message (batch or status) from it
         self.batch_at = now  # a batch of the current session, or the hello that began it
-        self.read_turn = 0  # the transport's read count when it was last read: ``poll`` serves the oldest first
+        self.read_turn = 0  # the control plane's read count when it was last read: ``poll`` serves the oldest first
 
     def name(self) -> str:
         """The producer as a person finds it: its id (from its status) and the address we connect to."""
@@ -70,11 +71,35 @@ class KnownProducer:
         what += f", session {self.session}" if self.session else ", no hello yet"
         return what + f", last batch {now - self.batch_at:.1f} s ago, last message {now - self.heard_at:.1f} s ago"
 
+    def not_waited_on(self, now: float) -> None:
+        """The trainer does not wait on it now (no session, a pool's, finished, idle...: ``shard_stalls``): its
+        silence counts from when it waits again."""
+        self.batch_at = now
+
     def held_records(self) -> dict[str, Records]:
-        """What a hello tells it this trainer holds of it (under the transport's lock)."""
+        """What a hello tells it this trainer holds of it (under the control plane's lock)."""
         if not self.stream:
             return {}
         return {self.stream: [(e, sorted(ix)) for e, ix in self.held.items() if ix]}
+
+
+@dataclass
+class ControlCounts:
+    """Control messages (credit, reports, hellos, work, heartbeats; statuses) and their bytes, both ways: totals for
+    the input's stats. Written by the control plane's thread alone."""
+
+    sent: int = 0
+    bytes_sent: int = 0
+    received: int = 0
+    bytes_received: int = 0
+
+    def count_sent(self, nbytes: int) -> None:
+        self.sent += 1
+        self.bytes_sent += nbytes
+
+    def count_received(self, nbytes: int) -> None:
+        self.received += 1
+        self.bytes_received += nbytes
 
 
 def merge_reports(reports: list[tuple[np.ndarray, np.ndarray]]) -> Records:
@@ -89,7 +114,7 @@ def merge_reports(reports: list[tuple[np.ndarray, np.ndarray]]) -> Records:
 class ProducerLinks:
     """The producers' connections by number (``producers``), and what this trainer sends back on them besides
     hellos: credit for queued batches, in steps of half the ``credit`` window; consumed records; heartbeats.
-    ``connect(address)`` makes a link (ValueError for a bad address); ``lock``: the transport's, which guards the
+    ``connect(address)`` makes a link (ValueError for a bad address); ``lock``: the control plane's, which guards the
     records' ``reports``. ``control``: control messages sent and received, and their bytes."""
 
     def __init__(self, connect: Callable[[str], Link], credit: int, lock: threading.Lock) -> None:
@@ -97,7 +122,7 @@ class ProducerLinks:
         self.producers: list[KnownProducer] = []
         self._poller = zmq.Poller()  # the live sockets (made once: zmq.select would build one per call)
         self._number: dict[object, int] = {}  # a link's pollable -> its number
-        self.control = [0, 0, 0, 0]
+        self.control = ControlCounts()
 
     def add(self, address: str) -> int:
         """Connect to one more producer; its number. ValueError for a bad address."""
@@ -151,8 +176,7 @@ class ProducerLinks:
         if p.link is None or not p.link.send(frame):
             return False  # it left the pool, or is not connected
         p.last_sent = time.monotonic()
-        self.control[0] += 1
-        self.control[1] += len(frame)
+        self.control.count_sent(len(frame))
         return True
 
     def give_back(self, i: int) -> None:

@@ -1,10 +1,11 @@
-"""Exact mode's receiver: ``ExactTransport`` (a DEALER link per producer, credit, hellos) driven for the core.
+"""Exact mode's receiver: ``ExactControlPlane`` (a DEALER link per producer, credit, hellos) driven for the core.
 
 Receives only while the sink has room (credit: one batch per batch queued), never blocking,
 so heartbeats and consumed-record reports keep going while a step is slow. Each delivered
 batch carries one more array, ``stoker_source`` (which producer it came from), so the
-records a step consumes are reported to that producer. Batches sent under an older session
-are dropped (their records are served again). A producer's status keeps the input alive
+records a step consumes are reported to that producer. What to keep of each batch is the control
+plane's one answer (``admit``: dropped if sent under an older session, whose records are served again;
+an elastic pool's mask cut to the records that arrive first); this receiver only receives. A producer's status keeps the input alive
 while it waits (for more trainers, or for steps to report). ``direct``: each link speaks our
 own ZMTP and reads batches into memory the sink owns (``direct_dealer``, no copy); else
 libzmq DEALERs (``links.LibzmqDealer``, which CurveZMQ needs).
@@ -26,7 +27,7 @@ from stoker.consumer.exact.direct_dealer import DirectDealer
 from stoker.consumer.transport.discovery import ProducerPool
 from stoker.consumer.exact.links import Link, LibzmqDealer
 from stoker.consumer.receive.errors import InputError
-from stoker.consumer.exact.control_plane import ExactTransport
+from stoker.consumer.exact.control_plane import ExactControlPlane
 from stoker.consumer.transport.libzmq_receiver import socket_options
 from stoker.consumer.receive.contract import POLL_S, ReceiveContext, aligned_empty
 
@@ -50,7 +51,7 @@ def _plain_empty(dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
 
 
 class ExactReceiver:
-    """See the module doc. ValueError for an address the transport cannot parse."""
+    """See the module doc. ValueError for an address the control plane cannot parse."""
 
     def __init__(self, pool: ProducerPool, options: "ReceiveOptions") -> None:
         if options.ledger is None:
@@ -71,7 +72,7 @@ class ExactReceiver:
             return LibzmqDealer(self._ctx, address, sockopts, limits, curve)
 
         try:
-            self.transport = ExactTransport(connect, pool.endpoints, ledger, rcvhwm, options.share,
+            self.control_plane = ExactControlPlane(connect, pool.endpoints, ledger, rcvhwm, options.share,
                                             options.stall_after, options.stall_limit)
         except ValueError:
             self._ctx.destroy(linger=0)
@@ -93,12 +94,12 @@ class ExactReceiver:
 
     def _describe_turn(self, context: ReceiveContext) -> Optional[BatchSpec]:
         self._watch(context)
-        for i in self.transport.poll(int(POLL_S * 1000)):
+        for i in self.control_plane.poll(int(POLL_S * 1000)):
             try:
-                self.transport.receive(i)  # before a hello only status can come
+                self.control_plane.receive(i)  # before a hello only status can come
             except ProtocolError as exc:
                 context.reject(exc)
-        described = self.transport.spec()
+        described = self.control_plane.spec()
         if described is None:
             return None
         learned = BatchSpec.from_dict({n: (d, shape) for n, d, shape in described})
@@ -109,73 +110,63 @@ class ExactReceiver:
         try:
             self._run(core)
         finally:  # however it ends (a stop, a closed sink mid-delivery): the last steps' records reach their producers
-            self.transport.flush(force=True)
+            self.control_plane.flush(force=True)
 
     def _run(self, core: ReceiveContext) -> None:
-        transport, spec = self.transport, core.spec
+        plane, spec = self.control_plane, core.spec
         self._core, self._spec = core, spec
-        batch_size = spec.batch_size
-        mask_at = [a.name for a in spec.arrays].index("mask")
-        transport.configure_pool(spec)  # an elastic pool's splits are whole batches of it
+        batch_size, control = spec.batch_size, plane.control
+        plane.configure(spec)  # what admit() holds batches to; an elastic pool's splits are whole batches of it
         while True:
             self._watch(core)
-            transport.flush()
-            core.stats.set_control(*transport.control)
-            core.stats.set_pool_work(*transport.pool_counters(), transport.stall_warnings)
-            if transport.stall_error is not None:
-                core.fail(InputError(transport.stall_error))
+            plane.flush()
+            core.stats.set_control(control.sent, control.bytes_sent, control.received, control.bytes_received)
+            core.stats.set_pool_work(*plane.pool_counters(), plane.stall_warnings)
+            if plane.stall_error is not None:
+                core.fail(InputError(plane.stall_error))
                 return
-            if transport.finished:
-                transport.flush(force=True)  # the pool's "finished" and the last records go before the sockets close
-                core.finish(transport.links.skipped())
+            if plane.finished:
+                plane.flush(force=True)  # the pool's "finished" and the last records go before the sockets close
+                core.finish(plane.links.skipped())
                 return
-            queued, room = core.fill() if transport.active else (0, 0)
-            if not transport.active or queued > 0:
+            queued, room = core.fill() if plane.active else (0, 0)
+            if not plane.active or queued > 0:
                 core.alive()  # the step is not waiting for data: not silence
             if not core.watch():
                 return
             if room <= 0:
-                transport.queue_full()
+                plane.queue_full()
                 time.sleep(0.02)
                 continue
-            for i in transport.poll(int(POLL_S * 1000)):
+            for i in plane.poll(int(POLL_S * 1000)):
                 try:
-                    batch = transport.receive(i)
+                    batch = plane.receive(i)
                     if batch is None:  # a status: the producer is alive, perhaps waiting for steps to report
                         core.alive()
-                        producer = transport.producers[i]
+                        producer = plane.producers[i]
                         if producer.session and producer.status.session == producer.session:
                             # An answer to our hello or later: a describe's answer (session 0) predates our joining.
                             self._log_waiting(producer.status)
                         continue
-                    if not transport.accept(i, batch.header.stream, batch.header.session):
-                        continue  # sent before our latest hello: its records are served again
-                    arrays = spec.check(batch)
+                    arrays = plane.admit(i, batch, spec.check)  # its mask cut to the rows this trainer keeps
                 except ProtocolError as exc:
                     core.reject(exc)
-                    transport.rejected(i)
+                    plane.rejected(i)
                     continue
-                owned = transport.owned(i)  # in memory the sink may own (direct links), or views of libzmq's frames
-                keep = transport.arrived(i, batch.header.stream, batch["epoch"], batch["index"], batch["mask"])
-                if keep is not None:  # an elastic pool: rows whose record arrived before are cut off like padding
-                    if not keep.any():
-                        transport.dropped(i)
-                        continue
-                    if owned:
-                        arrays[mask_at][...] = keep
-                    else:  # libzmq's frames are read-only
-                        batch.arrays["mask"] = arrays[mask_at] = keep
+                if arrays is None:
+                    continue  # an older session's, or nothing new of a pool's: the control plane saw to it
+                owned = plane.owned(i)  # in memory the sink may own (direct links), or views of libzmq's frames
                 source = self.ledger.source_column(i, batch_size, core.empty if owned else _plain_empty)
                 core.deliver(batch, [*arrays, source], owned=owned)
-                transport.queued(i, batch["epoch"], batch["index"], batch["mask"])
+                plane.queued(i, batch["epoch"], batch["index"], batch["mask"])
                 room -= 1  # steps only make more room: asked again on the next turn
                 if room <= 0:
                     break
 
     def _watch(self, core: ReceiveContext) -> None:
-        changed = core.follow_pool(self.transport.add, self.transport.remove)
-        if self.transport.watch() or changed:
-            t = self.transport
+        changed = core.follow_pool(self.control_plane.add, self.control_plane.remove)
+        if self.control_plane.watch() or changed:
+            t = self.control_plane
             count, _, reason = t.failures()
             core.stats.set_connections(t.connected(), count, reason, sum(link.health.reconnects for link in t.live_links()))
 
@@ -190,18 +181,18 @@ class ExactReceiver:
                     status.waiting)
 
     def failures(self) -> tuple[int, str, str]:
-        return self.transport.failures()
+        return self.control_plane.failures()
 
     def waiting_report(self) -> list[str]:
-        """Per producer, what this trainer waits for (``ExactTransport.waiting_report``)."""
-        return self.transport.waiting_report()
+        """Per producer, what this trainer waits for (``ExactControlPlane.waiting_report``)."""
+        return self.control_plane.waiting_report()
 
     def mode_mismatches(self) -> dict[str, int]:
         out: dict[str, int] = {}
-        for link in self.transport.live_links():
+        for link in self.control_plane.live_links():
             out.update(link.health.mismatches())
         return out
 
     def close(self) -> None:
-        self.transport.close()
+        self.control_plane.close()
         self._ctx.term()

@@ -7,8 +7,8 @@ meanwhile: a full queue means credit, not the producer, holds it back) is named 
 at a growing interval (bound, 2x, 4x...; ``warnings`` counts them), and past ``stall_limit``
 ``check`` returns the error the input fails with, naming the producer and the fix. A producer is not
 waited on while it has no session, serves a pool, finished, waits for more trainers, is idle (its
-open epochs wait for steps) or is not connected. Policy over the transport's ``KnownProducer``
-records, one ``_Silence`` per producer; the transport calls ``check`` every quarter second.
+open epochs wait for steps) or is not connected. Policy over the control plane's ``KnownProducer``
+records, one ``_Silence`` per producer; the control plane calls ``check`` every quarter second.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class ShardStallWatch:
             if silence is None:
                 silence = self._silences[i] = _Silence()
             if i in pooled or not _waited_on(p, now, self.stall_after):
-                p.batch_at = now  # not waited on now: its silence counts from when it is again
+                p.not_waited_on(now)  # its silence counts from when it is waited on again
                 silence.next_at = 0.0
                 continue
             others = next((t for t, j in latest if j != i), float("-inf"))
@@ -116,7 +116,7 @@ def _waited_on(p: KnownProducer, now: float, stall_after: float) -> bool:
         return False
     # Idle (its epochs wait for trainers to consume them), said lately and since its last batch: not stuck.
     idle = status.idle and now - p.heard_at <= stall_after
-    return not (status.stream.startswith("splits:") or status.finished or status.waiting > 0 or idle)
+    return not (StreamKey.names_pool(status.stream) or status.finished or status.waiting > 0 or idle)
 
 
 def shard_waiting(status: Optional[Status], open_epochs: Callable[[str], str]) -> str:

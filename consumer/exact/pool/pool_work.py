@@ -1,6 +1,6 @@
 """The trainer's side of an elastic pool over its producers' links: who serves it, their work messages, stuck ones.
 
-``ExactTransport`` makes one when the first pool producer (``--shard auto``) reports under this
+``ExactControlPlane`` makes one when the first pool producer (``--shard auto``) reports under this
 trainer's session, around the ``SplitScheduler`` its ``SchedulerPlan`` makes for that dataset.
 
 - ``join(i, status)``: producer ``i`` serves the pool and gets splits, if it serves the same pool
@@ -13,7 +13,7 @@ trainer's session, around the ``SplitScheduler`` its ``SchedulerPlan`` makes for
 - ``check_stalls``: producers the scheduler takes for stuck are named and told to start afresh
   (``restart``: a hello, a new session: they drop what they queued for us), and rejoin when they answer.
 
-Runs on the transport's thread; the scheduler is used under the transport's lock (steps report
+Runs on the control plane's thread; the scheduler is used under the control plane's lock (steps report
 consumed records from their own threads).
 """
 
@@ -27,16 +27,12 @@ import numpy as np
 
 from stoker.protocol.batch_spec import BatchMismatchError, BatchSpec
 from stoker.protocol.exact_messages import MAX_WORK_ITEMS, Status, Work, encode_work
+from stoker.protocol.input_state import StreamKey
 
 from stoker.consumer.exact.producers import KnownProducer
 from stoker.consumer.exact.pool.split_scheduler import SplitScheduler
 
 log = logging.getLogger("stoker.consumer")
-
-
-def pool_stream(stream: str) -> bool:
-    """Whether ``stream`` is an elastic pool's (``splits:count:seed``), not a fixed shard's."""
-    return stream.startswith("splits:")
 
 
 def epochs_text(epochs: Optional[int]) -> str:
@@ -47,11 +43,11 @@ def epochs_text(epochs: Optional[int]) -> str:
 
 def serves_pool(status: Status, session: int) -> bool:
     """Whether ``status`` says its producer serves an elastic pool under this trainer's current ``session``."""
-    return pool_stream(status.stream) and status.session == session and session > 0
+    return StreamKey.names_pool(status.stream) and status.session == session and session > 0
 
 
 class PoolWork:
-    """See the module doc. ``producers``: the transport's records, by number; ``spec``: the batches pool producers
+    """See the module doc. ``producers``: the control plane's records, by number; ``spec``: the batches pool producers
     must make (None: not checked); ``send(i, frame)`` sends producer ``i`` a message; ``restart(i)`` gives it a new
     session."""
 

@@ -11,7 +11,7 @@ shard it holds; else one of a shard nobody holds (a fetch nobody else could have
 scheduler falls back to the epoch's next free split (a fetch, but the epoch must complete: work is never held back
 for affinity). A producer with its whole dataset on disk (capacity None) takes shards nobody holds first, leaving
 the cached shards to the producers that hold them. Exactness does not depend on any of this.
-Not thread-safe: the scheduler's caller holds the transport's lock.
+Not thread-safe: the scheduler's caller holds the control plane's lock.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ trainer's share is the splits ``s`` with ``s % world == rank``. Per record: whet
 brought it, or it is not this trainer's, or a restored checkpoint consumed it) and whether it is *done*
 (consumed, failed, or not this trainer's); per split: how many of its records of the share are still to
 arrive. Vectorised over the batch's rows, so a batch costs the same at a thousand records as at a million.
-Not thread-safe: the scheduler's caller holds the transport's lock.
+Not thread-safe: the scheduler's caller holds the control plane's lock.
 
 ``EpochLog`` says which epochs completed without a line per epoch (a small dataset completes one a second).
 """

@@ -10,7 +10,7 @@ data-parallel trainers take disjoint shares, so nothing has to be agreed between
 - ``top_up(i)`` hands producer ``i`` more splits until it has ``ahead`` unfinished ones: splits
   released by a producer that left or is stuck first, then the oldest open epoch's next split. At
   most ``EPOCHS_AHEAD`` epoch beyond the oldest incomplete one is open, as with fixed shards. The
-  transport tops up the producers holding the fewest splits first, so a newcomer takes work at once.
+  control plane tops up the producers holding the fewest splits first, so a newcomer takes work at once.
   A producer left idle with nothing free takes a *backup* of the split the slowest holder is
   serving, when that holder's measured pace (``producer_pace``) is ``BACKUP_FACTOR`` times slower
   than the idle producer's (a straggler at an epoch's end, as MapReduce's backup tasks and LATE do).
@@ -33,7 +33,7 @@ data-parallel trainers take disjoint shares, so nothing has to be agreed between
 Exactness follows from the trainer alone: a record is delivered to a step at most once per
 epoch (``arrived``), and every record of the share is asked for until it arrived (``release``,
 ``stalls``). Times are ``time.monotonic()`` unless a test passes ``now``.
-Not thread-safe: the transport calls it under its lock. ``SchedulerPlan`` (split_plan.py) makes
+Not thread-safe: the control plane calls it under its lock. ``SchedulerPlan`` (split_plan.py) makes
 one once the dataset is known (the first pool producer's status).
 """
 
