@@ -27,7 +27,8 @@ The daemon's forwarding thread drives a ``FixedShardPolicy``:
 - ``route`` sends a made batch to any trainer with credit (round-robin); ``wanted`` is
   ``take_stale`` turned round, as the forwarder asks it (serving_policy.py).
 - An epoch completes when every record is consumed or skipped; ``finished`` once
-  ``epochs`` epochs completed.
+  ``epochs`` epochs completed. Each open epoch's bookkeeping (who holds each record, the
+  first pass, what is lost) is a ``ShardEpoch`` (shard_epoch.py).
 
 Exactness: a record is served again only when no live trainer holds it, so
 nothing is lost and nothing is consumed twice, except what a trainer consumed in
@@ -37,8 +38,6 @@ the moments before it died without reporting it (see docs/decisions.md).
 from __future__ import annotations
 
 import time
-from collections import deque
-from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
 import numpy as np
@@ -49,41 +48,14 @@ from stoker.protocol.input_state import StreamKey, rows_by_epoch
 
 from stoker.producer.serve.policies.serving_policy import Chunk
 from stoker.producer.serve.policies.exact_policy import TrainerFacingPolicy, no_storage_wait
+from stoker.producer.serve.policies.shard_epoch import FREE, MAKING, ShardEpoch
 from stoker.producer.serve.policies.trainer_registry import Trainer, TrainerRegistry
 
-_FREE, _MAKING = -1, -2  # owner codes besides a trainer's slot number
 #: Epochs that may be open beyond the oldest incomplete one: its successor starts while its last records are
 #: still in flight (no drain at the boundary), but nothing runs further ahead however much credit trainers give.
 EPOCHS_AHEAD = 1
 FIXED_SHARD_TAKES_NO_WORK = ("a trainer handed out splits (work) to a producer with a fixed --shard: start the "
                              "producers of an elastic pool with --shard auto")
-
-
-@dataclass
-class _Epoch:
-    order: np.ndarray  # shard positions k in this epoch's serving order
-    consumed: np.ndarray  # bool [size]: consumed by any trainer
-    skipped: np.ndarray  # bool [size]: failed (bad record or sample), done
-    owner: np.ndarray  # int32 [size]: _FREE, _MAKING or the slot of the trainer holding it
-    cursor: int = 0  # first-pass position
-    lost: deque = field(default_factory=deque)  # positions to serve again, before the first pass goes on
-    by_trainer: dict[str, np.ndarray] = field(default_factory=dict)
-    left: int = -1  # records neither consumed nor skipped (-1: count them); kept per message, not per epoch scan
-
-    def settle(self, column: np.ndarray, ks: np.ndarray) -> None:
-        """Mark positions ``ks`` in ``column`` (``consumed`` or ``skipped``), keeping ``left`` exact."""
-        fresh = ks[~(self.consumed[ks] | self.skipped[ks])]
-        column[ks] = True
-        if self.left >= 0 and len(fresh):
-            self.left -= len(np.unique(fresh))
-
-    def recount(self) -> None:
-        self.left = int((~(self.consumed | self.skipped)).sum())
-
-    def done(self) -> bool:
-        if self.left < 0:
-            self.recount()
-        return self.left == 0
 
 
 class FixedShardPolicy(TrainerFacingPolicy):
@@ -100,7 +72,7 @@ class FixedShardPolicy(TrainerFacingPolicy):
         self.records = key.stream_records()
         self.started = False
         self.completed = 0
-        self.open: dict[int, _Epoch] = {}
+        self.open: dict[int, ShardEpoch] = {}
         self.trainers: TrainerRegistry[Trainer] = TrainerRegistry(trainer_timeout, self._release)
         self._slots: dict[str, int] = {}  # trainer id -> its owner code in the epochs' ``owner``, for the run
         self.skipped_total = 0
@@ -114,12 +86,9 @@ class FixedShardPolicy(TrainerFacingPolicy):
 
     # ---- epochs ----------------------------------------------------------------------------
 
-    def _epoch(self, e: int) -> _Epoch:
+    def _epoch(self, e: int) -> ShardEpoch:
         if e not in self.open:
-            size = len(self.records)
-            positions = self.key.local(self.key.order(e))
-            self.open[e] = _Epoch(positions, np.zeros(size, bool), np.zeros(size, bool),
-                                  np.full(size, _FREE, np.int32))
+            self.open[e] = ShardEpoch.fresh(self.key.local(self.key.order(e)), len(self.records))
         return self.open[e]
 
     @property
@@ -137,16 +106,6 @@ class FixedShardPolicy(TrainerFacingPolicy):
         if self.started and not self.open and self._may_open(self.completed):
             self._epoch(self.completed)
 
-    def _requeue(self, e: int, epoch: _Epoch) -> None:
-        """Positions the first pass has passed that nobody consumed, skipped or holds: serve them again."""
-        passed = epoch.order[: epoch.cursor]
-        free = passed[(epoch.owner[passed] == _FREE) & ~epoch.consumed[passed] & ~epoch.skipped[passed]]
-        queued = set(epoch.lost)
-        for k in free:
-            if int(k) not in queued:
-                epoch.lost.append(int(k))
-                self.reserved_total += 1
-
     # ---- work ------------------------------------------------------------------------------
 
     def next_chunk(self, n: int) -> Optional[Chunk]:
@@ -158,24 +117,15 @@ class FixedShardPolicy(TrainerFacingPolicy):
         e = self.completed
         while len(indices) < n and e in self.open:
             epoch = self.open[e]
-            while epoch.lost and len(indices) < n:
-                k = epoch.lost.popleft()
-                if epoch.owner[k] == _FREE and not epoch.consumed[k] and not epoch.skipped[k]:
-                    epoch.owner[k] = _MAKING
-                    epochs.append(e)
-                    indices.append(int(self.records[k]))
-            while epoch.cursor < len(epoch.order) and len(indices) < n:
-                # The first pass, a window at a time (one record at a time costs ~1 us each in NumPy scalars).
-                need = n - len(indices)
-                window = epoch.order[epoch.cursor:epoch.cursor + max(2 * need, 64)]
-                free = np.flatnonzero((epoch.owner[window] == _FREE) & ~epoch.consumed[window]
-                                      & ~epoch.skipped[window])[:need]
-                epoch.cursor += int(free[-1]) + 1 if len(free) == need else len(window)
-                ks = window[free]
-                epoch.owner[ks] = _MAKING
+            if epoch.lost:  # served again first, before the first pass goes on
+                lost = epoch.take_lost(n - len(indices))
+                epochs.extend([e] * len(lost))
+                indices.extend(int(self.records[k]) for k in lost)
+            while not epoch.first_pass_done and len(indices) < n:
+                ks = epoch.take_first_pass(n - len(indices))
                 epochs.extend([e] * len(ks))
                 indices.extend(self.records[ks].tolist())
-            if epoch.cursor >= len(epoch.order) and self._may_open(e + 1) and e + 1 <= self.completed + EPOCHS_AHEAD:
+            if epoch.first_pass_done and self._may_open(e + 1) and e + 1 <= self.completed + EPOCHS_AHEAD:
                 self._epoch(e + 1)
             e += 1
         idle = not indices
@@ -193,19 +143,16 @@ class FixedShardPolicy(TrainerFacingPolicy):
         """A chunk will not be sent (its worker died): its records are free again."""
         for e, ks in self._positions(chunk.epochs, chunk.indices):
             if e in self.open:
-                epoch = self.open[e]
-                ks = ks[epoch.owner[ks] == _MAKING]
-                epoch.owner[ks] = _FREE
-                epoch.lost.extend(int(k) for k in ks)
+                self.open[e].unmake(ks)
 
     def take_stale(self, epochs: np.ndarray, indices: np.ndarray, chunk: Optional[Chunk] = None) -> np.ndarray:
         """Which rows of a made batch, about to be sent, no longer belong in it.
 
-        A batch's records are ``_MAKING`` from ``next_chunk`` until ``on_sent``. A trainer dropped
+        A batch's records are ``MAKING`` from ``next_chunk`` until ``on_sent``. A trainer dropped
         with records it consumed but had not reported, or held, has them served again; its next
         hello (its state, its holdings) may say so while a worker is already making them into a
         batch. Such rows are stale: consumed ones are done here (freed), held ones stay the
-        trainer's, and any other row no longer ``_MAKING`` was released to be served again. The
+        trainer's, and any other row no longer ``MAKING`` was released to be served again. The
         forwarder masks stale rows (as a last batch's padding) so no record goes out twice.
         """
         stale = np.zeros(len(indices), bool)
@@ -218,10 +165,10 @@ class FixedShardPolicy(TrainerFacingPolicy):
                 continue
             epoch = self.open[e]
             ks = self.key.local(indices[rows])
-            making = epoch.owner[ks] == _MAKING
+            making = epoch.owner[ks] == MAKING
             consumed = epoch.consumed[ks]
             stale[rows[consumed | ~making]] = True
-            epoch.owner[ks[consumed & making]] = _FREE
+            epoch.owner[ks[consumed & making]] = FREE
         return stale
 
     def on_skipped(self, epochs: list[int], indices: list[int]) -> None:
@@ -229,7 +176,7 @@ class FixedShardPolicy(TrainerFacingPolicy):
             if e in self.open:
                 epoch = self.open[e]
                 epoch.settle(epoch.skipped, ks)
-                epoch.owner[ks] = _FREE
+                epoch.owner[ks] = FREE
                 self.skipped_total += len(ks)
         self._close_done()
 
@@ -275,24 +222,14 @@ class FixedShardPolicy(TrainerFacingPolicy):
             if e >= self.completed and self._may_open(e):
                 self._epoch(e)
         for e, epoch in self.open.items():
-            reported = progress.open.get(e) if progress is not None else None
-            previous = epoch.by_trainer.get(hello.trainer)
-            if reported is not None:
-                epoch.by_trainer[hello.trainer] = reported.copy()
-            else:
-                epoch.by_trainer.pop(hello.trainer, None)
-            if previous is not None or reported is not None:
-                epoch.consumed = np.zeros_like(epoch.consumed)
-                for consumed in epoch.by_trainer.values():
-                    epoch.consumed |= consumed
-                epoch.left = -1
+            epoch.adopt_consumed(hello.trainer, progress.open.get(e) if progress is not None else None)
         for e, ks in self._held(hello.held.get(key, [])):
             if e in self.open:
                 epoch = self.open[e]
                 mine = ks[~epoch.consumed[ks]]
                 epoch.owner[mine] = slot
-        for e, epoch in self.open.items():
-            self._requeue(e, epoch)
+        for epoch in self.open.values():
+            self.reserved_total += epoch.requeue()
         self._close_done()
         self._status_changed = True
 
@@ -309,9 +246,9 @@ class FixedShardPolicy(TrainerFacingPolicy):
         """What ``trainer`` held becomes servable again (it died, or will report afresh): the registry's ``forget``."""
         self.generation += 1
         slot = self._slots[trainer.id]
-        for e, epoch in self.open.items():
-            epoch.owner[epoch.owner == slot] = _FREE
-            self._requeue(e, epoch)
+        for epoch in self.open.values():
+            epoch.owner[epoch.owner == slot] = FREE
+            self.reserved_total += epoch.requeue()
 
     def on_credit(self, routing_id: bytes, credit: Credit, now: Optional[float] = None) -> bool:
         """Apply a trainer's credit and consumed records; False if it is unknown or of an old session."""
@@ -322,15 +259,7 @@ class FixedShardPolicy(TrainerFacingPolicy):
         for e, indices in credit.consumed:
             if e < self.completed or not self._may_open(e):
                 continue
-            epoch = self._epoch(e)
-            ks = self.key.local(np.asarray(indices, np.int64))
-            mine = epoch.by_trainer.get(trainer.id)
-            if mine is None:  # not setdefault: that would allocate a bitmap of the whole shard per message
-                mine = epoch.by_trainer[trainer.id] = np.zeros_like(epoch.consumed)
-            mine[ks] = True
-            epoch.settle(epoch.consumed, ks)
-            held = ks[epoch.owner[ks] == slot]
-            epoch.owner[held] = _FREE
+            self._epoch(e).consume(trainer.id, self.key.local(np.asarray(indices, np.int64)), slot)
         self._close_done()
         return True
 
