@@ -12,7 +12,7 @@ from typing import Any
 from stoker.consumer.receive.errors import (BatchMismatchError, InputClosedError, InputError, InputFinished, InputMismatchError,
                                    InputTimeoutError)
 from stoker.consumer.exact.state import merge_states
-from stoker.consumer.receive.stats import InputStats
+from stoker.consumer.receive.input_stats import InputStats
 
 __all__ = ["BatchMismatchError", "BatchStream", "InputClosedError", "InputError", "InputFinished", "InputMismatchError",
            "InputStats", "InputTimeoutError", "TorchInput", "ZMQInput", "merge_states"]

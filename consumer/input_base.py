@@ -28,7 +28,7 @@ from stoker.consumer.receive.contract import POLL_S
 from stoker.consumer.receive.options import Addresses, ReceiveOptions
 from stoker.consumer.receive.core import ReceiveCore
 from stoker.consumer.receive.queue_sink import END, QueueSink
-from stoker.consumer.receive.stats import InputStats
+from stoker.consumer.receive.input_stats import InputStats
 from stoker.protocol.batch_spec import BatchSpec
 
 

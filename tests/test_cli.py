@@ -87,7 +87,7 @@ def test_train_summary_has_a_line_per_producer_with_its_batches_images_and_image
 
 
 def test_the_train_summary_counts_connected_producers_that_sent_no_batch():
-    from stoker.consumer.receive.stats import InputStats
+    from stoker.consumer.receive.input_stats import InputStats
     from stoker.consumer.train.run_summary import TrainReport
 
     stats = InputStats(batches=3, per_producer={"vm:5555#auto~3fa2c1": 3},

@@ -15,7 +15,7 @@ import pytest
 
 from stoker.consumer.numpy.batch_stream import BatchStream
 from stoker.consumer.receive.coverage import Coverage, coverage_lines, coverage_text
-from stoker.consumer.receive.stats import InputStats
+from stoker.consumer.receive.input_stats import InputStats
 from stoker.producer.dataset.build.synthetic import build_synthetic
 from stoker.producer.process import ProducerProcess
 

@@ -117,7 +117,7 @@ def test_stoker_train_report_opens_in_a_browser_with_every_plot_drawn(synth_lmdb
 
 
 def test_the_summary_and_report_give_coverage_per_shard_where_each_producer_counts_its_shards_epochs():
-    from stoker.consumer.receive.stats import InputStats
+    from stoker.consumer.receive.input_stats import InputStats
     from stoker.consumer.train.run_summary import TrainReport
 
     stats = InputStats(coverage={("0/2", 262): (32, 32), ("0/2", 263): (5, 32), ("1/2", 270): (32, 32),

@@ -9,7 +9,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from stoker.consumer.receive.stats import WatchedInput
+    from stoker.consumer.receive.input_stats import WatchedInput
 
 
 class InputCollector(Collector):

@@ -11,7 +11,7 @@ import tensorflow as tf
 from stoker.consumer.tf.summaries import require_tensorboard
 
 if TYPE_CHECKING:
-    from stoker.consumer.receive.stats import WatchedInput
+    from stoker.consumer.receive.input_stats import WatchedInput
 
     class SummarizedInput(WatchedInput):
         def write_summaries(self, step: int) -> None: ...

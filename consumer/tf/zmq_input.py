@@ -32,7 +32,7 @@ from stoker.consumer.tf.batch_tensors import BatchTensors, Selection
 from stoker.consumer.receive.errors import InputClosedError
 from stoker.consumer.input_base import InputBase
 from stoker.consumer.input_setup import InputOptions
-from stoker.consumer.receive.stats import InputStats
+from stoker.consumer.receive.input_stats import InputStats
 from stoker.consumer.tf.feeder import TFFeeder
 from stoker.consumer.tf.staging import training_devices
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from stoker.consumer.receive.coverage import WHOLE_DATASET, coverage_lines, coverage_text
-from stoker.consumer.receive.stats import InputStats, ProducerTally, producer_tallies, silent_producers
+from stoker.consumer.receive.input_stats import InputStats, ProducerTally, producer_tallies, silent_producers
 from stoker.consumer.train.timeline import Timeline
 from stoker.consumer.train.verdict import bottleneck_verdict
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, TextIO
 import tensorflow as tf
 from tqdm import tqdm
 
-from stoker.consumer.receive.stats import InputStats
+from stoker.consumer.receive.input_stats import InputStats
 from stoker.consumer.train.timeline import Timeline
 from stoker.consumer.tf.zmq_input import ZMQInput
 
