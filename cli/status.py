@@ -13,8 +13,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -30,7 +28,10 @@ class ScrapeError(RuntimeError):
 
 def scrape(url: str, timeout: float = 5.0) -> Samples:
     """All samples at ``url`` as ``{(name, sorted label items): value}``."""
-    from prometheus_client.parser import text_string_to_metric_families  # when a command scrapes, not at start
+    import urllib.error  # these when a command scrapes, not at every command's start
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
 
     if not url.startswith(("http://", "https://")):
         url = f"http://{url}"
