@@ -2,8 +2,8 @@
 
 The one place a launcher (``stoker cluster``, the demo, ``ProducerProcess``) spells these
 commands' flags, so a renamed flag is changed here and in its family's ``flags.py`` only. Producers:
-``produce_flags``/``produce_command`` live with ``ProducerProcess`` (``stoker.producer.process``,
-which must not import the CLI) and are re-exported here; trainers: ``train_command``.
+``produce_flags``/``produce_command`` live beside ``ProducerProcess`` (``stoker.producer.produce_command``:
+the producer must not import the CLI) and are re-exported here; trainers: ``train_command``.
 """
 
 from __future__ import annotations

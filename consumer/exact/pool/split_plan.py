@@ -16,8 +16,9 @@ from stoker.consumer.exact.pool.split_scheduler import DEFAULT_AHEAD, SplitSched
 from stoker.consumer.receive.options import STALL_AFTER_S
 
 #: Batches of work a producer holds beyond its credit: what its workers make ahead of credit (one each,
-#: ``SplitServer.make_ahead``) with room to spare. With small splits, two splits were two batches, too few to keep
-#: a producer's workers and credit busy: an elastic pool ran at 0.85 of its old rate in benchmarks/exact_cost.py.
+#: ``PoolPolicy.make_ahead`` in producer/serve/policies/pool.py) with room to spare. With small splits, two
+#: splits were two batches, too few to keep a producer's workers and credit busy: an elastic pool ran at 0.85 of
+#: its old rate in benchmarks/exact_cost.py.
 PIPELINE_BATCHES = 8
 SPLIT_BATCHES = 16  # the largest split: this many batches of records
 #: The fewest splits an epoch (of one trainer's share) is cut into, where batches allow: a pool of P producers
