@@ -18,9 +18,9 @@ with its link by ``ProducerLinks``, which also sends credit, reports and heartbe
   the next credit. Neither waits longer than ``REPORT_WAIT_S`` (0.1 s, ``producers``); a
   heartbeat goes every 0.5 s without other traffic, also while the queue is
   full, so a slow step is never taken for dead.
-- An elastic pool (producers ``--shard auto``) is handed out by this trainer (``pool_work``): its
-  scheduler is made when the first pool producer reports, from what ``configure(spec)`` and
-  the constructor gave; a pool producer that reports before ``configure`` joins then.
+- An elastic pool (producers ``--shard auto``) is handed out by this trainer (``pool_work``), through its
+  ``PoolSeat`` (``pool_seat``, empty without a pool): its scheduler is made when the first pool producer
+  reports, from what ``configure(spec)`` and the constructor gave; one reporting before ``configure`` joins then.
 - ``finished`` once every producer said it finished its epochs (a pool: once its epochs are consumed).
 - ``close()`` says goodbye to each producer it has a session with (if its status says it takes one),
   after the last steps' records: the producer serves what this trainer held to the others at once and
@@ -41,14 +41,15 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from stoker.protocol.batch_header import Batch
-from stoker.protocol.exact_messages import Hello, Status, decode_status, encode_describe, encode_hello
+from stoker.protocol.exact_messages import Hello, decode_status, encode_describe, encode_hello
 from stoker.protocol.batch_spec import BatchSpec
-from stoker.protocol.input_state import StreamKey, rows_by_epoch
+from stoker.protocol.input_state import StreamKey
 
 from stoker.consumer.exact.ledger import ConsumedLedger
 
 from stoker.consumer.exact.links import Link
-from stoker.consumer.exact.pool.pool_work import PoolWork, serves_pool
+from stoker.consumer.exact.pool.pool_seat import PoolSeat
+from stoker.consumer.exact.pool.pool_work import serves_pool
 from stoker.consumer.exact.producers import KnownProducer, ProducerLinks
 from stoker.consumer.exact.shard_stalls import ShardStallWatch, open_epochs, shard_waiting
 from stoker.consumer.exact.pool.split_plan import SchedulerPlan
@@ -86,11 +87,8 @@ class ExactControlPlane:
             links.spec
         self.stale_batches = 0
         self._turn = 0  # reads so far (each producer's ``read_turn``)
-        self._plan: Optional[SchedulerPlan] = None  # an elastic pool's scheduler, all but the dataset
-        self._spec: Optional[BatchSpec] = None
         self._mask_at = -1  # where the spec (``configure``) has its mask
-        self._pool: Optional[PoolWork] = None  # made when the first pool producer reports
-        self._warned_share = False
+        self._pool = PoolSeat(ledger, share, self.producers, links.send, self._restart)  # empty until a pool reports
         self._shard_stalls = ShardStallWatch(stall_after, stall_limit)
         self.stall_error: Optional[str] = None  # set once a fixed-shard producer stayed stuck past stall_limit
         self._stalls_checked = 0.0
@@ -107,21 +105,20 @@ class ExactControlPlane:
         are handed out again)."""
         i = self.links.remove(address)
         if i is not None:
-            self._leave_pool(i)
+            self._pool.leave(i)
         return i
 
     def configure(self, spec: BatchSpec) -> None:
         """The batches this trainer takes (``admit`` cuts their mask) and an elastic pool's producers must make:
         splits are whole batches of ``spec``, and a pool producer describing others gets no work. Once, when the
-        spec is known and before batches are received;
-        with the constructor's ``credit``, ``share`` and ``stall_after`` it is all a pool's scheduler is made from."""
-        self._plan = SchedulerPlan(spec.batch_size, self.credit, self.share, self.stall_after)
-        self._spec = spec
+        spec is known and before batches are received; with the constructor's ``credit``, ``share`` and
+        ``stall_after`` it is all a pool's scheduler is made from."""
+        self._pool.plan(SchedulerPlan(spec.batch_size, self.credit, self.share, self.stall_after), spec)
         self._mask_at = [a.name for a in spec.arrays].index("mask")  # the column ``admit`` cuts
         for i in self.live():  # a pool producer that reported before this joins now
             status = self.producers[i].status
             if status is not None and serves_pool(status, self.producers[i].session):
-                self._join_pool(i, status)
+                self._pool.join(i, status)
 
     # ---- state ------------------------------------------------------------------------------
 
@@ -135,14 +132,8 @@ class ExactControlPlane:
             p = self.producers[source]
             if p.stream:
                 self.ledger.mark(p.stream, epochs, indices)
-            held = p.held
-            for e, of_epoch in rows_by_epoch(epochs):
-                held[e].difference_update(indices[of_epoch].tolist())
-            if not p.reports:
-                p.reported_at = time.monotonic()
-            p.reports.append((epochs, indices))
-            if self._pool is not None:
-                self._pool.consumed(p.stream, epochs, indices)
+            p.consumed(epochs, indices)
+            self._pool.consumed(p.stream, epochs, indices)
 
     # ---- connections ------------------------------------------------------------------------
 
@@ -161,7 +152,7 @@ class ExactControlPlane:
             link = p.link
             assert link is not None
             changed |= link.watch()
-            if self._pool is not None and i in self._pool.pooled and not link.connected:
+            if i in self._pool.pooled and not link.connected:
                 self._pool.leave(i)  # gone (killed, cut off): its splits go to the others; back, it says hello
             handshakes = link.handshakes  # before the hello: a connection made meanwhile gets its own
             if self.active and handshakes > p.said_hello:
@@ -175,7 +166,7 @@ class ExactControlPlane:
         return changed
 
     def _hello(self, i: int) -> None:
-        self._leave_pool(i)  # a new session: what it was asked to serve before is void
+        self._pool.leave(i)  # a new session: what it was asked to serve before is void
         p = self.producers[i]
         p.session += 1
         with self._lock:
@@ -200,8 +191,7 @@ class ExactControlPlane:
             return
         now = time.monotonic()
         self.links.send_due(now, force)
-        if self._pool is not None:
-            self._pool.give_work_all()
+        self._pool.give_work_all()
         if now - self._stalls_checked >= _STALL_CHECK_S:
             if now - self._stalls_checked > _PAUSE_S:
                 self.queue_full()  # this thread did not run (a paused trainer, a GC): nobody else's silence
@@ -237,13 +227,7 @@ class ExactControlPlane:
                 p.stream = status.stream
                 if status.session == p.session and status.session:
                     self.ledger.note_stream(status.stream, status.completed)
-        if serves_pool(status, p.session):
-            self._join_pool(i, status)
-        elif status.stream and not StreamKey.names_pool(status.stream) and self.share[1] > 1 and not self._warned_share:
-            self._warned_share = True
-            log.warning("share %d/%d applies to elastic pools (producers --shard auto); producer %s serves the "
-                        "fixed shard %s, so this trainer takes what its credit earns (the share only names this "
-                        "trainer among its job's for a merged state)", *self.share, status.producer, status.stream)
+        self._pool.reported(i, status, p.session)
         return None
 
     def admit(self, i: int, batch: Batch, check: Callable[[Batch], list[np.ndarray]]) -> Optional[list[np.ndarray]]:
@@ -265,8 +249,7 @@ class ExactControlPlane:
         arrays = check(batch)
         if not StreamKey.names_pool(stream):
             return arrays
-        keep = self._pool.arrived(i, stream, batch["epoch"], batch["index"], batch["mask"]) \
-            if self._pool is not None else np.zeros(len(batch["index"]), bool)  # a pool not ours: nothing is asked
+        keep = self._pool.arrived(i, stream, batch["epoch"], batch["index"], batch["mask"])
         if not keep.any():
             self.links.give_back(i)
             return None
@@ -280,54 +263,32 @@ class ExactControlPlane:
         """A batch from producer ``i`` entered the queue: its records are held here; one credit back."""
         rows = mask.astype(bool)
         epochs, indices = epochs[rows], indices[rows]
-        held = self.producers[i].held
         with self._lock:
-            for e, of_epoch in rows_by_epoch(epochs):
-                held[e].update(indices[of_epoch].tolist())
+            self.producers[i].queued(epochs, indices)
         self.links.give_back(i)
 
     def rejected(self, i: int) -> None:
         """A batch from producer ``i`` was rejected (undecodable, wrong spec): in a pool its records would never
         arrive, so it starts afresh (a new session: its splits go back and its credit is whole again)."""
-        if self._pool is not None and i in self._pool.pooled:
+        if i in self._pool.pooled:
             self._hello(i)
 
     # ---- an elastic pool ---------------------------------------------------------------------
-
-    def _join_pool(self, i: int, status: Status) -> None:
-        """Producer ``i`` serves an elastic pool: hand it splits (the first such producer defines the pool)."""
-        if self._plan is None:
-            return  # configure() joins it
-        if self._pool is None:
-            with self._lock:
-                scheduler = self._plan.scheduler(StreamKey.parse(status.stream),
-                                                 self.ledger.pool_progress(status.stream), status.epochs)
-                self.ledger.note_split(status.stream, scheduler.split)
-                self._pool = PoolWork(scheduler, self._spec, self.producers, self._lock, self.links.send,
-                                      self._restart)
-        self._pool.join(i, status)
-
-    def _leave_pool(self, i: int) -> None:
-        if self._pool is not None:
-            self._pool.leave(i)
 
     def queue_full(self) -> None:
         """The trainer's queue is full: producers wait for credit, which is not a stall of theirs."""
         now = time.monotonic()
         self._shard_stalls.queue_full(now)
-        if self._pool is not None:
-            self._pool.queue_full(now)
+        self._pool.queue_full(now)
 
     def check_stalls(self, now: Optional[float] = None) -> Optional[str]:
         """Name producers that hold work and send nothing new (see the module doc); the error to fail the input
         with once a fixed-shard producer stayed stuck past ``stall_limit`` (else None)."""
         now = time.monotonic() if now is None else now
-        if self._pool is not None:
-            self._pool.check_stalls(now)
+        self._pool.check_stalls(now)
         if not self.active:
             return None
-        pooled = self._pool.pooled if self._pool is not None else ()
-        return self._shard_stalls.check(now, self.producers, self.live(), pooled, self._open_epochs)
+        return self._shard_stalls.check(now, self.producers, self.live(), self._pool.pooled, self._open_epochs)
 
     @property
     def stall_warnings(self) -> int:
@@ -345,33 +306,31 @@ class ExactControlPlane:
         lines = []
         for i in self.live():
             p = self.producers[i]
-            if self._pool is not None and i in self._pool.pooled:
+            if i in self._pool.pooled:
                 lines.append(p.waiting_line(now) + self._pool.holdings(i))
             else:
                 lines.append(p.waiting_line(now) + shard_waiting(p.status, self._open_epochs))
-        if self._pool is not None:
-            lines.append(self._pool.summary())
-        return lines
+        return lines + self._pool.summary()
 
     def pool_counters(self) -> tuple[int, int, int, int]:
         """``(splits re-served from stuck producers, backup splits, wasted records, producers taken for stuck)``."""
-        return self._pool.counters() if self._pool is not None else (0, 0, 0, 0)
+        return self._pool.counters()
 
     @property
     def finished(self) -> bool:
         """An elastic pool's epochs are all consumed, or every producer said it finished its epochs."""
-        return self._pool.finished if self._pool is not None else self.links.finished()
+        finished = self._pool.finished
+        return finished if finished is not None else self.links.finished()
 
     def close(self) -> None:
         """Say goodbye (an active trainer), then close the links: what the last flush queued (a finished pool's
         "finished", the last steps' records), the goodbyes and the producers' answers get up to 0.5 s."""
-        if self._pool is not None:
-            self._pool.scheduler.epoch_log.flush()  # epochs completed since the last summary line
+        self._pool.close()
         self.links.close(0.5 if self.active else 0.0, goodbye=self.active)
 
 
 def pool_scheduler(control_plane: ExactControlPlane) -> Optional[SplitScheduler]:
     """An elastic pool's split scheduler once its first producer reported (None: fixed shards, or not yet), for
     what benchmarks and tests read of it (progress, the stall bound)."""
-    return control_plane._pool.scheduler if control_plane._pool is not None else None
+    return control_plane._pool.scheduler
 

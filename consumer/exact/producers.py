@@ -71,6 +71,23 @@ class KnownProducer:
         what += f", session {self.session}" if self.session else ", no hello yet"
         return what + f", last batch {now - self.batch_at:.1f} s ago, last message {now - self.heard_at:.1f} s ago"
 
+    def queued(self, epochs: np.ndarray, indices: np.ndarray) -> None:
+        """These records of it entered the trainer's queue: held here until a step consumes them (under the
+        control plane's lock)."""
+        held = self.held
+        for e, of_epoch in rows_by_epoch(epochs):
+            held[e].update(indices[of_epoch].tolist())
+
+    def consumed(self, epochs: np.ndarray, indices: np.ndarray) -> None:
+        """A step consumed these records of it: no longer held; reported with the next message to it (under the
+        control plane's lock)."""
+        held = self.held
+        for e, of_epoch in rows_by_epoch(epochs):
+            held[e].difference_update(indices[of_epoch].tolist())
+        if not self.reports:
+            self.reported_at = time.monotonic()
+        self.reports.append((epochs, indices))
+
     def not_waited_on(self, now: float) -> None:
         """The trainer does not wait on it now (no session, a pool's, finished, idle...: ``shard_stalls``): its
         silence counts from when it waits again."""
