@@ -11,7 +11,8 @@
 - ``straggler(...)``: the split an idle producer backs up: the one of the slowest holder, if that holder's
   pace is ``factor`` times the idle one's (MapReduce's backup tasks; LATE's judging by progress rate).
 
-Times are ``time.monotonic()`` or a test's ``now``. Not thread-safe: the scheduler's caller holds a lock.
+What is measured of a producer is its record's ``pace`` (``pool_member``). Times are ``time.monotonic()`` or a
+test's ``now``. Not thread-safe: the scheduler's caller holds a lock.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from __future__ import annotations
 import statistics
 from collections import deque
 from typing import Hashable, Iterable, Iterator, Optional, Sequence, TypeVar
+
+from stoker.consumer.exact.pool.pool_member import PoolMembers, ProducerPace
 
 STALL_FACTOR = 4.0  # the stall bound is at least this many times the median of the pool's recent progress gaps
 _GAPS = 64  # recent progress gaps kept
@@ -29,32 +32,25 @@ _FULL_LATELY_S = 1.0  # no backups this soon after the queue was full: credit, n
 Split = TypeVar("Split", bound=Hashable)
 
 
-class _Pace:
-    """What is known of one producer's speed."""
-
-    __slots__ = ("busy_since", "last_fresh", "seconds_per_record", "samples")
-
-    def __init__(self, now: float) -> None:
-        self.busy_since = now  # when it last went from holding no split to holding one
-        self.last_fresh = now  # when a record of it last arrived first
-        self.seconds_per_record: Optional[float] = None  # average while it held work (None: not measured yet)
-        self.samples = 0  # batches the average is made of
-
-
 class PoolPace:
-    """See the module doc. ``stall_after``: the floor of the stall bound (None: never take a producer for stuck)."""
+    """See the module doc. ``stall_after``: the floor of the stall bound (None: never take a producer for stuck);
+    ``members``: the pool's per-producer records, whose ``pace`` this measures (the scheduler owns them)."""
 
-    def __init__(self, stall_after: Optional[float]) -> None:
+    def __init__(self, stall_after: Optional[float], members: PoolMembers) -> None:
         self.stall_after = stall_after
-        self._pace: dict[int, _Pace] = {}
+        self._members = members
         self._gaps: deque = deque(maxlen=_GAPS)
         self.queue_full_at = float("-inf")  # the trainer's queue was last full (producers wait for credit)
 
-    def _of(self, producer: int, now: float) -> _Pace:
-        pace = self._pace.get(producer)
-        if pace is None:
-            pace = self._pace[producer] = _Pace(now)
-        return pace
+    def _of(self, producer: int, now: float) -> ProducerPace:
+        member = self._members.of(producer)
+        if member.pace is None:
+            member.pace = ProducerPace(now)
+        return member.pace
+
+    def _known(self, producer: int) -> Optional[ProducerPace]:
+        member = self._members.get(producer)
+        return member.pace if member is not None else None
 
     def queue_full(self, now: float) -> None:
         """The trainer's queue is full: producers wait for credit now, so nobody is judged stuck or slow."""
@@ -70,10 +66,6 @@ class PoolPace:
         """A producer taken for stuck delivered again: its clock starts afresh."""
         self._of(producer, now).busy_since = now
 
-    def forget(self, producer: int) -> None:
-        """``producer`` left the pool (or restarted): what was measured of it no longer applies."""
-        self._pace.pop(producer, None)
-
     def stall_bound(self) -> float:
         """Seconds without progress after which a producer holding work is stuck (see the module doc)."""
         floor = self.stall_after if self.stall_after is not None else float("inf")
@@ -86,7 +78,8 @@ class PoolPace:
         bound; ``live``: every producer that could take work, holding or not (whether others moved on)."""
         bound = self.stall_bound()
         # The two latest progress times: "the others moved on" is the latest of someone else's.
-        latest = sorted(((self._pace[p].last_fresh, p) for p in live if p in self._pace), reverse=True)[:2]
+        known = ((self._known(p), p) for p in live)
+        latest = sorted(((pace.last_fresh, p) for pace, p in known if pace is not None), reverse=True)[:2]
         for producer in holders:
             pace = self._of(producer, now)
             # A full queue excuses silence (credit, not the producer, holds it back) unless others moved on meanwhile:
@@ -114,7 +107,7 @@ class PoolPace:
 
     def _estimate(self, producer: int, samples: int = 1) -> Optional[float]:
         """Seconds per record of ``producer``, once measured over at least ``samples`` batches (else None)."""
-        pace = self._pace.get(producer)
+        pace = self._known(producer)
         return pace.seconds_per_record if pace is not None and pace.samples >= samples else None
 
     def straggler(self, idle: int, serving: Iterable[tuple[int, Split]], now: float,
@@ -124,7 +117,8 @@ class PoolPace:
         yet (``_PACE_SAMPLES`` batches), or the trainer's queue was full lately (credit, not pace, limits)."""
         if now - self.queue_full_at < _FULL_LATELY_S:
             return None
-        paces = [p.seconds_per_record for p in self._pace.values() if p.seconds_per_record]
+        paces = [m.pace.seconds_per_record for m in self._members.values()
+                 if m.pace is not None and m.pace.seconds_per_record]
         if not paces:
             return None
         own = self._estimate(idle) or statistics.median(paces)

@@ -10,34 +10,39 @@ it hands a producer uses that split's shard in the producer's model, as the prod
 shard it holds; else one of a shard nobody holds (a fetch nobody else could have saved); else None, and the
 scheduler falls back to the epoch's next free split (a fetch, but the epoch must complete: work is never held back
 for affinity). A producer with its whole dataset on disk (capacity None) takes shards nobody holds first, leaving
-the cached shards to the producers that hold them. Exactness does not depend on any of this.
+the cached shards to the producers that hold them. Exactness does not depend on any of this. What is modelled of a
+producer is its record's ``cache`` (``pool_member``).
 Not thread-safe: the scheduler's caller holds the control plane's lock.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Callable, Iterable, Optional, Sequence
 
 import numpy as np
 
+from stoker.consumer.exact.pool.pool_member import PoolMembers, ShardCache
 from stoker.consumer.exact.pool.split_epoch import SplitEpoch
 
 
 class ShardHoldings:
-    """See the module doc. ``shards``: shards in the dataset's layout."""
+    """See the module doc. ``shards``: shards in the dataset's layout; ``members``: the pool's per-producer records,
+    whose ``cache`` this models (the scheduler owns them)."""
 
-    def __init__(self, shards: int) -> None:
+    def __init__(self, shards: int, members: PoolMembers) -> None:
         self.shards = shards
         self.holders = np.zeros(shards, np.int32)  # bounded producers modelled to hold each shard
-        self._lru: dict[int, OrderedDict[int, None]] = {}  # producer -> its shards, least recently used first
-        self._held: dict[int, np.ndarray] = {}  # producer -> bool [shards]
-        self._capacity: dict[int, int] = {}
+        self._members = members
+        self._bounded = 0  # producers whose cache is bounded
 
     @property
     def bounded(self) -> bool:
         """Whether any producer's cache is bounded (else every producer holds everything: nothing to prefer)."""
-        return bool(self._lru)
+        return self._bounded > 0
+
+    def _cache(self, producer: int) -> Optional[ShardCache]:
+        member = self._members.get(producer)
+        return member.cache if member is not None else None
 
     def note(self, producer: int, capacity: Optional[int], held: Sequence[int] = ()) -> None:
         """Producer ``producer`` joined, caching at most ``capacity`` shards (None: every shard on its disk) and
@@ -45,9 +50,8 @@ class ShardHoldings:
         self.forget(producer)
         if capacity is None:
             return
-        self._capacity[producer] = max(1, capacity)
-        self._lru[producer] = OrderedDict()
-        self._held[producer] = np.zeros(self.shards, bool)
+        self._members.of(producer).cache = ShardCache(max(1, capacity), self.shards)
+        self._bounded += 1
         for shard in held:
             if 0 <= shard < self.shards:
                 self.use(producer, shard)
@@ -55,33 +59,38 @@ class ShardHoldings:
     def use(self, producer: int, shard: int) -> None:
         """Producer ``producer`` was handed a split of ``shard``: its cache holds it now, the least recently used
         out beyond its capacity. Nothing for a producer with every shard on disk."""
-        lru = self._lru.get(producer)
-        if lru is None:
+        cache = self._cache(producer)
+        if cache is None:
             return
+        lru = cache.lru
         if shard in lru:
             lru.move_to_end(shard)
             return
         lru[shard] = None
-        self._held[producer][shard] = True
+        cache.held[shard] = True
         self.holders[shard] += 1
-        while len(lru) > self._capacity[producer]:
+        while len(lru) > cache.capacity:
             old, _ = lru.popitem(last=False)
-            self._held[producer][old] = False
+            cache.held[old] = False
             self.holders[old] -= 1
 
     def forget(self, producer: int) -> None:
         """Producer ``producer`` left (or restarted: it says what it holds when it joins again)."""
-        for shard in self._lru.pop(producer, {}):
+        cache = self._cache(producer)
+        if cache is None:
+            return
+        for shard in cache.lru:
             self.holders[shard] -= 1
-        self._held.pop(producer, None)
-        self._capacity.pop(producer, None)
+        self._members[producer].cache = None
+        self._bounded -= 1
 
     def pick(self, producer: int, epochs: Iterable[tuple[int, SplitEpoch]],
              free: Callable[[int, int], bool]) -> Optional[tuple[int, int]]:
         """The split ``(epoch, split)`` producer ``producer`` should take (module doc), or None. ``epochs``: the open
         ones, oldest first; ``free(e, s)``: whether split ``s`` of epoch ``e`` may be handed out."""
         epochs = list(epochs)
-        held = self._held.get(producer)
+        cache = self._cache(producer)
+        held = cache.held if cache is not None else None
         if held is not None:
             for e, epoch in epochs:
                 for s in epoch.returned:

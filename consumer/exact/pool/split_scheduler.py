@@ -40,13 +40,14 @@ one once the dataset is known (the first pool producer's status).
 from __future__ import annotations
 
 import time
-from typing import Iterator, Optional
+from typing import Optional
 
 import numpy as np
 
 from stoker.protocol.exact_messages import MAX_SPLIT, WorkItem
 from stoker.protocol.input_state import StreamKey, StreamProgress
 
+from stoker.consumer.exact.pool.pool_member import PoolMembers
 from stoker.consumer.exact.pool.producer_pace import PoolPace
 from stoker.consumer.exact.pool.shard_affinity import ShardHoldings
 from stoker.consumer.exact.pool.split_epoch import EpochLog, SplitEpoch
@@ -77,11 +78,9 @@ class SplitScheduler:
             raise ValueError(f"share {rank}/{world} of an elastic pool is empty: {self.records} records make only "
                              f"{self.splits} split(s) of {split}; run fewer trainers or smaller batches")
         self.open: dict[int, SplitEpoch] = {}
-        self.assigned: dict[int, dict[tuple[int, int], None]] = {}  # producer -> its unfinished splits, in order
-        self.holders: dict[tuple[int, int], list[int]] = {}  # split -> producers serving it (two: a backup)
-        self.stuck: set[int] = set()  # producers taken for stuck: no new work until they deliver again
-        self._hungry: set[int] = set()  # producers known, not stuck, holding fewer than ``ahead`` splits
-        self.pace = PoolPace(stall_after)
+        self.members = PoolMembers()  # producer -> what is known of it: its splits, stuck, pace, cache (one record)
+        self.holders = self.members.holders  # split -> producers serving it (two: a backup)
+        self.pace = PoolPace(stall_after, self.members)
         self._backups_checked_at = float("-inf")
         self.duplicates = 0  # rows dropped: their record had arrived already (wasted work)
         self.foreign = 0  # rows dropped: not this trainer's (another share, an epoch not open)
@@ -92,7 +91,7 @@ class SplitScheduler:
         self.backups = 0  # splits also handed to an idle producer because their holder straggled
         self.stalls_seen = 0  # times a producer was taken for stuck
         self.epoch_log = EpochLog()  # "epoch N complete", summarised (a small dataset completes one a second)
-        self.holdings = ShardHoldings(key.shards) if key.block else None  # producers' caches, by shard
+        self.holdings = ShardHoldings(key.shards, self.members) if key.block else None  # producers' caches
         self._open_epochs()
 
     # ---- epochs ----------------------------------------------------------------------------
@@ -133,10 +132,8 @@ class SplitScheduler:
 
     def _split_done(self, es: tuple[int, int]) -> None:
         """Nothing of split ``es`` is left to arrive: its holders have room for the next at once."""
-        for p in self.holders.pop(es, ()):
-            if p in self.assigned:
-                self.assigned[p].pop(es, None)
-                self._note_room(p)
+        for p in self.members.split_done(es):
+            self._note_room(p)
 
     @property
     def finished(self) -> bool:
@@ -172,33 +169,26 @@ class SplitScheduler:
         return epoch is not None and epoch.unfinished(es[1])
 
     def _drop_finished(self, producer: int) -> dict[tuple[int, int], None]:
-        mine = self.assigned.setdefault(producer, {})
+        mine = self.members.assign(producer)
         for es in [es for es in mine if not self._unfinished(es)]:
-            del mine[es]
-            self._unhold(es, producer)
+            self.members.unhold(producer, es)
         self._note_room(producer)
         return mine
 
-    def _note_room(self, producer: int) -> None:
-        if producer not in self.stuck and len(self.assigned.get(producer, ())) < self.ahead:
-            self._hungry.add(producer)
-        else:
-            self._hungry.discard(producer)
+    @property
+    def stuck(self) -> frozenset[int]:
+        """The producers taken for stuck: no new work until they deliver again."""
+        return self.members.stuck()
 
-    def _unhold(self, es: tuple[int, int], producer: int) -> None:
-        holders = self.holders.get(es)
-        if holders is not None and producer in holders:
-            holders.remove(producer)
-            if not holders:
-                del self.holders[es]
+    def _note_room(self, producer: int) -> None:
+        member = self.members.of(producer)
+        member.hungry = not member.stuck and len(member.splits or ()) < self.ahead
 
     def _hold(self, producer: int, es: tuple[int, int], now: float) -> WorkItem:
-        mine = self.assigned.setdefault(producer, {})
-        self.pace.holds(producer, now, idle=not mine)
-        mine[es] = None
+        self.pace.holds(producer, now, idle=not self.members.assign(producer))
+        self.members.hold(producer, es)
         if self.holdings is not None:
             self.holdings.use(producer, int(self.open[es[0]].split_shard[es[1]]))
-        self.holders.setdefault(es, []).append(producer)
         self.handed_out += 1
         self._note_room(producer)
         return self.open[es[0]].item(*es)
@@ -208,7 +198,7 @@ class SplitScheduler:
         a stuck producer. One left idle with nothing free may take a backup of a straggler's split."""
         now = time.monotonic() if now is None else now
         mine = self._drop_finished(producer)
-        if producer in self.stuck:
+        if self.members.is_stuck(producer):
             return []
         items = []
         while len(mine) < self.ahead:
@@ -218,40 +208,29 @@ class SplitScheduler:
             items.append(self._hold(producer, free, now))
         if not mine and now - self._backups_checked_at >= BACKUP_CHECK_S:
             self._backups_checked_at = now
-            backup = self.pace.straggler(producer, self._serving(producer), now, BACKUP_FACTOR)
+            backup = self.pace.straggler(producer, self.members.serving(producer), now, BACKUP_FACTOR)
             if backup is not None:
                 self.backups += 1
                 items.append(self._hold(producer, backup, now))
         return items
 
-    def _serving(self, idle: int) -> Iterator[tuple[int, tuple[int, int]]]:
-        """``(holder, the split it serves)`` for every other producer that is not stuck and serves a split nobody
-        backs up yet: its first (later ones are queued work, which a backup would only make twice)."""
-        for producer, mine in self.assigned.items():
-            if producer != idle and producer not in self.stuck and mine:
-                first = next(iter(mine))
-                if len(self.holders.get(first, ())) == 1:
-                    yield producer, first
-
     def holding(self, producer: int) -> int:
         """Unfinished splits ``producer`` holds (a split is dropped from its holders as its last record arrives)."""
-        return len(self.assigned.get(producer, {}))
+        return self.members.holding(producer)
 
     def wants_work(self) -> list[int]:
         """The producers a ``top_up`` could hand anything (known, not stuck, holding fewer than ``ahead``), those
         holding the fewest first: when splits are scarce a producer that joined takes the next free one."""
-        return sorted(self._hungry, key=self.holding)
+        return self.members.hungry()
 
     def records_held(self, producer: int) -> int:
         """Records of ``producer``'s unfinished splits that have not arrived."""
-        return sum(int(self.open[e].split_left[s]) for e, s in self.assigned.get(producer, {}) if e in self.open)
+        return sum(int(self.open[e].split_left[s]) for e, s in self.members.splits_of(producer) if e in self.open)
 
     def _give_back(self, producer: int) -> int:
         """Producer ``producer`` no longer serves its splits: those nobody else serves go back; how many."""
-        mine = self.assigned.pop(producer, {})
         count = 0
-        for e, s in mine:
-            self._unhold((e, s), producer)
+        for e, s in self.members.take_back(producer):
             epoch = self.open.get(e)
             if epoch is not None and epoch.unfinished(s) and not self.holders.get((e, s)):
                 epoch.returned.append(s)
@@ -261,12 +240,9 @@ class SplitScheduler:
     def release(self, producer: int) -> int:
         """Producer ``producer`` is gone (or restarted): its unfinished splits go back; how many."""
         count = self._give_back(producer)
-        self.stuck.discard(producer)
-        self._hungry.discard(producer)
-        self.assigned.pop(producer, None)
-        self.pace.forget(producer)
         if self.holdings is not None:
             self.holdings.forget(producer)
+        self.members.drop(producer)  # its splits, stuck, pace and cache with it
         self.released += count
         return count
 
@@ -284,17 +260,17 @@ class SplitScheduler:
             return []
         now = time.monotonic() if now is None else now
         found: list[tuple[int, float, int]] = []
-        live = [p for p in self.assigned if p not in self.stuck]
+        live = [p for p, m in self.members.items() if m.splits is not None and not m.stuck]
         remaining = len(live)
         if remaining < 2:
             return found  # nobody could take its work
-        for producer, silent in self.pace.overdue([p for p in live if self.assigned[p]], live, now):
+        for producer, silent in self.pace.overdue([p for p in live if self.members[p].splits], live, now):
             found.append((producer, silent, self.records_held(producer)))
-            self.stuck.add(producer)
-            self._hungry.discard(producer)
+            member = self.members[producer]
+            member.stuck, member.hungry = True, False
             self.stalls_seen += 1
             self.reserved += self._give_back(producer)
-            self.assigned[producer] = {}
+            self.members.assign(producer)  # known, holding nothing
             remaining -= 1
             if remaining < 2:
                 break  # the last one standing keeps its work: nobody else could take it
@@ -338,11 +314,12 @@ class SplitScheduler:
                 self.failed += int(failed.sum())
                 epoch.finish(records[first][failed])
         if producer is not None:
-            if producer in self.stuck:  # responsive again, even if what it sends was served by others meanwhile
-                self.stuck.discard(producer)
+            member = self.members.get(producer)
+            if member is not None and member.stuck:  # responsive again, even if others served what it sends
+                member.stuck = False
                 self._note_room(producer)
                 self.pace.woke(producer, now)
-            self.pace.delivered(producer, fresh_count, bool(self.assigned.get(producer)), now)
+            self.pace.delivered(producer, fresh_count, bool(self.members.holding(producer)), now)
         self._close_done()
         self._open_epochs()
         return keep
