@@ -57,7 +57,7 @@ class PoolWork:
         self.key = str(scheduler.key)
         self._spec, self._producers, self._lock, self._send, self._restart = spec, producers, lock, send, restart
         self.pooled: set[int] = set()  # producers serving this trainer's splits under the current session
-        self._stuck: set[int] = set()  # producers taken for stuck, told to start afresh, not answered yet
+        self._restarted: set[int] = set()  # taken for stuck and told to start afresh; not answered yet
         self._refused: set[str] = set()  # producer ids named for serving another pool
         self._told_finished: set[tuple[int, int]] = set()  # (producer, session) told the run is complete
         share = f", share {scheduler.rank}/{scheduler.world}" if scheduler.world > 1 else ""
@@ -98,8 +98,8 @@ class PoolWork:
         if self.scheduler.holdings is not None:  # which shards it caches: it gets their splits
             with self._lock:
                 self.scheduler.holdings.note(i, status.cache, status.held)
-        if i in self._stuck:
-            self._stuck.discard(i)
+        if i in self._restarted:
+            self._restarted.discard(i)
             log.warning("elastic pool: producer %s answers again: it takes new work", self._producers[i].name())
         self._give_work(i)  # new to the scheduler: its first top-up makes it known
         self.give_work_all()
@@ -175,7 +175,7 @@ class PoolWork:
                             self.scheduler.pace.stall_bound(), held)
             # A new session: the producer drops what it queued for us (it would make it for nothing) and rejoins
             # the pool when it answers; batches it made before are stale and dropped.
-            self._stuck.add(producer)
+            self._restarted.add(producer)
             self._restart(producer)
         if stuck:
             self.give_work_all()
