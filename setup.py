@@ -3,7 +3,7 @@ installed as ``stoker.<folder>...``. Everything else about the distribution is i
 
 Discovered, never listed: a new sub-package ships without an edit here. A hand-kept list once left out
 ``stoker.consumer.exact.pool``, and every non-editable install had a trainer that could not import
-(tests/test_packaging.py builds the wheel and imports every module from it). setuptools' own discovery
+(tests/house/test_packaging.py builds the wheel and imports every module from it). setuptools' own discovery
 (``packages.find``) cannot add the ``stoker.`` prefix, hence this file.
 """
 

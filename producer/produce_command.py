@@ -1,7 +1,7 @@
 """``stoker produce`` command lines built from typed arguments: the one place that spells its flags for launchers.
 
 ``ProducerProcess`` (process.py), ``stoker cluster`` and the demo use them; ``stoker.cli.command_lines`` adds
-``stoker train``. The flags are parsed back by ``stoker.cli``'s parser (tests/test_cli_status_file.py holds both
+``stoker train``. The flags are parsed back by ``stoker.cli``'s parser (tests/cli/test_cli_status_file.py holds both
 ends together).
 """
 

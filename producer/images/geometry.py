@@ -5,7 +5,7 @@ y down, the box covering ``x1 <= x < x2``: the format is named, never guessed.
 A ``Window`` is a crop ``(x, y, w, h)`` of the source image; ``crop_resize_flip``
 maps source coordinates to the output image exactly as the pixels move, so a
 drawn object stays inside its box and a mask stays on its shapes
-(tests/test_pipelines.py checks both on synthetic data).
+(tests/producer/test_pipelines.py checks both on synthetic data).
 """
 
 from __future__ import annotations

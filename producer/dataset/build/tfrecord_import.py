@@ -6,7 +6,7 @@ a map from feature names to lists of bytes, floats or int64s. Each Example becom
 ``{"image": <the image feature's bytes>, "label": <the label feature's int>}`` (``image/encoded`` and
 ``image/class/label`` unless named otherwise: the names TensorFlow's ImageNet and object-detection scripts write).
 
-Both layers are parsers of untrusted bytes, written here and fuzzed (tests/test_tfrecord.py): no length is trusted
+Both layers are parsers of untrusted bytes, written here and fuzzed (tests/dataset/test_tfrecord.py): no length is trusted
 (a frame is at most ``MAX_RECORD_BYTES``, read only after its length's CRC matched; every protobuf length is checked
 against what is left of its message), a varint is at most 10 bytes, an Example at most ``MAX_FEATURES`` features,
 the work is linear in the bytes, and a build decodes only the first value of its two features (the rest is

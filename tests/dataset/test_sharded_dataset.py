@@ -1,6 +1,6 @@
 """Sharded datasets on local disk (issue 33): the builder writes shards and a manifest with the same checks as one
 LMDB, the reader gives every record at its global index, hostile manifests are refused naming what is wrong, and
-a producer serves a sharded folder with exact epochs. Object storage: tests/test_object_storage.py."""
+a producer serves a sharded folder with exact epochs. Object storage: tests/dataset/test_object_storage.py."""
 
 from __future__ import annotations
 

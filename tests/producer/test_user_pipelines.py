@@ -20,7 +20,7 @@ from stoker.producer.dataset.build.synthetic import build_synthetic, synthetic_r
 
 pytestmark = pytest.mark.timeout(240)
 
-FAULTY = Path(__file__).parent / "pipelines" / "faulty_pipeline.py"
+FAULTY = Path(__file__).parents[1] / "pipelines" / "faulty_pipeline.py"
 
 
 @pytest.fixture(scope="module")

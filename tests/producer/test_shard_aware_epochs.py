@@ -5,16 +5,18 @@ The pool runs in-process here: a real ``SplitScheduler`` hands out work items, s
 records of the items, computed from the order as a real ``PoolPolicy`` does) through a least-recently-used cache
 of a quarter of the shards, counting every shard they would fetch. The same pool with the same order but no cache
 reported is the baseline that ignores shards. The real producers, S3 server and cache are in
-tests/test_object_storage.py and benchmarks/shard_fetches.py.
+tests/dataset/test_object_storage.py and benchmarks/shard_fetches.py.
 """
 
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
+from functools import partial
 
 import numpy as np
 import pytest
 
+from stoker.consumer.exact.ledger import ConsumedLedger
 from stoker.consumer.exact.pool.split_scheduler import SplitScheduler
 from stoker.protocol.exact_messages import ProtocolError, Status, decode_status, encode_status
 from stoker.protocol.input_state import InputState, StreamKey, epoch_order
@@ -136,10 +138,16 @@ class _Producer:
         return np.full(len(records), item.epoch), records
 
 
+def _completes(state, key):
+    """What a scheduler reports complete, written as the trainer writes it: by its ledger, the state's one writer."""
+    return partial(ConsumedLedger("trainer", state).complete_pool_epoch, str(key))
+
+
 def _run_pool(report_cache: bool, producers=4, shards=32, block=96, epochs=4, split=32, seed=5):
     key = StreamKey(0, 1, shards * block - 17, seed, splits=True, block=block, window=1)
     state = InputState()
-    sched = SplitScheduler(key, state.progress(str(key)), epochs, split, ahead=2, stall_after=None)
+    sched = SplitScheduler(key, state.progress(str(key)), _completes(state, key), epochs, split, ahead=2,
+                           stall_after=None)
     pool = [_Producer(key, shards // producers) for _ in range(producers)]
     if report_cache:
         for i, p in enumerate(pool):
@@ -178,7 +186,8 @@ def test_splits_go_to_the_producer_that_holds_their_shard_many_times_fewer_fetch
 
 def test_a_joining_producer_takes_the_splits_of_the_shards_its_cache_holds():
     key = StreamKey(0, 1, 16 * 50, 1, splits=True, block=50, window=1)
-    sched = SplitScheduler(key, InputState().progress(str(key)), 1, 10, ahead=3, stall_after=None)
+    state = InputState()
+    sched = SplitScheduler(key, state.progress(str(key)), _completes(state, key), 1, 10, ahead=3, stall_after=None)
     sched.holdings.note(0, 4, [])
     sched.holdings.note(1, 4, [7, 11])
     items = sched.top_up(1)  # 3 splits of 10 records: each within one shard (a window of one), 7's or 11's

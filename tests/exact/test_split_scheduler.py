@@ -8,12 +8,14 @@ epoch must reach the steps exactly once.
 from __future__ import annotations
 
 import random
+from functools import partial
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from stoker.consumer.exact.ledger import ConsumedLedger
 from stoker.consumer.exact.pool.split_plan import MIN_SPLITS, split_records
 from stoker.consumer.exact.pool.split_scheduler import SplitScheduler
 from stoker.protocol import ProtocolError
@@ -24,9 +26,14 @@ from stoker.producer.serve.policies.pool import PoolPolicy
 KEY = StreamKey.parse("splits:103:7")
 
 
+def _completes(state, key):
+    """What a scheduler reports complete, written as the trainer writes it: by its ledger, the state's one writer."""
+    return partial(ConsumedLedger("trainer", state).complete_pool_epoch, str(key))
+
+
 def _scheduler(epochs=2, split=10, rank=0, world=1, state=None):
     state = state or InputState()
-    return SplitScheduler(KEY, state.progress(str(KEY)), epochs, split, rank, world), state
+    return SplitScheduler(KEY, state.progress(str(KEY)), _completes(state, KEY), epochs, split, rank, world), state
 
 
 def _server(trainer=b"t", session=1, credit=1000, epochs=2):
@@ -317,7 +324,8 @@ def test_splits_are_small_enough_for_every_producer_of_a_growing_pool_and_whole_
 def _pool(records=1024, batch=32, epochs=2, stall_after=5.0):
     key = StreamKey.parse(f"splits:{records}:7")
     state = InputState()
-    sched = SplitScheduler(key, state.progress(str(key)), epochs, split_records(records, batch),
+    sched = SplitScheduler(key, state.progress(str(key)), _completes(state, key), epochs,
+                           split_records(records, batch),
                            stall_after=stall_after)
     return sched, key
 
@@ -418,7 +426,7 @@ def test_every_record_once_per_epoch_while_producers_freeze_thaw_and_straggle():
         rng = random.Random(seed)
         key = StreamKey.parse("splits:300:5")
         state = InputState()
-        sched = SplitScheduler(key, state.progress(str(key)), 3, 10, stall_after=3.0)
+        sched = SplitScheduler(key, state.progress(str(key)), _completes(state, key), 3, 10, stall_after=3.0)
         servers = {p: PoolPolicy(key, f"p{p}", 3) for p in range(3)}
         for server in servers.values():
             server.on_hello(b"t", Hello("t", 1, 10**6, InputState()))
@@ -459,14 +467,16 @@ def test_every_record_once_per_epoch_while_producers_freeze_thaw_and_straggle():
 
 def test_a_producer_of_another_pool_is_refused_saying_endless_not_none_epochs(caplog):
     from stoker.consumer.exact.pool.pool_work import PoolWork
+    from stoker.consumer.exact.producers import KnownProducer
     from stoker.protocol.exact_messages import Status
     import logging
     import threading
 
     scheduler, _ = _scheduler(epochs=None)
-    work = PoolWork(scheduler, None, [], threading.Lock(), lambda i, frame: True, lambda i: None)
+    producers = [KnownProducer("tcp://127.0.0.1:1", None, 0.0)]
+    work = PoolWork(scheduler, None, producers, threading.Lock(), lambda i, frame: True, lambda i: None)
     with caplog.at_level(logging.ERROR, logger="stoker.consumer"):
         work.join(0, Status("splits:103:8", "p-other-seed", 0, 2, False, session=1))
-    assert work.pooled == set()
+    assert work.pooled() == [] and not producers[0].pooled
     assert "serves splits:103:8 (2 epochs) but this trainer's pool is splits:103:7 (endless)" in caplog.text
     assert "None" not in caplog.text

@@ -25,7 +25,7 @@ from stoker.producer.process import ProducerProcess
 
 pytestmark = pytest.mark.timeout(420)
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "torch_ddp.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "torch_ddp.py"
 RECORDS, BATCH, EPOCHS = 192, 8, 2
 
 

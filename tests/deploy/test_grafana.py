@@ -24,7 +24,7 @@ from stoker.producer.process import ProducerProcess
 from test_deploy import _tool
 
 pytestmark = pytest.mark.timeout(120)
-DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 DASHBOARDS = sorted((DEPLOY / "grafana" / "dashboards").glob("*.json"))
 # Grafana's own variables, replaced by what Grafana would put there before the query is parsed.
 GRAFANA_VARIABLES = {"$__rate_interval": "1m", "$__interval": "15s", "$__range": "30m"}

@@ -26,7 +26,7 @@ import pytest
 
 from stoker.producer.serve.status_file import DaemonStatus
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TOP_FOLDERS = ("protocol", "producer", "consumer", "cli")  # installed as stoker.protocol, stoker.producer, ...
 DOCKERFILES = (ROOT / "deploy" / "producer.Dockerfile", ROOT / "deploy" / "trainer.Dockerfile")
 #: the environment of the installed programs: nothing that could put the checkout on their sys.path

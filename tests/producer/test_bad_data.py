@@ -28,7 +28,7 @@ from stoker.producer.supervision.worker_progress import WorkerProgress
 pytestmark = pytest.mark.timeout(120)
 
 RECORDS = 60
-FAULTY = Path(__file__).parent / "pipelines" / "faulty_pipeline.py"
+FAULTY = Path(__file__).parents[1] / "pipelines" / "faulty_pipeline.py"
 EXACT = ["--workers", "1", "--batch-size", "8", "--image-size", "16", "--mode", "eval", "--seed", "3", "--epochs", "1"]
 
 

@@ -14,7 +14,7 @@ import pytest
 if not os.environ.get("CI"):  # CI installs the extra (.ci/run): there a missing torch fails the run
     pytest.importorskip("torch", reason="the stoker[torch] extra is not installed (.ci/run installs it)")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(300)
 
 

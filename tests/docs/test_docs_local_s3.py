@@ -22,7 +22,7 @@ from stoker.producer.process import ProducerProcess
 
 pytestmark = pytest.mark.timeout(300)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "local-s3.md"
 PORTS = ("9333", "8080", "8888", "8333")  # master, volume, filer, S3: the docs' ports, each replaced by a free pair
 

@@ -14,7 +14,7 @@ import yaml
 
 from stoker.cli.main import build_parser
 
-DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 K8S = sorted((DEPLOY / "k8s").rglob("*.yaml"))  # object-storage/ too
 
 

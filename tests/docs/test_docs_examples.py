@@ -27,7 +27,7 @@ from stoker.protocol import decode_batch
 
 pytestmark = pytest.mark.timeout(300)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 _FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 SCALE_DOWN = [  # (pattern, replacement): docs numbers -> a run of seconds on two CPU cores

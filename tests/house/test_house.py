@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("consumer", "producer", "protocol", "cli")
 MAX_MODULE_LINES = 400
 MAX_CLASS_LINES = 300

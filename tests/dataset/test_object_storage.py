@@ -35,7 +35,7 @@ def _local_s3():
     """benchmarks/local_s3.py, the one SeaweedFS launcher (the benchmarks use it too)."""
     import importlib.util
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "local_s3.py"
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "local_s3.py"
     spec = importlib.util.spec_from_file_location("local_s3", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)  # type: ignore[union-attr]
@@ -171,7 +171,7 @@ def test_the_server_killed_and_restarted_mid_epoch_costs_a_wait_not_a_record(wee
     skips = [line for line in producer.log_text().splitlines() if "skip" in line]
     assert not missing and set(seen.values()) == {1}, f"missing {missing}: {skips}"
     assert producer.counters()[2] == 0  # nothing skipped: the fetches waited for the server
-    assert _cache_bytes(cache) <= 2_000_000  # eviction and re-fetching: tests/test_sharded_dataset.py
+    assert _cache_bytes(cache) <= 2_000_000  # eviction and re-fetching: tests/dataset/test_sharded_dataset.py
 
 
 def test_a_cache_smaller_than_one_shard_is_refused_at_start_naming_the_flag(weed, dataset, tmp_path):

@@ -2,7 +2,7 @@
 rank of any world continues from it with each record of the open epochs served to exactly one new rank.
 
 The shares are judged by the elastic pool's own ``SplitEpoch`` (what a new rank's scheduler will ask for), not by
-a re-implementation in the test. Process-level: tests/test_torch_world_change.py."""
+a re-implementation in the test. Process-level: tests/torch_facade/test_torch_world_change.py."""
 
 from __future__ import annotations
 
