@@ -38,6 +38,7 @@ import signal
 import tempfile
 import time
 from collections import Counter, defaultdict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -325,13 +326,16 @@ def scheduler_at_scale(records: int, batch: int, producers: int, batches: int) -
     build here): ``producers`` serve in turn, a newcomer joins halfway; CPU microseconds per batch for what the
     transport does on each (arrived, consumed, a top-up of every producer fewest first, a stall check every 0.25 s)
     and how many work items the newcomer got at its first top-up."""
+    from stoker.consumer.exact.ledger import ConsumedLedger
     from stoker.consumer.exact.pool.split_plan import split_records
     from stoker.consumer.exact.pool.split_scheduler import SplitScheduler
     from stoker.protocol.input_state import InputState, StreamKey
 
     key = StreamKey.parse(f"splits:{records}:0")
     state = InputState()
-    sched = SplitScheduler(key, state.progress(str(key)), None, split_records(records, batch))
+    ledger = ConsumedLedger("bench", state)  # writes the epochs the scheduler completes, as in a trainer
+    sched = SplitScheduler(key, ledger.pool_progress(str(key)), partial(ledger.complete_pool_epoch, str(key)), None,
+                           split_records(records, batch))
     held: dict[int, list] = {p: [] for p in range(producers)}
     now, newcomer_items = 0.0, None
     checked = 0.0

@@ -152,7 +152,7 @@ class ExactControlPlane:
             link = p.link
             assert link is not None
             changed |= link.watch()
-            if i in self._pool.pooled and not link.connected:
+            if p.pooled and not link.connected:
                 self._pool.leave(i)  # gone (killed, cut off): its splits go to the others; back, it says hello
             handshakes = link.handshakes  # before the hello: a connection made meanwhile gets its own
             if self.active and handshakes > p.said_hello:
@@ -270,7 +270,7 @@ class ExactControlPlane:
     def rejected(self, i: int) -> None:
         """A batch from producer ``i`` was rejected (undecodable, wrong spec): in a pool its records would never
         arrive, so it starts afresh (a new session: its splits go back and its credit is whole again)."""
-        if i in self._pool.pooled:
+        if self.producers[i].pooled:
             self._hello(i)
 
     # ---- an elastic pool ---------------------------------------------------------------------
@@ -288,7 +288,7 @@ class ExactControlPlane:
         self._pool.check_stalls(now)
         if not self.active:
             return None
-        return self._shard_stalls.check(now, self.producers, self.live(), self._pool.pooled, self._open_epochs)
+        return self._shard_stalls.check(now, self.producers, self.live(), self._open_epochs)
 
     @property
     def stall_warnings(self) -> int:
@@ -306,7 +306,7 @@ class ExactControlPlane:
         lines = []
         for i in self.live():
             p = self.producers[i]
-            if i in self._pool.pooled:
+            if p.pooled:
                 lines.append(p.waiting_line(now) + self._pool.holdings(i))
             else:
                 lines.append(p.waiting_line(now) + shard_waiting(p.status, self._open_epochs))

@@ -5,11 +5,12 @@ bytes are ``state.pack_state``'s), for every facade alike, and the one exact-mod
 to: ``activate()`` before the first batch is taken, ``consumed(...)`` as a step takes one. The control
 plane (``ExactControlPlane``) attaches itself: it reads the ledger when it says hello (the trainer id, the
 records consumed), asks it to mark records as steps consume them (``mark``) and to drop epochs every trainer
-consumed (``note_stream``), and is active once ``started``. The ledger is the one writer of the state: only an
-elastic pool's scheduler completes epochs in the progress lent to it (``pool_progress``). No
-facade holds a copy of the trainer id. The ledger also owns the one column exact mode adds to each
-queued batch, ``stoker_source`` (which producer a batch came from, to report its records there):
-``with_source`` gives the queue's spec, ``source_column`` makes it, ``source_of`` reads it back.
+consumed (``note_stream``), and is active once ``started``. The ledger is the one writer of the state: an
+elastic pool's scheduler reads the progress lent to it (``pool_progress``) and reports each epoch it completes
+(``complete_pool_epoch``), which the ledger writes. No facade holds a copy of the trainer id. The ledger also
+owns the one column exact mode adds to each queued batch, ``stoker_source`` (which producer a batch came from,
+to report its records there): ``with_source`` gives the queue's spec, ``source_column`` makes it, ``source_of``
+reads it back.
 Thread-safe.
 """
 
@@ -112,10 +113,16 @@ class ConsumedLedger:
             progress.advance(completed)
 
     def pool_progress(self, stream: str) -> StreamProgress:
-        """Elastic pool ``stream``'s progress (named in the state from now on), lent to the pool's scheduler: it
-        completes in it the epochs whose records of this trainer's share are all consumed (or failed), the one
-        write the ledger leaves to another. The caller holds ``lock`` (the control plane, making the scheduler)."""
+        """Elastic pool ``stream``'s progress (named in the state from now on), lent to the pool's scheduler to
+        read (the epochs complete, the records consumed of the open ones); it completes an epoch through
+        ``complete_pool_epoch``. The caller holds ``lock`` (the control plane, making the scheduler)."""
         return self._state.progress(stream)
+
+    def complete_pool_epoch(self, stream: str, epoch: int) -> None:
+        """Epoch ``epoch`` of elastic pool ``stream`` is complete: every record of this trainer's share in it was
+        consumed or failed (the pool's scheduler says so, in order); its bitmap goes. The caller holds ``lock``
+        (the scheduler is used under it)."""
+        self._state.streams[stream].advance(epoch + 1)
 
     def note_split(self, stream: str, split: int) -> None:
         """Elastic pool ``stream``'s epochs are cut in splits of ``split`` records (saved: merging needs it).

@@ -4,13 +4,17 @@
   in its queued batches), which stays its own after it leaves the pool (its ``link`` is then None):
   the connection and the session this trainer runs with it, its latest status, the records of it
   queued here (``held``) and those steps consumed that it was not told yet (``reports``), the credit
-  owed to it, and when it was last heard from, sent a batch and was read.
+  owed to it, and when it was last heard from, sent a batch and was read; and its standing in this
+  trainer's elastic pool (``pool_work``): serving it (``pooled``), told to start afresh as stuck
+  (``restarted``), told the pool is finished (``told_finished_in``). What the pool's scheduler knows of
+  it (splits, pace, cache) is its ``PoolMember`` (``pool/pool_member.py``), under the lock.
 - ``ProducerLinks``: the records in one list, the ``zmq.Poller`` over their links (ready producers
   least recently read first), and what goes back to them besides hellos: credit, consumed records,
   heartbeats (``control_plane``'s doc says when), and a goodbye when the trainer's input closes.
 
 The control plane's thread owns both; ``stream``, ``held`` and ``reports`` are also touched by the
 steps (``ExactControlPlane.record_consumed``), so those are read and written under the control plane's lock.
+The pool standing is written and read by the control plane's thread alone, so it needs no lock.
 """
 
 from __future__ import annotations
@@ -41,7 +45,8 @@ class KnownProducer:
     """See the module doc. ``link``: its connection (None once it left the pool)."""
 
     __slots__ = ("address", "link", "session", "said_hello", "stream", "status", "held", "reports", "reported_at",
-                 "owed", "owed_at", "last_sent", "described_at", "heard_at", "batch_at", "read_turn")
+                 "owed", "owed_at", "last_sent", "described_at", "heard_at", "batch_at", "read_turn", "pooled",
+                 "restarted", "told_finished_in")
 
     def __init__(self, address: str, link: Link, now: float) -> None:
         self.address = address
@@ -60,6 +65,9 @@ class KnownProducer:
         self.heard_at = now  # any message (batch or status) from it
         self.batch_at = now  # a batch of the current session, or the hello that began it
         self.read_turn = 0  # the control plane's read count when it was last read: ``poll`` serves the oldest first
+        self.pooled = False  # it serves this trainer's elastic pool under the current session
+        self.restarted = False  # taken for stuck in the pool and told to start afresh; not answered yet
+        self.told_finished_in: Optional[int] = None  # the session it was told the pool's run is complete in
 
     def name(self) -> str:
         """The producer as a person finds it: its id (from its status) and the address we connect to."""

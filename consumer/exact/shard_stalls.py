@@ -14,7 +14,7 @@ records, one ``_Silence`` per producer; the control plane calls ``check`` every 
 from __future__ import annotations
 
 import logging
-from typing import Callable, Container, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from stoker.protocol.exact_messages import Status
 from stoker.protocol.input_state import InputState, StreamKey
@@ -50,11 +50,12 @@ class ShardStallWatch:
         """The trainer's queue is full: producers wait for credit, which is not a stall of theirs."""
         self.queue_full_at = now
 
-    def check(self, now: float, producers: Sequence[KnownProducer], live: Sequence[int], pooled: Container[int],
+    def check(self, now: float, producers: Sequence[KnownProducer], live: Sequence[int],
               open_epochs: Callable[[str], str]) -> Optional[str]:
         """Warn about the ``live`` producers (numbers into ``producers``) silent past the bound; the error to fail
-        the input with once one stayed silent past ``stall_limit`` (else None). ``pooled``: those serving an elastic
-        pool (not watched here); ``open_epochs(stream)``: what the trainer still waits for of a shard."""
+        the input with once one stayed silent past ``stall_limit`` (else None); those serving an elastic pool
+        (``KnownProducer.pooled``) are not watched here. ``open_epochs(stream)``: what the trainer still waits
+        for of a shard."""
         if self.stall_after is None:
             return None
         # The two latest batches: "others moved on" for producer i is the latest that is not its own.
@@ -64,7 +65,7 @@ class ShardStallWatch:
             silence = self._silences.get(i)
             if silence is None:
                 silence = self._silences[i] = _Silence()
-            if i in pooled or not _waited_on(p, now, self.stall_after):
+            if p.pooled or not _waited_on(p, now, self.stall_after):
                 p.not_waited_on(now)  # its silence counts from when it is waited on again
                 silence.next_at = 0.0
                 continue

@@ -7,8 +7,9 @@ producer reported yet), so the answers for "no pool" live in one place:
   ``configure``); a pool producer that reports before this joins then.
 - ``reported(i, status, session)``: a producer's status; one serving the pool under this trainer's session
   joins (``join``). The first pool producer names the dataset: the scheduler is made from the plan on the
-  ledger's progress of that stream (``ConsumedLedger.pool_progress``, lent to it), the split noted in the
-  ledger; then every pool producer is handed work (``PoolWork.join``). ``leave(i)``: its splits go back.
+  ledger's progress of that stream (``ConsumedLedger.pool_progress``, lent to it to read; it reports the epochs
+  it completes to ``ConsumedLedger.complete_pool_epoch``), the split noted in the ledger; then every pool
+  producer is handed work (``PoolWork.join``). ``leave(i)``: its splits go back.
   A fixed shard's producer, to a trainer of a share of several, is named once: shares apply to pools.
 - ``arrived`` answers a pool batch's rows to keep: none of a pool this trainer has no seat at.
 
@@ -18,7 +19,8 @@ Used on the control plane's thread; ``consumed`` is called by the steps under th
 from __future__ import annotations
 
 import logging
-from typing import Callable, Container, Optional, Sequence
+from functools import partial
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -55,11 +57,6 @@ class PoolSeat:
     def scheduler(self) -> Optional[SplitScheduler]:
         return self.work.scheduler if self.work is not None else None
 
-    @property
-    def pooled(self) -> Container[int]:
-        """The producers serving this trainer's splits under their current session."""
-        return self.work.pooled if self.work is not None else ()
-
     def reported(self, i: int, status: Status, session: int) -> None:
         """Producer ``i`` reported ``status`` while this trainer's session with it is ``session``: it joins if it
         serves an elastic pool under that session; a fixed shard's producer is named once to a trainer of a share
@@ -78,12 +75,12 @@ class PoolSeat:
         if self._plan is None:
             return  # plan() comes first: the control plane joins it then
         if self.work is None:
-            with self._ledger.lock:
-                scheduler = self._plan.scheduler(StreamKey.parse(status.stream),
-                                                 self._ledger.pool_progress(status.stream), status.epochs)
-                self._ledger.note_split(status.stream, scheduler.split)
-                self.work = PoolWork(scheduler, self._spec, self._producers, self._ledger.lock, self._send,
-                                     self._restart)
+            stream, ledger = status.stream, self._ledger
+            with ledger.lock:
+                scheduler = self._plan.scheduler(StreamKey.parse(stream), ledger.pool_progress(stream),
+                                                 partial(ledger.complete_pool_epoch, stream), status.epochs)
+                ledger.note_split(stream, scheduler.split)
+                self.work = PoolWork(scheduler, self._spec, self._producers, ledger.lock, self._send, self._restart)
         self.work.join(i, status)
 
     def leave(self, i: int) -> None:
@@ -116,7 +113,7 @@ class PoolSeat:
 
     def holdings(self, i: int) -> str:
         """What pooled producer ``i`` holds, for a trainer's report of what it waits for ("" if not pooled)."""
-        return self.work.holdings(i) if self.work is not None and i in self.work.pooled else ""
+        return self.work.holdings(i) if self.work is not None and self._producers[i].pooled else ""
 
     def summary(self) -> list[str]:
         """The pool's line in that report (none without a pool)."""

@@ -14,7 +14,8 @@ trainer's session, around the ``SplitScheduler`` its ``SchedulerPlan`` makes for
   (``restart``: a hello, a new session: they drop what they queued for us), and rejoin when they answer.
 
 Runs on the control plane's thread; the scheduler is used under the control plane's lock (steps report
-consumed records from their own threads).
+consumed records from their own threads). A producer's standing here (serving the pool, told to start afresh,
+told the pool is finished) is its ``KnownProducer`` record's, which that thread alone writes and reads.
 """
 
 from __future__ import annotations
@@ -56,10 +57,7 @@ class PoolWork:
         self.scheduler = scheduler
         self.key = str(scheduler.key)
         self._spec, self._producers, self._lock, self._send, self._restart = spec, producers, lock, send, restart
-        self.pooled: set[int] = set()  # producers serving this trainer's splits under the current session
-        self._restarted: set[int] = set()  # taken for stuck and told to start afresh; not answered yet
         self._refused: set[str] = set()  # producer ids named for serving another pool
-        self._told_finished: set[tuple[int, int]] = set()  # (producer, session) told the run is complete
         share = f", share {scheduler.rank}/{scheduler.world}" if scheduler.world > 1 else ""
         layout = (f", shard by shard ({scheduler.key.block} records each, {scheduler.key.window} a window)"
                   if scheduler.key.block else "")
@@ -69,6 +67,10 @@ class PoolWork:
     @property
     def finished(self) -> bool:
         return self.scheduler.finished
+
+    def pooled(self) -> list[int]:
+        """The producers serving this trainer's splits under their current session, by number."""
+        return [i for i, p in enumerate(self._producers) if p.pooled]
 
     def _refusal(self, status: Status) -> str:
         """Why a producer reporting ``status`` gets no work ("" if it may join)."""
@@ -86,7 +88,8 @@ class PoolWork:
 
     def join(self, i: int, status: Status) -> None:
         """Producer ``i`` reported ``status`` under this trainer's session: hand it splits (see the module doc)."""
-        if i in self.pooled:
+        p = self._producers[i]
+        if p.pooled:
             return
         why = self._refusal(status)
         if why:
@@ -94,34 +97,34 @@ class PoolWork:
                 self._refused.add(status.producer)
                 log.error("producer %s gets no work: %s", status.producer, why)
             return
-        self.pooled.add(i)
+        p.pooled = True
         if self.scheduler.holdings is not None:  # which shards it caches: it gets their splits
             with self._lock:
                 self.scheduler.holdings.note(i, status.cache, status.held)
-        if i in self._restarted:
-            self._restarted.discard(i)
-            log.warning("elastic pool: producer %s answers again: it takes new work", self._producers[i].name())
+        if p.restarted:
+            p.restarted = False
+            log.warning("elastic pool: producer %s answers again: it takes new work", p.name())
         self._give_work(i)  # new to the scheduler: its first top-up makes it known
         self.give_work_all()
 
     def leave(self, i: int) -> None:
         """Producer ``i`` no longer serves under its session (gone, cut off, restarted): its splits go back."""
-        if i in self.pooled:
-            self.pooled.discard(i)
+        p = self._producers[i]
+        if p.pooled:
+            p.pooled = False
             with self._lock:
                 released = self.scheduler.release(i)
             if released:
                 log.info("producer %s left or restarted: %d unfinished split(s) go to the others",
-                         self._producers[i].address, released)
+                         p.address, released)
 
     def give_work_all(self) -> None:
         """Top up every pooled producer, those holding the fewest splits first: when splits are scarce (the
         window's end, a small dataset) a producer that joined takes the next free one."""
-        if not self.pooled:
-            return
+        producers = self._producers
         with self._lock:
-            order = list(self.pooled) if self.scheduler.finished else \
-                [i for i in self.scheduler.wants_work() if i in self.pooled]
+            order = self.pooled() if self.scheduler.finished else \
+                [i for i in self.scheduler.wants_work() if producers[i].pooled]
         for i in order:
             self._give_work(i)
 
@@ -129,9 +132,10 @@ class PoolWork:
         with self._lock:
             finished = self.scheduler.finished
             items = [] if finished else self.scheduler.top_up(i)
-        session = self._producers[i].session
-        if finished and (i, session) not in self._told_finished:
-            self._told_finished.add((i, session))
+        p = self._producers[i]
+        session = p.session
+        if finished and p.told_finished_in != session:
+            p.told_finished_in = session
             self._send(i, encode_work(Work(session, [], finished=True)))
         elif items:
             for start in range(0, len(items), MAX_WORK_ITEMS):
@@ -175,7 +179,7 @@ class PoolWork:
                             self.scheduler.pace.stall_bound(), held)
             # A new session: the producer drops what it queued for us (it would make it for nothing) and rejoins
             # the pool when it answers; batches it made before are stale and dropped.
-            self._restarted.add(producer)
+            self._producers[producer].restarted = True
             self._restart(producer)
         if stuck:
             self.give_work_all()

@@ -7,7 +7,7 @@ A function of the trainer's configuration and the dataset alone: trainers sharin
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 from stoker.protocol.exact_messages import MAX_SPLIT
 from stoker.protocol.input_state import StreamKey, StreamProgress
@@ -56,10 +56,12 @@ class SchedulerPlan:
     share: tuple[int, int] = (0, 1)  # (rank, world): this trainer's splits
     stall_after: Optional[float] = STALL_AFTER_S
 
-    def scheduler(self, key: StreamKey, progress: StreamProgress, epochs: Optional[int]) -> SplitScheduler:
-        """The scheduler of pool ``key`` (``epochs``: None for ever); ValueError if this trainer's share is empty."""
+    def scheduler(self, key: StreamKey, progress: StreamProgress, complete: Callable[[int], None],
+                  epochs: Optional[int]) -> SplitScheduler:
+        """The scheduler of pool ``key`` (``epochs``: None for ever) reading ``progress``, reporting each epoch it
+        completes to ``complete`` (``SplitScheduler``); ValueError if this trainer's share is empty."""
         split = split_records(key.records, self.batch_size, self.share[1])
         # A layout cuts splits at each window of shards too: they are no larger than a window.
         longest = min(split, key.block * key.window) if key.block else split
-        return SplitScheduler(key, progress, epochs, split, *self.share,
+        return SplitScheduler(key, progress, complete, epochs, split, *self.share,
                               ahead=splits_ahead(longest, self.batch_size, self.credit), stall_after=self.stall_after)

@@ -27,8 +27,9 @@ data-parallel trainers take disjoint shares, so nothing has to be agreed between
 - ``release(i)``: producer ``i`` left the pool, disconnected or restarted: its unfinished splits
   go back, less what arrived, to be handed to the others.
 - ``consumed(...)`` follows the steps; an epoch whose share is all consumed (or failed) is
-  completed in the input state (its bitmap dropped) and logged (``EpochLog``: summarised, not a line
-  each); ``finished`` after ``epochs`` epochs.
+  reported complete (``complete(epoch)``: the ledger, the input state's one writer, drops its bitmap) and
+  logged (``EpochLog``: summarised, not a line each); ``finished`` after ``epochs`` epochs. The scheduler
+  only reads the state's ``progress``.
 
 Exactness follows from the trainer alone: a record is delivered to a step at most once per
 epoch (``arrived``), and every record of the share is asked for until it arrived (``release``,
@@ -40,7 +41,7 @@ one once the dataset is known (the first pool producer's status).
 from __future__ import annotations
 
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -60,17 +61,19 @@ BACKUP_CHECK_S = 0.25  # idle producers look for a split to back up at most this
 
 
 class SplitScheduler:
-    """See the module doc. ``progress``: the trainer's state of this stream (marked by the steps).
-    ``stall_after``: the floor of the stall bound in seconds (None: never take a producer for stuck)."""
+    """See the module doc. ``progress``: the trainer's state of this stream (marked by the steps), read here;
+    ``complete(epoch)``: ``epoch`` is complete, for its owner to write in it (``ConsumedLedger.complete_pool_epoch``),
+    called in order of epochs. ``stall_after``: the floor of the stall bound in seconds (None: never take a
+    producer for stuck)."""
 
-    def __init__(self, key: StreamKey, progress: StreamProgress, epochs: Optional[int], split: int,
-                 rank: int = 0, world: int = 1, ahead: int = DEFAULT_AHEAD,
+    def __init__(self, key: StreamKey, progress: StreamProgress, complete: Callable[[int], None],
+                 epochs: Optional[int], split: int, rank: int = 0, world: int = 1, ahead: int = DEFAULT_AHEAD,
                  stall_after: Optional[float] = STALL_AFTER_S) -> None:
         if not key.splits:
             raise ValueError(f"stream {key} is not an elastic pool's")
         if not 1 <= split <= MAX_SPLIT or not 0 <= rank < world:
             raise ValueError(f"split of {split} records (1-{MAX_SPLIT}) or share {rank}/{world} is invalid")
-        self.key, self.progress, self.epochs, self.split = key, progress, epochs, split
+        self.key, self.progress, self._complete, self.epochs, self.split = key, progress, complete, epochs, split
         self.rank, self.world, self.ahead, self.stall_after = rank, world, ahead, stall_after
         self.records = key.records
         self.splits = -(-self.records // split)  # splits of an epoch (at least: a shard layout cuts at its windows too)
@@ -121,7 +124,7 @@ class SplitScheduler:
             e = self.progress.completed
             del self.open[e]
             closed = True
-            self.progress.advance(e + 1)
+            self._complete(e)  # the ledger writes it: progress.completed is e + 1 from now on
             self.epoch_log.completed(e, last=e + 1 == self.epochs)
         for e in [e for e in self.open if e < self.progress.completed]:
             del self.open[e]
