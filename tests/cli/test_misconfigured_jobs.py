@@ -7,7 +7,7 @@ own timeout, so a fall-back to the timeout fails the test instead of passing slo
 
 from __future__ import annotations
 
-import socket
+import functools
 import subprocess
 import sys
 import time
@@ -16,7 +16,7 @@ import pytest
 
 from stoker.consumer import InputError, InputMismatchError, InputTimeoutError, ZMQInput
 from stoker.producer.process import ProducerProcess
-from conftest import SYNTH_CLASSES
+from conftest import SYNTH_CLASSES, one_worker_producer, unused_port
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -24,9 +24,7 @@ BATCH, SIZE = 8, 32
 NEVER = 3600.0  # recv_timeout: the test's own timeout ends first if the trainer waits for it
 
 
-def _producer(lmdb, *extra):
-    args = ["--workers", "1", "--batch-size", str(BATCH), "--image-size", str(SIZE), *extra]
-    return ProducerProcess(lmdb, extra_args=args)
+_producer = functools.partial(one_worker_producer, batch=BATCH, size=SIZE)
 
 
 @pytest.mark.parametrize("receive", ["auto", "libzmq"])
@@ -135,13 +133,6 @@ def test_one_producer_at_another_image_size_does_not_stop_a_pool_that_delivers(s
     assert f"(stoker train: --image-size {SIZE // 2})" in stats.last_error
 
 
-def _closed_port() -> int:
-    """A loopback port nothing listens on (bound, then released)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _wait_for_log(caplog, text: str, bound_s: float = 100.0) -> str:
     deadline = time.monotonic() + bound_s  # a bound against hanging, far beyond when the warning is due
     while time.monotonic() < deadline:
@@ -154,7 +145,7 @@ def _wait_for_log(caplog, text: str, bound_s: float = 100.0) -> str:
 
 @pytest.mark.parametrize("receive", ["auto", "libzmq"])
 def test_a_trainer_warns_early_naming_an_address_nothing_listens_on(caplog, receive):
-    address = f"tcp://127.0.0.1:{_closed_port()}"
+    address = f"tcp://127.0.0.1:{unused_port()}"
     with ZMQInput([address], batch_size=BATCH, image_shape=(SIZE, SIZE, 3), recv_timeout=NEVER, receive=receive):
         line = _wait_for_log(caplog, "cannot reach producers")
     assert address in line and "stoker produce" in line

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 import textwrap
@@ -16,16 +17,14 @@ from stoker.consumer.exact.state import parse_state
 from stoker.producer.process import ProducerProcess
 from stoker.producer.dataset.build.synthetic import build_synthetic
 
-from conftest import CHECKSUM_WEIGHTS as WEIGHTS, EVAL_SIZE as SIZE
+from conftest import CHECKSUM_WEIGHTS as WEIGHTS, EVAL_SIZE as SIZE, one_worker_producer
 
 pytestmark = pytest.mark.timeout(180)
 
 BATCH = 8
 
 
-def _producer(lmdb, *extra):
-    return ProducerProcess(lmdb, extra_args=["--workers", "1", "--batch-size", str(BATCH), "--image-size", str(SIZE),
-                                             *extra])
+_producer = functools.partial(one_worker_producer, batch=BATCH, size=SIZE)
 
 
 @pytest.mark.parametrize("receive", ["auto", "libzmq"])

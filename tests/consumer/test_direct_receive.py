@@ -5,6 +5,7 @@ Real producer processes, real libzmq PUSH sockets on the other end, real TensorF
 
 from __future__ import annotations
 
+import functools
 import socket
 import threading
 import time
@@ -17,10 +18,9 @@ import tensorflow as tf
 import zmq
 
 from stoker.consumer import InputTimeoutError, ZMQInput
-from stoker.producer.process import ProducerProcess
 from stoker.protocol import encode_batch
 
-from conftest import CHECKSUM_WEIGHTS as WEIGHTS, EVAL_SIZE as SIZE, stoker_batch
+from conftest import CHECKSUM_WEIGHTS as WEIGHTS, EVAL_SIZE as SIZE, stoker_batch, one_worker_producer
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -28,9 +28,7 @@ BATCH = 8
 SHAPE = (SIZE, SIZE, 3)
 
 
-def _producer(lmdb, *extra, bind="tcp://127.0.0.1:*"):
-    args = ["--workers", "1", "--batch-size", str(BATCH), "--image-size", str(SIZE), "--log-interval", "1", *extra]
-    return ProducerProcess(lmdb, bind=bind, extra_args=args)
+_producer = functools.partial(one_worker_producer, batch=BATCH, size=SIZE, flags=("--log-interval", "1"))
 
 
 def test_every_record_arrives_once_per_epoch_with_the_pixels_the_eval_transform_makes(synth_lmdb, record_by_checksum):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -15,14 +14,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from stoker.consumer import ZMQInput
 from stoker.producer.process import ProducerProcess
 
+from conftest import unused_port
+
 pytestmark = pytest.mark.timeout(120)
 ARGS = ["--workers", "1", "--batch-size", "8", "--image-size", "32", "--log-interval", "1"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _metrics(url: str) -> dict[str, float]:
@@ -37,7 +32,7 @@ def _value(metrics: dict[str, float], prefix: str) -> float:
 
 
 def test_producer_and_trainer_metrics_are_scraped_and_status_names_the_bottleneck(synth_lmdb):
-    port = _free_port()
+    port = unused_port()
     with ProducerProcess(synth_lmdb, extra_args=[*ARGS, "--metrics-port", str(port)]) as producer, \
             ZMQInput([producer.endpoint], batch_size=8, image_shape=(32, 32, 3), recv_timeout=30,
                      queue_capacity=8) as inp:
@@ -71,7 +66,7 @@ def test_producer_and_trainer_metrics_are_scraped_and_status_names_the_bottlenec
 
 
 def test_status_names_an_unreachable_url():
-    out = subprocess.run([sys.executable, "-m", "stoker.cli.main", "status", "--metrics", f"127.0.0.1:{_free_port()}",
+    out = subprocess.run([sys.executable, "-m", "stoker.cli.main", "status", "--metrics", f"127.0.0.1:{unused_port()}",
                           "--interval", "0.1"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and "cannot read http://127.0.0.1:" in out.stderr
 
@@ -80,7 +75,7 @@ def test_status_shows_the_urls_that_answer_and_marks_the_one_that_is_down(synth_
     # Issue 39.11: one departed producer used to hide the rest behind "cannot read http://A/metrics", exit 1.
     from stoker.consumer import BatchStream
 
-    port, gone = _free_port(), f"127.0.0.1:{_free_port()}"  # nothing listens on ``gone``
+    port, gone = unused_port(), f"127.0.0.1:{unused_port()}"  # nothing listens on ``gone``
     with ProducerProcess(synth_lmdb, extra_args=[*ARGS, "--metrics-port", str(port)]) as producer, \
             BatchStream([producer.endpoint], recv_timeout=30) as stream:
         trainer_port = stream.serve_metrics(0)

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import cv2
@@ -20,16 +18,14 @@ from stoker.producer.dataset.build.builder import build_lmdb
 from stoker.producer.images.decode import decode_rgb
 from stoker.producer.dataset.build.synthetic import build_synthetic, synthetic_jpeg
 
+from conftest import stoker_cli
+
 from image_samples import FORMATS, bomb, encode, pattern_image, real_png_bomb
 
 
 def _jpeg(seed: int) -> bytes:
     image = np.random.default_rng(seed).integers(0, 255, (40, 50, 3), dtype=np.uint8)
     return cv2.imencode(".jpg", image)[1].tobytes()
-
-
-def _stoker(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "stoker.cli.main", *args], capture_output=True, text=True, timeout=120)
 
 
 @pytest.fixture
@@ -60,7 +56,7 @@ def test_folder_build_keeps_encoded_bytes_and_skips_corrupt_files_by_path(image_
 
 
 def test_cli_build_reports_skipped_files_and_counts(image_folder, tmp_path):
-    result = _stoker("lmdb", "build", str(image_folder), str(tmp_path / "out"), "--quiet")
+    result = stoker_cli("lmdb", "build", str(image_folder), str(tmp_path / "out"), "--quiet")
     assert result.returncode == 0, result.stderr
     assert "wrote 7 records in 2 classes" in result.stdout and "skipped 3 files" in result.stdout
     assert "garbage.jpg: the 20 image bytes are not a JPEG, PNG, WebP, BMP, GIF or TIFF image" in result.stdout
@@ -105,7 +101,7 @@ def test_folder_build_takes_every_format_by_content_and_names_every_file_it_leav
         for index in range(len(ds)):
             decoded = decode_rgb(ds.read(index)["image"])
             assert decoded.shape == rgb.shape and np.abs(decoded.astype(int) - rgb).mean() < 40
-    result = _stoker("lmdb", "build", str(src), str(tmp_path / "out2"), "--quiet")
+    result = stoker_cli("lmdb", "build", str(src), str(tmp_path / "out2"), "--quiet")
     assert f"skipped {len(leave_out)} files" in result.stdout
     for path in leave_out:
         assert str(src / path) in result.stdout
@@ -154,7 +150,7 @@ def test_other_format_version_is_refused_with_a_clear_message(tmp_path):
 def test_missing_lmdb_path_says_how_to_make_one(tmp_path):
     with pytest.raises(DatasetError, match="stoker lmdb synth"):
         LmdbDataset(tmp_path / "nope")
-    result = _stoker("lmdb", "info", str(tmp_path / "nope"))
+    result = stoker_cli("lmdb", "info", str(tmp_path / "nope"))
     assert result.returncode == 2 and "no LMDB at" in result.stderr and "Traceback" not in result.stderr
 
 
@@ -181,7 +177,7 @@ def test_synthetic_dataset_is_deterministic_and_photo_sized():
 
 
 def test_info_prints_count_classes_version_and_samples(synth_lmdb):
-    result = _stoker("lmdb", "info", str(synth_lmdb), "--samples", "3")
+    result = stoker_cli("lmdb", "info", str(synth_lmdb), "--samples", "3")
     assert result.returncode == 0, result.stderr
     assert "records:  96" in result.stdout and "version 2" in result.stdout
     assert "fields:   image (image), label (int)" in result.stdout
@@ -280,13 +276,13 @@ def test_jsonl_build_reads_image_paths_and_keeps_json_values(tmp_path):
     lines.insert(1, "{not json")
     lines.append(json.dumps({"image": "img/missing.png", "boxes": [], "classes": []}))
     (tmp_path / "train.jsonl").write_text("\n".join(lines) + "\n")
-    result = _stoker("lmdb", "build", "--jsonl", str(tmp_path / "train.jsonl"), str(tmp_path / "out"), "--quiet",
+    result = stoker_cli("lmdb", "build", "--jsonl", str(tmp_path / "train.jsonl"), str(tmp_path / "out"), "--quiet",
                      "--task", "detection")
     assert result.returncode == 0, result.stderr
     assert "wrote 3 records to" in result.stdout and "skipped 2 lines" in result.stdout
     assert f"{tmp_path / 'train.jsonl'}:2: not a JSON object" in result.stdout
     assert f"{tmp_path / 'train.jsonl'}:5: unreadable" in result.stdout
-    info = _stoker("lmdb", "info", str(tmp_path / "out"), "--samples", "3")
+    info = stoker_cli("lmdb", "info", str(tmp_path / "out"), "--samples", "3")
     assert "task:     detection" in info.stdout and "fields:   image (image), boxes (list), classes (list)" in info.stdout
     assert "boxes: [[1, 2, 10, 20], [1, 2, 10, 20]]" in info.stdout and "png" in info.stdout
 
@@ -324,7 +320,7 @@ def test_a_folder_whose_first_file_is_empty_still_checks_every_image(tmp_path):
     for i in range(3):
         (src / f"9-good-{i}.jpg").write_bytes(_jpeg(i))
     out = tmp_path / "ds.lmdb"
-    run = _stoker("lmdb", "build", str(tmp_path / "train"), str(out), "--quiet")
+    run = stoker_cli("lmdb", "build", str(tmp_path / "train"), str(out), "--quiet")
     assert run.returncode == 0, run.stderr
     report_lines = run.stdout.splitlines()
     for name in _broken_files():

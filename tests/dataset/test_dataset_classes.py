@@ -25,14 +25,12 @@ from stoker.producer.dataset.sources import DatasetError, LmdbDataset
 from stoker.producer.dataset.sources.lmdb_format import META_KEY
 from stoker.producer.dataset.build.synthetic import build_synthetic
 
+from conftest import stoker_cli
+
 
 def _jpeg(seed: int) -> bytes:
     image = np.random.default_rng(seed).integers(0, 255, (30, 40, 3), dtype=np.uint8)
     return cv2.imencode(".jpg", image)[1].tobytes()
-
-
-def _stoker(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "stoker.cli.main", *args], capture_output=True, text=True, timeout=120)
 
 
 def _stoker_on_a_terminal(*args: str, timeout: float = 120) -> tuple[int, str]:
@@ -76,7 +74,7 @@ def folder_with_an_empty_class(tmp_path: Path) -> Path:
 
 def test_an_empty_class_folder_is_refused_naming_it_and_saying_how_to_fix_it(folder_with_an_empty_class, tmp_path):
     out = tmp_path / "out.lmdb"
-    run = _stoker("lmdb", "build", str(folder_with_an_empty_class), str(out), "--quiet")
+    run = stoker_cli("lmdb", "build", str(folder_with_an_empty_class), str(out), "--quiet")
     assert run.returncode == 2, run.stdout
     assert str(folder_with_an_empty_class / "empty_class") + " (no files)" in run.stderr
     assert "Remove the folder" in run.stderr and "--allow-empty-classes" in run.stderr
@@ -97,7 +95,7 @@ def test_a_class_folder_whose_every_file_is_skipped_is_refused_naming_its_files(
 
 def test_allow_empty_classes_keeps_the_folder_as_a_class_with_0_records_and_warns(folder_with_an_empty_class, tmp_path):
     out = tmp_path / "out.lmdb"
-    run = _stoker("lmdb", "build", str(folder_with_an_empty_class), str(out), "--quiet", "--allow-empty-classes")
+    run = stoker_cli("lmdb", "build", str(folder_with_an_empty_class), str(out), "--quiet", "--allow-empty-classes")
     assert run.returncode == 0, run.stderr
     assert "warning: class 'empty_class' has 0 records, kept as label 2 (--allow-empty-classes)" in run.stdout
     assert "\n  empty_class  0\n" in run.stdout
@@ -108,11 +106,11 @@ def test_allow_empty_classes_keeps_the_folder_as_a_class_with_0_records_and_warn
 def test_build_and_info_print_the_records_of_every_class_nested_folders_included(folder_with_an_empty_class, tmp_path):
     (folder_with_an_empty_class / "empty_class").rmdir()
     out = tmp_path / "out.lmdb"
-    build = _stoker("lmdb", "build", str(folder_with_an_empty_class), str(out), "--quiet")
+    build = stoker_cli("lmdb", "build", str(folder_with_an_empty_class), str(out), "--quiet")
     assert build.returncode == 0, build.stderr
     per_class = "records per class:\n  cat   2\n  dog   3\n  ship  2\n"
     assert per_class in build.stdout  # dog/more/deeper/n.jpg is a dog
-    info = _stoker("lmdb", "info", str(out))
+    info = stoker_cli("lmdb", "info", str(out))
     assert info.returncode == 0, info.stderr
     assert per_class in info.stdout
 
@@ -124,10 +122,10 @@ def test_build_summarises_many_classes_and_leaves_the_full_list_to_info(tmp_path
         for i in range(1 + (c == 7) + 2 * (c == 11)):
             (src / f"c{c:02d}" / f"{i}.jpg").write_bytes(_jpeg(c * 10 + i))
     out = tmp_path / "out.lmdb"
-    build = _stoker("lmdb", "build", str(src), str(out), "--quiet")
+    build = stoker_cli("lmdb", "build", str(src), str(out), "--quiet")
     assert f"records per class: min 1 (c00), median 1, max 3 (c11); `stoker lmdb info {out}` lists every class" \
         in build.stdout
-    info = _stoker("lmdb", "info", str(out))
+    info = stoker_cli("lmdb", "info", str(out))
     assert "\n  c07  2\n" in info.stdout and "\n  c24  1\n" in info.stdout
 
 
@@ -148,11 +146,11 @@ def test_info_on_a_dataset_built_before_per_class_counts_says_unknown_and_counts
     _dataset_without_class_counts(old, [0, 1, 1, 0, 1], ["a", "b", "c"])
     with LmdbDataset(old) as ds:
         assert ds.meta.class_counts is None and len(ds) == 5  # still read as before
-    info = _stoker("lmdb", "info", str(old))
+    info = stoker_cli("lmdb", "info", str(old))
     assert info.returncode == 0, info.stderr
     assert "records per class: unknown (built before Stoker stored them" in info.stdout
     assert "--count-classes" in info.stdout
-    counted = _stoker("lmdb", "info", str(old), "--count-classes")
+    counted = stoker_cli("lmdb", "info", str(old), "--count-classes")
     assert counted.returncode == 0, counted.stderr
     assert "records per class (counted now):\n  a  2\n  b  3\n  c  0\n" in counted.stdout
 
@@ -191,8 +189,8 @@ def test_each_skipped_file_is_named_exactly_once_on_a_terminal(tmp_path):
 
 
 def test_build_help_says_nested_folders_belong_to_their_class_and_what_happens_to_empty_ones():
-    run = _stoker("lmdb", "build", "--help")
+    run = stoker_cli("lmdb", "build", "--help")
     text = " ".join(run.stdout.split())
     assert "files in nested sub-folders of a class folder belong to that class" in text
     assert "--allow-empty-classes" in text and "class with 0 records" in text
-    assert "records per class" in " ".join(_stoker("lmdb", "info", "--help").stdout.split())
+    assert "records per class" in " ".join(stoker_cli("lmdb", "info", "--help").stdout.split())

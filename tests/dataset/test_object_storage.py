@@ -25,24 +25,15 @@ from stoker.producer.dataset.build.synthetic import build_synthetic
 from stoker.producer.dataset.build.write_records import write_lmdb
 from stoker.producer.process import ProducerProcess, ProducerStartError
 
+from conftest import benchmark_module
+
 s3fs = pytest.importorskip("s3fs") if not os.environ.get("CI") else __import__("s3fs")
 pytestmark = pytest.mark.timeout(300)
 
 RECORDS = 80
 
 
-def _local_s3():
-    """benchmarks/local_s3.py, the one SeaweedFS launcher (the benchmarks use it too)."""
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "local_s3.py"
-    spec = importlib.util.spec_from_file_location("local_s3", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
-
-
-local_s3 = _local_s3()
+local_s3 = benchmark_module("local_s3")  # the one SeaweedFS launcher (the benchmarks use it too)
 CREDENTIALS = local_s3.CREDENTIALS
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,11 +23,17 @@ import pytest
 from stoker.producer.dataset.sources.storage_retry import StorageRefused, classify, retried
 from stoker.producer.dataset.build.synthetic import build_synthetic
 
-from test_object_storage import CREDENTIALS, local_s3
+from conftest import benchmark_module, unused_port
+
 
 pytestmark = pytest.mark.timeout(240)
 
 HANG = 20.0  # seconds a signalled process may take to exit: a hang detector, not a performance figure
+
+# Its producers read s3:// URLs, as test_object_storage.py's do: skipped without s3fs, except in CI.
+pytest.importorskip("s3fs") if not os.environ.get("CI") else __import__("s3fs")
+local_s3 = benchmark_module("local_s3")
+CREDENTIALS = local_s3.CREDENTIALS
 
 
 @pytest.fixture(scope="module")
@@ -45,12 +50,6 @@ def sharded(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("data") / "sharded"
     build_synthetic(out, 12, seed=3, num_classes=2, progress=False, shard_bytes=500_000)
     return out
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]  # closed again on leaving: connections are refused
 
 
 def _stoker(*args: str, log: Path, env: dict) -> subprocess.Popen:
@@ -82,7 +81,7 @@ def _no_credentials_env(home: Path) -> dict:
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_signal_stops_a_producer_retrying_a_storage_server_that_is_not_there(tmp_path, sig):
     log = tmp_path / "produce.log"
-    proc = _stoker("produce", "--lmdb", "s3://stoker/train", "--s3-endpoint", f"http://127.0.0.1:{_closed_port()}",
+    proc = _stoker("produce", "--lmdb", "s3://stoker/train", "--s3-endpoint", f"http://127.0.0.1:{unused_port()}",
                    "--fetch-retry-seconds", "600", "--bind", "tcp://127.0.0.1:*", log=log,
                    env={**os.environ, **CREDENTIALS})
     try:
@@ -100,7 +99,7 @@ def test_a_signal_stops_a_producer_retrying_a_storage_server_that_is_not_there(t
 def test_a_signal_stops_an_upload_retrying_a_storage_server_that_is_not_there(tmp_path, sharded, sig):
     log = tmp_path / "upload.log"
     proc = _stoker("lmdb", "upload", str(sharded), "s3://stoker/up", "--s3-endpoint",
-                   f"http://127.0.0.1:{_closed_port()}", log=log, env={**os.environ, **CREDENTIALS})
+                   f"http://127.0.0.1:{unused_port()}", log=log, env={**os.environ, **CREDENTIALS})
     try:
         _wait_for(log, "trying again", proc)
         proc.send_signal(sig)

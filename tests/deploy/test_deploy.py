@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,18 +11,10 @@ import yaml
 
 from stoker.cli.main import build_parser
 
+from conftest import installed_tool
+
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 K8S = sorted((DEPLOY / "k8s").rglob("*.yaml"))  # object-storage/ too
-
-
-def _tool(name: str) -> str:
-    """Path of a validator; in CI (CI=true, set by the CI runner) a missing one fails instead of skipping."""
-    path = shutil.which(name) or (shutil.which(name, path=str(Path(sys.executable).parent)))
-    if path is None:
-        if os.environ.get("CI"):
-            pytest.fail(f"{name} is not installed; .ci/run installs it")
-        pytest.skip(f"{name} not installed (.ci/run installs it)")
-    return path
 
 
 def _parses(argv: list[str]) -> None:
@@ -37,7 +26,7 @@ def _parses(argv: list[str]) -> None:
 
 @pytest.mark.parametrize("name", ["docker-compose.yml", "docker-compose.object-storage.yml"])
 def test_compose_file_is_valid(name):
-    out = subprocess.run([_tool("docker-compose"), "-f", str(DEPLOY / name), "config", "-q"],
+    out = subprocess.run([installed_tool("docker-compose"), "-f", str(DEPLOY / name), "config", "-q"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
 
@@ -58,13 +47,13 @@ def test_the_object_storage_variant_has_no_data_volume_and_bounds_each_producers
 
 
 def test_dockerfiles_pass_hadolint():
-    out = subprocess.run([_tool("hadolint"), *map(str, DEPLOY.glob("*.Dockerfile"))],
+    out = subprocess.run([installed_tool("hadolint"), *map(str, DEPLOY.glob("*.Dockerfile"))],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
 
 
 def test_kubernetes_manifests_validate_against_the_schemas():
-    out = subprocess.run([_tool("kubernetes-validate"), "--strict", *map(str, K8S)],
+    out = subprocess.run([installed_tool("kubernetes-validate"), "--strict", *map(str, K8S)],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.count("passed") >= 4

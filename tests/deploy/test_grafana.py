@@ -8,7 +8,6 @@ user's empty panel.
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import urllib.request
 from collections import defaultdict
@@ -21,19 +20,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from stoker.consumer import ZMQInput
 from stoker.producer.process import ProducerProcess
-from test_deploy import _tool
+
+from conftest import unused_port, installed_tool
 
 pytestmark = pytest.mark.timeout(120)
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 DASHBOARDS = sorted((DEPLOY / "grafana" / "dashboards").glob("*.json"))
 # Grafana's own variables, replaced by what Grafana would put there before the query is parsed.
 GRAFANA_VARIABLES = {"$__rate_interval": "1m", "$__interval": "15s", "$__range": "30m"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _scrape(url: str) -> dict[str, set[str]]:
@@ -49,7 +43,7 @@ def _scrape(url: str) -> dict[str, set[str]]:
 
 @pytest.fixture(scope="module")
 def exported(synth_lmdb) -> dict[str, set[str]]:
-    port = _free_port()
+    port = unused_port()
     args = ["--workers", "1", "--batch-size", "8", "--image-size", "32", "--metrics-port", str(port), "--id", "p0"]
     with ProducerProcess(synth_lmdb, extra_args=args) as producer, \
             ZMQInput([producer.endpoint], batch_size=8, image_shape=(32, 32, 3), recv_timeout=30) as inp:
@@ -131,7 +125,7 @@ def test_the_checker_rejects_an_unknown_metric_and_an_unknown_label(exported):
 
 def test_the_monitoring_profile_provisions_prometheus_scraping_every_metrics_port_and_grafana():
     compose = DEPLOY / "docker-compose.yml"
-    out = subprocess.run([_tool("docker-compose"), "-f", str(compose), "--profile", "monitoring", "config"],
+    out = subprocess.run([installed_tool("docker-compose"), "-f", str(compose), "--profile", "monitoring", "config"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     services = yaml.safe_load(out.stdout)["services"]

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import re
 import shlex
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +23,8 @@ import zmq
 from stoker.cli.main import build_parser
 from stoker.producer.process import ProducerProcess
 from stoker.protocol import decode_batch
+
+from conftest import unused_port
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -48,12 +49,6 @@ def _blocks(language: str) -> list[tuple[str, str]]:
 
 
 PYTHON_BLOCKS = _blocks("python")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _scaled(code: str, hosts: dict[str, str]) -> str:
@@ -106,7 +101,7 @@ def test_python_example_runs(code, producers, synth_lmdb, tmp_path):
 
 
 def _run_python_example(code: str, producers: dict[str, str], tmp_path) -> None:
-    port = _free_port()
+    port = unused_port()
     hosts = {**producers, "tcp://*:5555": f"tcp://127.0.0.1:{port}"}
     receiver = None
     if "tcp://*:5555" in code:  # the example is a producer: be its trainer

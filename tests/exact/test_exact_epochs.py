@@ -23,6 +23,8 @@ from stoker.consumer import InputFinished, ZMQInput
 from stoker.producer.process import ProducerProcess
 from stoker.producer.dataset.build.synthetic import build_synthetic
 
+from conftest import assert_exactly_once
+
 pytestmark = pytest.mark.timeout(240)
 
 RECORDS = 50  # not a multiple of the batch size: the last batch of each shard is partial
@@ -54,13 +56,6 @@ def _consume(inp: ZMQInput, steps: int | None = None) -> list[tuple[int, int]]:
         assert batch["index"].shape[0] > 0, "get() returned a batch without rows"
         got += list(zip(batch["epoch"].numpy().tolist(), batch["index"].numpy().tolist()))
     return got
-
-
-def _exactly_once(rows: list[tuple[int, int]], records: set[int]) -> None:
-    counts = Counter(index for epoch, index in rows)
-    assert {epoch for epoch, _ in rows} <= {0}
-    assert set(counts) == records, f"missing {sorted(records - set(counts))}, extra {sorted(set(counts) - records)}"
-    assert set(counts.values()) == {1}, f"seen twice: {sorted(i for i, n in counts.items() if n > 1)}"
 
 
 def test_evaluation_sees_every_validation_record_exactly_once_across_two_producers(small_lmdb):
@@ -113,7 +108,7 @@ def test_a_producer_killed_mid_epoch_and_restarted_serves_each_record_once(small
                 assert time.monotonic() < deadline, "the restarted producer served nothing"
                 time.sleep(0.05)
             rows += _consume(inp)
-        _exactly_once(rows, set(range(RECORDS)))
+        assert_exactly_once(rows, set(range(RECORDS)))
         assert producer.proc.wait(30) == 0, "--epochs 1: the producer stops by itself once the epoch is consumed"
         counters = producer.counters()
         assert counters is not None, "the producer wrote no stop summary to its status file"
@@ -133,7 +128,7 @@ def test_two_producers_one_killed_twice_still_give_each_record_once(small_lmdb):
                 flaky = ProducerProcess(small_lmdb, bind=flaky.endpoint, extra_args=_args(shard="0/2"))
                 rows += _consume(inp, steps=2)
             rows += _consume(inp)
-        _exactly_once(rows, set(range(RECORDS)))
+        assert_exactly_once(rows, set(range(RECORDS)))
     finally:
         flaky.stop()
         steady.stop()
@@ -194,7 +189,7 @@ def test_a_trainer_killed_and_restarted_from_a_checkpoint_consumes_each_record_o
     before = [r for entry in _logged(tmp_path / "run1.log") if entry["step"] <= 3 for r in entry["rows"]]
     after = [r for entry in _logged(tmp_path / "run2.log") for r in entry["rows"]]
     assert _logged(tmp_path / "run2.log")[0]["step"] == 4  # the model's step came back with the input state
-    _exactly_once([tuple(r) for r in before + after], set(range(RECORDS)))
+    assert_exactly_once([tuple(r) for r in before + after], set(range(RECORDS)))
 
 
 def test_two_trainers_one_killed_the_epoch_completes_on_the_survivor_with_nothing_lost(small_lmdb, tmp_path):
@@ -258,7 +253,7 @@ def test_a_tf_function_loop_ends_with_out_of_range_after_the_last_record(small_l
                     epochs, indices, size = step()
                     rows += list(zip(epochs.numpy().tolist(), indices.numpy().tolist()))
                     sizes.append(int(size))
-    _exactly_once(rows, set(range(RECORDS)))
+    assert_exactly_once(rows, set(range(RECORDS)))
     assert sizes[-1] == RECORDS % BATCH or sizes.count(RECORDS % BATCH) == 1  # one true-size partial batch
 
 
@@ -281,7 +276,7 @@ def test_a_trainer_alone_in_a_synchronous_job_says_what_it_waits_for_then_trains
                 got["second"] = _consume(second)
                 thread.join(60)
         assert not thread.is_alive()
-    _exactly_once(got["first"] + got["second"], set(range(RECORDS)))
+    assert_exactly_once(got["first"] + got["second"], set(range(RECORDS)))
 
 
 def test_train_reports_whether_its_rate_includes_the_warm_up(small_lmdb):
@@ -316,7 +311,7 @@ def test_a_trainer_in_an_ordinary_job_is_never_told_it_waits_for_more_trainers(s
                       image_shape=(16, 16, 3)) as inp:
             time.sleep(1.0)
             rows = _consume(inp)
-    _exactly_once(rows, set(range(RECORDS)))
+    assert_exactly_once(rows, set(range(RECORDS)))
     assert "more trainer" not in caplog.text
 
 

@@ -13,6 +13,8 @@ from stoker.consumer import InputTimeoutError, ZMQInput
 from stoker.producer.process import ProducerProcess
 from stoker.protocol.curve import KeyFileError, generate_keypair, load_client_keys, load_server_keys
 
+from conftest import wait_for_producer_log
+
 pytestmark = pytest.mark.timeout(120)
 
 
@@ -71,15 +73,6 @@ def test_keys_generate_cli_and_half_configured_curve_is_refused(tmp_path, synth_
     assert half.returncode == 2 and "go together" in half.stderr
 
 
-def _wait_for_log(producer: ProducerProcess, texts: tuple[str, ...], seconds: float = 30) -> str:
-    """The producer's log once it contains one of ``texts`` (its main loop drains the monitor every 0.5 s)."""
-    deadline = time.monotonic() + seconds
-    while not any(text in producer.log_text() for text in texts):
-        assert time.monotonic() < deadline, f"none of {texts} in the producer log:\n{producer.log_text()[-2000:]}"
-        time.sleep(0.1)
-    return producer.log_text()
-
-
 # A trainer without keys races the producer in libzmq: whichever reads the other's greeting first
 # reports the mechanism mismatch, the other a hang-up. Both producer warnings are acceptable there.
 @pytest.mark.parametrize("trainer_keys, trainer_error, producer_warnings", [
@@ -108,7 +101,7 @@ def test_a_failed_curve_handshake_is_named_in_the_error_the_stats_and_the_produc
         assert "check the producers run" not in str(failure.value)
         assert stats.handshake_failures >= 1 and trainer_error in stats.last_handshake_error
         assert stats.batches == 0 and stats.connected_producers == 0
-        log = _wait_for_log(producer, producer_warnings)
+        log = wait_for_producer_log(producer, producer_warnings)
     for warning in producer_warnings:
         assert log.count(warning) <= 1, "the producer's warnings must be rate-limited"
 

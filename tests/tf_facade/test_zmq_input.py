@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import signal
 import subprocess
 import sys
@@ -15,19 +16,16 @@ import tensorflow as tf
 import zmq
 
 from stoker.consumer import InputClosedError, InputMismatchError, InputTimeoutError, ZMQInput
-from stoker.producer.process import ProducerProcess
 from stoker.protocol import encode_batch
 
 pytestmark = pytest.mark.timeout(180)
 
-from conftest import CHECKSUM_WEIGHTS as WEIGHTS, EVAL_SIZE as SIZE, stoker_batch
+from conftest import CHECKSUM_WEIGHTS as WEIGHTS, EVAL_SIZE as SIZE, stoker_batch, one_worker_producer
 
 BATCH = 8
 
 
-def _producer(lmdb, *extra, bind="tcp://127.0.0.1:*", batch=BATCH):
-    args = ["--workers", "1", "--batch-size", str(batch), "--image-size", str(SIZE), "--log-interval", "1", *extra]
-    return ProducerProcess(lmdb, bind=bind, extra_args=args)
+_producer = functools.partial(one_worker_producer, batch=BATCH, size=SIZE, flags=("--log-interval", "1"))
 
 
 def _stoker_threads():

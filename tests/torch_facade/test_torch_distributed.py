@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import textwrap
-from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,8 @@ if not os.environ.get("CI"):  # CI installs the extra (.ci/run): there a missing
 
 from stoker.producer.process import ProducerProcess
 from stoker.producer.dataset.build.synthetic import build_synthetic
+
+from conftest import assert_exactly_once
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -88,13 +89,6 @@ def _torchrun(tmp_path: Path, addresses: list[str], logs: Path, steps: int = 0, 
     return [json.loads((logs / f"rank{r}.json").read_text()) for r in range(WORLD)]
 
 
-def _exactly_once(rows: list[list[int]]) -> None:
-    counts = Counter(index for epoch, index in rows)
-    assert {epoch for epoch, _ in rows} == {0}
-    assert sorted(counts) == list(range(RECORDS)), f"missing {sorted(set(range(RECORDS)) - set(counts))}"
-    assert set(counts.values()) == {1}, f"seen twice: {sorted(i for i, n in counts.items() if n > 1)}"
-
-
 @pytest.mark.parametrize("pool", ["elastic", "fixed"])
 def test_two_torchrun_ranks_take_their_share_from_the_process_group_and_consume_each_record_once(
         lmdb, tmp_path, pool):
@@ -108,7 +102,7 @@ def test_two_torchrun_ranks_take_their_share_from_the_process_group_and_consume_
     finally:
         for producer in producers:
             producer.stop()
-    _exactly_once(ranks[0]["rows"] + ranks[1]["rows"])
+    assert_exactly_once(ranks[0]["rows"] + ranks[1]["rows"], set(range(RECORDS)))
     assert ranks[0]["total"] == ranks[1]["total"] == RECORDS  # the gloo all_reduce of what each rank consumed
     if pool == "elastic":  # each rank's own splits: both train, neither on the other's records
         assert ranks[0]["rows"] and ranks[1]["rows"]
@@ -128,4 +122,5 @@ def test_a_job_checkpointed_with_dcp_on_every_rank_resumes_its_epoch_with_each_r
             producer.stop()
     assert [r["trainer_id"] for r in second] == [r["trainer_id"] for r in first]  # each rank its own state back
     assert len({r["trainer_id"] for r in first}) == WORLD
-    _exactly_once([row for job in (first, second) for rank in job for row in rank["rows"]])
+    assert_exactly_once([row for job in (first, second) for rank in job for row in rank["rows"]],
+                        set(range(RECORDS)))

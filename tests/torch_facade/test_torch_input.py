@@ -6,6 +6,7 @@ The CUDA path (pinned memory, the side stream) cannot run here; everything it sh
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -29,7 +30,7 @@ from stoker.consumer.torch.torch_input import default_share
 from stoker.producer.process import ProducerProcess
 from stoker.producer.dataset.build.synthetic import build_synthetic
 
-from conftest import CHECKSUM_WEIGHTS as WEIGHTS, EVAL_SIZE as SIZE
+from conftest import CHECKSUM_WEIGHTS as WEIGHTS, EVAL_SIZE as SIZE, one_worker_producer
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -37,9 +38,7 @@ BATCH = 8
 CPU = torch.device("cpu")
 
 
-def _producer(lmdb, *extra):
-    return ProducerProcess(lmdb, extra_args=["--workers", "1", "--batch-size", str(BATCH), "--image-size", str(SIZE),
-                                             *extra])
+_producer = functools.partial(one_worker_producer, batch=BATCH, size=SIZE)
 
 
 def _record(images: np.ndarray, record_by_checksum) -> list[tuple[int, int]]:

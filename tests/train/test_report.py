@@ -8,7 +8,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -17,6 +16,8 @@ import pytest
 from PIL import Image
 
 from stoker.producer.process import ProducerProcess
+
+from conftest import stoker_cli
 
 pytestmark = pytest.mark.timeout(300)
 ARGS = ["--workers", "1", "--batch-size", "8", "--image-size", "32"]
@@ -87,18 +88,13 @@ def _check_in_browser(report: Path, tmp_path: Path) -> _Charts:
     return charts
 
 
-def _stoker(*args: str, timeout: int = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "stoker.cli.main", *args], capture_output=True, text=True,
-                          timeout=timeout)
-
-
 def test_stoker_train_report_opens_in_a_browser_with_every_plot_drawn(synth_lmdb, tmp_path):
     report, logdir = tmp_path / "train.html", tmp_path / "tensorboard"
     with ProducerProcess(synth_lmdb, extra_args=ARGS) as producer:
         # More steps than the queue holds: some batches arrive after the timeline starts, so stage times exist.
-        out = _stoker("train", "--connect", producer.endpoint, "--model", "small-cnn", "--batch-size", "8",
-                      "--image-size", "32", "--classes", "4", "--steps", "30", "--queue-capacity", "4",
-                      "--no-progress", "--report", str(report), "--logdir", str(logdir))
+        out = stoker_cli("train", "--connect", producer.endpoint, "--model", "small-cnn", "--batch-size", "8",
+                         "--image-size", "32", "--classes", "4", "--steps", "30", "--queue-capacity", "4",
+                         "--no-progress", "--report", str(report), "--logdir", str(logdir), timeout=240)
     assert out.returncode == 0, out.stderr[-3000:]
     charts = _check_in_browser(report, tmp_path)
     assert re.search(r"(input|training)-bound|balanced", charts.verdict), charts.verdict
@@ -153,9 +149,9 @@ def test_doctor_advice_fits_the_device_the_step_ran_on():
 def test_stoker_doctor_report_has_the_verdict_and_the_timeline(synth_lmdb, tmp_path):
     report = tmp_path / "doctor.html"
     with ProducerProcess(synth_lmdb, extra_args=ARGS) as producer:
-        out = _stoker("doctor", "--connect", producer.endpoint, "--model", "small-cnn", "--batch-size", "8",
-                      "--image-size", "32", "--classes", "4", "--steps", "3", "--seconds", "1",
-                      "--report", str(report), "--report-steps", "60")
+        out = stoker_cli("doctor", "--connect", producer.endpoint, "--model", "small-cnn", "--batch-size", "8",
+                         "--image-size", "32", "--classes", "4", "--steps", "3", "--seconds", "1",
+                         "--report", str(report), "--report-steps", "60", timeout=240)
     assert out.returncode == 0, out.stderr[-3000:]
     verdict = next(line for line in out.stdout.splitlines() if line.startswith("verdict: "))
     device = re.search(r"^trainer: \d+ images/s on constant input \(small-cnn, on the (CPU|GPU)\)$", out.stdout, re.M)

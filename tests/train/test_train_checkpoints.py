@@ -11,6 +11,7 @@ Every wait is on a condition (a file, a line) with a generous bound, never on a 
 
 from __future__ import annotations
 
+import functools
 import json
 import signal
 import subprocess
@@ -23,7 +24,8 @@ from typing import Callable
 import pytest
 
 from stoker.producer.dataset.build.synthetic import build_synthetic
-from stoker.producer.process import ProducerProcess
+
+from conftest import one_worker_producer
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -37,9 +39,7 @@ def dataset(tmp_path_factory) -> Path:
     return path
 
 
-def _producer(dataset: Path, *extra: str) -> ProducerProcess:
-    return ProducerProcess(dataset, extra_args=["--workers", "1", "--batch-size", str(BATCH), "--image-size",
-                                                str(SIZE), "--trainer-timeout", "3", *extra])
+_producer = functools.partial(one_worker_producer, batch=BATCH, size=SIZE, flags=("--trainer-timeout", "3"))
 
 
 def _train(endpoint: str, *flags: str) -> subprocess.Popen:
