@@ -80,6 +80,12 @@ def record_by_checksum(synth_lmdb: Path) -> dict[int, tuple[int, int]]:
     return table
 
 
+def random_jpeg(seed: int, shape: tuple[int, int, int]) -> bytes:
+    """A JPEG of seeded noise of ``shape`` (height, width, 3): the same bytes for the same seed."""
+    image = np.random.default_rng(seed).integers(0, 255, shape, dtype=np.uint8)
+    return cv2.imencode(".jpg", image)[1].tobytes()
+
+
 def stoker_batch(images: np.ndarray, labels: np.ndarray, first_index: int = 0) -> dict[str, np.ndarray]:
     """What a Stoker imagenet producer sends: images, labels, and the index and epoch of each row."""
     n = len(labels)
@@ -96,6 +102,12 @@ def one_worker_producer(dataset: str | os.PathLike, *extra: str, batch: int, siz
 
     args = ["--workers", "1", "--batch-size", str(batch), "--image-size", str(size), *flags, *extra]
     return ProducerProcess(dataset, extra_args=args, **process_args)
+
+
+def count_rows(batch: dict[str, np.ndarray], seen: Counter) -> None:
+    """Add each row of ``batch`` to ``seen``, keyed by its (epoch, index)."""
+    for e, i in zip(batch["epoch"].tolist(), batch["index"].tolist()):
+        seen[(e, i)] += 1
 
 
 def unused_port() -> int:

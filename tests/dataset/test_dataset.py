@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -18,14 +19,12 @@ from stoker.producer.dataset.build.builder import build_lmdb
 from stoker.producer.images.decode import decode_rgb
 from stoker.producer.dataset.build.synthetic import build_synthetic, synthetic_jpeg
 
-from conftest import stoker_cli
+from conftest import stoker_cli, random_jpeg
 
 from image_samples import FORMATS, bomb, encode, pattern_image, real_png_bomb
 
 
-def _jpeg(seed: int) -> bytes:
-    image = np.random.default_rng(seed).integers(0, 255, (40, 50, 3), dtype=np.uint8)
-    return cv2.imencode(".jpg", image)[1].tobytes()
+_jpeg = functools.partial(random_jpeg, shape=(40, 50, 3))
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ behaviour is terminal-only.
 
 from __future__ import annotations
 
+import functools
 import os
 import pty
 import select
@@ -14,10 +15,8 @@ import sys
 import time
 from pathlib import Path
 
-import cv2
 import lmdb
 import msgpack
-import numpy as np
 import pytest
 
 from stoker.producer.dataset.build.builder import SourceError, build_lmdb
@@ -25,12 +24,10 @@ from stoker.producer.dataset.sources import DatasetError, LmdbDataset
 from stoker.producer.dataset.sources.lmdb_format import META_KEY
 from stoker.producer.dataset.build.synthetic import build_synthetic
 
-from conftest import stoker_cli
+from conftest import stoker_cli, random_jpeg
 
 
-def _jpeg(seed: int) -> bytes:
-    image = np.random.default_rng(seed).integers(0, 255, (30, 40, 3), dtype=np.uint8)
-    return cv2.imencode(".jpg", image)[1].tobytes()
+_jpeg = functools.partial(random_jpeg, shape=(30, 40, 3))
 
 
 def _stoker_on_a_terminal(*args: str, timeout: float = 120) -> tuple[int, str]:

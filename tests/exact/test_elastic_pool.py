@@ -20,6 +20,8 @@ from stoker.consumer.numpy.batch_stream import BatchStream
 from stoker.producer.process import ProducerProcess
 from stoker.producer.dataset.build.synthetic import build_synthetic
 
+from conftest import count_rows
+
 RECORDS = 3000
 BATCH = 8
 ARGS = ["--shard", "auto", "--workers", "1", "--batch-size", str(BATCH), "--image-size", "16", "--seed", "3",
@@ -34,17 +36,12 @@ def pool_lmdb(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def _count(batch: dict, seen: Counter) -> None:
-    for e, i in zip(batch["epoch"].tolist(), batch["index"].tolist()):
-        seen[(e, i)] += 1
-
-
 def _take(stream: BatchStream, seen: Counter, until, what: str) -> None:
     """Consume batches until ``until()`` holds (bounded: the stream's own recv_timeout and WAIT_S)."""
     deadline = time.monotonic() + WAIT_S
     while not until():
         assert time.monotonic() < deadline, f"waited {WAIT_S:.0f} s for {what}; seen {stream.stats.per_producer}"
-        _count(next(stream), seen)
+        count_rows(next(stream), seen)
 
 
 def _epoch_0_open(seen: Counter) -> bool:
@@ -80,7 +77,7 @@ def test_exact_epochs_hold_while_producers_join_are_killed_and_leave(pool_lmdb: 
             producers[3].stop()
             assert _epoch_0_open(seen)
             for batch in stream:  # to the end of the run: 2 epochs
-                _count(batch, seen)
+                count_rows(batch, seen)
             stats = stream.stats
     finally:
         for p in producers:
@@ -106,7 +103,7 @@ def test_a_trainer_restored_from_a_checkpoint_mid_epoch_sees_each_record_once_co
         with BatchStream(lambda: list(pool), exact=True, recv_timeout=60, discover_every=0.2,
                          trainer_id="rank0") as stream:
             for _ in range(RECORDS // BATCH // 3):
-                _count(next(stream), before)
+                count_rows(next(stream), before)
             state = stream.save_state()
             for _ in range(5):  # consumed after the checkpoint: lost with the trainer, served again
                 next(stream)
@@ -118,7 +115,7 @@ def test_a_trainer_restored_from_a_checkpoint_mid_epoch_sees_each_record_once_co
         with BatchStream(lambda: list(pool), exact=True, recv_timeout=60, discover_every=0.2,
                          resume_state=state) as stream:
             for batch in stream:
-                _count(batch, after)
+                count_rows(batch, after)
     finally:
         for p in producers:
             p.stop()

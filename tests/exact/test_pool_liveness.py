@@ -26,6 +26,8 @@ from stoker.producer.process import ProducerProcess
 from stoker.producer.throttle import Throttle
 from stoker.producer.dataset.build.synthetic import build_synthetic
 
+from conftest import count_rows
+
 RECORDS = 1024  # the demo's dataset size: 64 splits an epoch at batch 16
 BATCH = 16
 POOL = ["--shard", "auto", "--workers", "1", "--batch-size", str(BATCH), "--image-size", "16", "--seed", "3",
@@ -55,11 +57,6 @@ def _stop_all(producers: list[ProducerProcess]) -> None:
         p.stop()
 
 
-def _count(batch: dict, seen: Counter) -> None:
-    for e, i in zip(batch["epoch"].tolist(), batch["index"].tolist()):
-        seen[(e, i)] += 1
-
-
 def _assert_each_record_once(seen: Counter, epochs: range) -> None:
     twice = [k for k, n in seen.items() if n > 1]
     assert not twice, f"{len(twice)} record(s) came twice, e.g. {twice[:5]}"
@@ -83,11 +80,11 @@ def test_a_producer_joining_a_pool_of_two_gets_work_on_the_demos_1024_records(lm
     try:
         with BatchStream(lambda: list(pool), exact=True, recv_timeout=60, discover_every=0.2) as stream:
             for _ in range(4):
-                _count(next(stream), seen)
+                count_rows(next(stream), seen)
             producers.append(ProducerProcess(lmdb, extra_args=args))
             pool.append(producers[-1].endpoint)
             for batch in stream:
-                _count(batch, seen)
+                count_rows(batch, seen)
             stats = stream.stats
     finally:
         _stop_all(producers)
@@ -108,11 +105,11 @@ def test_a_frozen_producer_in_a_pool_of_three_stalls_nothing_and_no_record_comes
             deadline = time.monotonic() + WAIT_S
             while _batches_of(stream, producers[0]) == 0:  # it holds work, and has shown it serves
                 assert time.monotonic() < deadline, f"producer 0 never served: {stream.stats}"
-                _count(next(stream), seen)
+                count_rows(next(stream), seen)
             freeze(producers[0])
             frozen_at = time.time()
             for batch in stream:  # to the end of the run: the others take its splits
-                _count(batch, seen)
+                count_rows(batch, seen)
             stats = stream.stats
     finally:
         _stop_all(producers)
@@ -132,16 +129,16 @@ def test_a_frozen_producer_that_is_thawed_serves_again_and_no_record_comes_twice
             deadline = time.monotonic() + WAIT_S
             while _batches_of(stream, producers[0]) == 0:
                 assert time.monotonic() < deadline, f"producer 0 never served: {stream.stats}"
-                _count(next(stream), seen)
+                count_rows(next(stream), seen)
             freeze(producers[0])
             while stream.stats.producers_stuck == 0:
                 assert time.monotonic() < deadline, f"the frozen producer was never taken for stuck: {stream.stats}"
-                _count(next(stream), seen)
+                count_rows(next(stream), seen)
             thaw(producers[0])
             before = _batches_of(stream, producers[0])
             while _batches_of(stream, producers[0]) == before:  # a batch with a record that came first: new work
                 assert time.monotonic() < deadline, f"the thawed producer never served again: {stream.stats}"
-                _count(next(stream), seen)
+                count_rows(next(stream), seen)
             last = max(e for e, _ in seen)
 
             def incomplete() -> bool:  # every epoch up to the one in progress: an older one may still wait
@@ -149,7 +146,7 @@ def test_a_frozen_producer_that_is_thawed_serves_again_and_no_record_comes_twice
 
             while incomplete():
                 assert time.monotonic() < deadline, f"epochs up to {last} never completed: {stream.stats}"
-                _count(next(stream), seen)
+                count_rows(next(stream), seen)
             stats = stream.stats
     finally:
         _stop_all(producers)
@@ -166,7 +163,7 @@ def test_a_producer_at_a_quarter_speed_costs_no_record_and_the_epochs_complete(l
             with BatchStream([p.endpoint for p in producers], exact=True, recv_timeout=60,
                              stall_after=STALL_S) as stream:
                 for batch in stream:
-                    _count(batch, seen)
+                    count_rows(batch, seen)
     finally:
         _stop_all(producers)
     _assert_each_record_once(seen, range(2))
