@@ -130,13 +130,14 @@ class InputBase:
         trainer's ``consumed_epochs`` then); None before an epoch of ``epochs()`` ended."""
         return self._epoch_loop.job_consumed_epochs if self._epoch_loop is not None else None
 
-    def epochs(self, sync: Optional[EpochSync] = None) -> Iterator[tuple[int, Iterator[Any]]]:
+    def epochs(self, sync: Optional[EpochSync] = None, pad_after: float = 5.0) -> Iterator[tuple[int, Iterator[Any]]]:
         """Exact mode: ``(epoch, batches)``, one epoch at a time, as ``for epoch in range(E): for batch in loader``
         expects (``epochs/epoch_loop.py`` states the rule). ``batches`` ends once this trainer's share of
         ``epoch`` is consumed; rows of a later epoch in a batch are held back for the next. ``sync``: the ranks of
         a job (default: a ``TorchInput`` under ``torch.distributed`` uses the process group), which then end each
         epoch together after equal steps, padding with one-row batches whose ``mask`` is False (weight the loss
-        by ``batch["mask"]``). Call it once; do not mix it with ``next()`` on the same input. ValueError in
+        by ``batch["mask"]``); ``pad_after``: seconds the ranks wait for one that holds no batch yet before
+        stepping without it, for the rest of that epoch (it pads). Call it once; do not mix it with ``next()`` on the same input. ValueError in
         plain mode; the input's errors as ``next()`` raises them."""
         if self._ledger is None:
             raise ValueError(f"epochs() is for exact mode: {type(self).__name__}(..., exact=True), producers "
@@ -146,7 +147,7 @@ class InputBase:
         if self._epoch_loop is not None:
             raise RuntimeError("epochs() was called already on this input: iterate that one")
         self._epoch_loop = EpochLoop(self, sync if sync is not None else self._default_sync(), HeldBatches(),
-                                     POLL_S)
+                                     POLL_S, pad_after)
         return self._epoch_loop.epochs()
 
     def _next_batch(self) -> Any:

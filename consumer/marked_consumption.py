@@ -49,12 +49,14 @@ class MarkedConsumption:
             if not self._unmarked:
                 raise RuntimeError("mark_consumed(): every batch handed out is marked consumed already")
             rows = self._unmarked.popleft()
-            self._ledger.consumed(rows.source, rows.epochs, rows.indices, rows.mask)
+            if len(rows):  # a padding batch's rows are no records
+                self._ledger.consumed(rows.source, rows.epochs, rows.indices, rows.mask)
 
     def count_outstanding(self) -> None:
         """The facade is about to wait: batches handed out and not marked count as consumed now."""
         with self._lock:
             while self._unmarked:
                 rows = self._unmarked.popleft()
-                self._ledger.consumed(rows.source, rows.epochs, rows.indices, rows.mask)
+                if len(rows):
+                    self._ledger.consumed(rows.source, rows.epochs, rows.indices, rows.mask)
                 self._premarked += 1

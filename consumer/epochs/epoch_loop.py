@@ -13,10 +13,14 @@ The rule (docs/decisions.md, "Epochs one at a time"):
   producer). A trainer cannot know before: its last records may still be on their way.
 - A batch spanning the boundary is split: rows of later epochs are held back for the next epoch's iterator
   (``held_rows.py``), so nothing is repeated or dropped; rows count as consumed when handed out.
-- With a ``sync`` (``EpochSync``: under ``torch.distributed`` the process group), every step all-reduces whether
-  any rank still has records of ``e``: a rank whose share ran out steps on a *padding batch* (one row, ``mask``
-  False, ``index`` -1, never counted as consumed) until all are done, so every rank takes the same number of
-  steps and no collective hangs; padding, never repeated or dropped records (as ``DistributedSampler`` does).
+- With a ``sync`` (``EpochSync``: under ``torch.distributed`` the process group), the ranks agree before each
+  step: they step once every rank holds a batch of ``e`` or has its share of ``e`` consumed; a rank whose share
+  ran out steps on a *padding batch* (one row, ``mask`` False, ``index`` -1, never counted as consumed) until all
+  are done, so every rank takes the same number of steps and no collective hangs; padding, never repeated or
+  dropped records (as ``DistributedSampler`` does). A rank that holds nothing yet is waited for at most
+  ``pad_after`` seconds, then the others step without it (it pads) for the rest of the epoch: ranks sharing a
+  fixed-shard producer cannot know their share is done until the whole shard's epoch is consumed, which may
+  need the records a waiting rank's peers hold, so waiting for "done" alone could deadlock.
   At the epoch's end the ranks all-reduce their ``consumed_epochs``: ``job_consumed_epochs`` then says the whole
   job consumed epoch ``e``. Which epoch comes first, and whether another comes at all (a finite run's end), are
   agreed the same way.
@@ -29,6 +33,7 @@ exact window), in practice a few batches (a later epoch's work goes out once thi
 
 from __future__ import annotations
 
+import time
 from typing import Any, Iterator, Optional, Protocol
 
 from stoker.consumer.epochs.held_rows import HeldBatches, Rows
@@ -68,10 +73,12 @@ class EpochSource(Protocol):
 
 class EpochLoop:
     """``epochs()`` for one input; see the module doc. ``poll``: seconds per wait, between which the loop looks
-    again whether the epoch was consumed."""
+    again whether the epoch was consumed (and, with a ``sync``, agrees with the other ranks); ``pad_after``: seconds
+    the ranks wait for one that holds no batch yet before stepping without it."""
 
-    def __init__(self, source: EpochSource, sync: Optional[EpochSync], held: HeldBatches, poll: float) -> None:
-        self.source, self.sync, self.held, self.poll = source, sync, held, poll
+    def __init__(self, source: EpochSource, sync: Optional[EpochSync], held: HeldBatches, poll: float,
+                 pad_after: float = 5.0) -> None:
+        self.source, self.sync, self.held, self.poll, self.pad_after = source, sync, held, poll, pad_after
         self.ended = False  # the run's END was taken
         #: epochs the whole job consumed, agreed at the last epoch's end (None: no epoch ended yet)
         self.job_consumed_epochs: Optional[int] = None
@@ -104,22 +111,57 @@ class EpochLoop:
         elif item is not None:
             self.held.add(*item)
 
+    def _poll_part(self, epoch: int) -> tuple[Optional[tuple[Any, Rows]], bool]:
+        """``(part, done)``: the next batch (or part) of ``epoch`` if one is held or comes within one poll, and
+        whether this trainer's share of ``epoch`` is consumed."""
+        part = self.held.take(epoch)
+        if part is not None:
+            return part, False
+        if self.ended or self.source.consumed_epochs > epoch:
+            return None, True
+        self.source._waiting()
+        self._take()
+        return self.held.take(epoch), False
+
     def _next_part(self, epoch: int) -> Optional[tuple[Any, Rows]]:
         """The next batch (or part) of ``epoch``, or None once this trainer's share of it is consumed."""
         while True:
-            part = self.held.take(epoch)
-            if part is not None:
+            part, done = self._poll_part(epoch)
+            if part is not None or done:
                 return part
-            if self.ended or self.source.consumed_epochs > epoch:
-                return None
-            self.source._waiting()
-            self._take()
+
+    def _agreed_part(self, epoch: int, patient: list[bool]) -> tuple[Optional[tuple[Any, Rows]], bool]:
+        """With a ``sync``: ``(part, step)`` once the ranks agree, ``step`` False when every rank's share of ``epoch``
+        is consumed. Every rank makes the same collective calls in the same order (each answer is the same on
+        all), so none waits in one that another never reaches. ``patient[0]`` goes False once a rank was waited
+        for ``pad_after`` seconds (see the module doc)."""
+        assert self.sync is not None
+        part, done, since = None, False, time.monotonic()
+        while True:
+            if part is None and not done:
+                part, done = self._poll_part(epoch)
+            ready = part is not None or done
+            if patient[0] and not self.sync.min(int(ready)):  # someone waits for data: wait with it, boundedly
+                if not self.sync.any(time.monotonic() - since > self.pad_after):
+                    if part is not None:
+                        self.source._waiting()  # held, not stepped on: what was handed out before is trained
+                    continue
+                patient[0] = False
+            if self.sync.any(part is not None):
+                return part, True
+            if self.sync.min(int(done)):
+                return None, False
 
     def _epoch(self, epoch: int) -> Iterator[Any]:
         self.steps = 0
+        patient = [True]
         while True:
-            part = self._next_part(epoch)
-            if not self._agree_any(part is not None):
+            if self.sync is None:
+                part = self._next_part(epoch)
+                step = part is not None
+            else:
+                part, step = self._agreed_part(epoch, patient)
+            if not step:
                 break
             self.steps += 1
             if part is None:

@@ -170,3 +170,43 @@ def test_two_ranks_with_uneven_shares_end_every_epoch_together_padding_the_short
         # a rank pads only once its share ran out, and only while the other still trains: the longer one never
         assert all(e["order"] == "r" * (e["steps"] - e["padding"]) + "p" * e["padding"] for e in (a, b))
         assert min(a["padding"], b["padding"]) == 0
+
+
+def test_two_ranks_sharing_one_fixed_shard_producer_end_every_epoch_together_without_a_hang(lmdb):
+    """Ranks that share a fixed shard cannot know their share is done until the shard's whole epoch is consumed,
+    which may need records the other rank holds: they are waited for at most ``pad_after``, then pad."""
+    args = ["--exact", "--shard", "0/1", *ARGS[2:]]
+    producer = ProducerProcess(lmdb, extra_args=args)
+    values, barrier = [0, 0], threading.Barrier(2)
+    results: list = [None, None]
+
+    def rank(r: int) -> None:
+        try:
+            with BatchStream([producer.endpoint], exact=True, recv_timeout=60) as stream:
+                out = []
+                for epoch, batches in stream.epochs(BarrierSync(r, values, barrier), pad_after=0.5):
+                    rows, steps = [], 0
+                    for batch in batches:
+                        steps += 1
+                        rows += [(e, i) for e, i, m in zip(batch["epoch"].tolist(), batch["index"].tolist(),
+                                                           batch["mask"].tolist()) if m]
+                    out.append({"epoch": epoch, "rows": rows, "steps": steps, "job": stream.job_consumed_epochs})
+                results[r] = out
+        except BaseException as exc:  # the test names it
+            barrier.abort()
+            results[r] = exc
+
+    try:
+        threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(150)
+    finally:
+        producer.stop()
+    assert not any(isinstance(r, BaseException) or r is None for r in results), results
+    first, second = results
+    assert [e["epoch"] for e in first] == [e["epoch"] for e in second] == list(range(EPOCHS))
+    for a, b in zip(first, second):
+        assert a["steps"] == b["steps"] and a["job"] == b["job"] == a["epoch"] + 1
+        _once(a["rows"] + b["rows"], a["epoch"])
