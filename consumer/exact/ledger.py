@@ -11,7 +11,7 @@ elastic pool's scheduler reads the progress lent to it (``pool_progress``) and r
 owns the one column exact mode adds to each queued batch, ``stoker_source`` (which producer a batch came from,
 to report its records there): ``with_source`` gives the queue's spec, ``source_column`` makes it, ``source_of``
 reads it back.
-Thread-safe.
+Thread-safe: every method takes ``lock`` itself, except ``mark``, whose caller holds it.
 """
 
 from __future__ import annotations
@@ -132,6 +132,7 @@ class ConsumedLedger:
     def mark(self, stream: str, epochs: np.ndarray, indices: np.ndarray) -> None:
         """These records of ``stream`` were consumed by a step. The caller holds ``lock`` (the control plane, as a
         step reports them)."""
+        assert self.lock.locked(), "ConsumedLedger.mark: hold ledger.lock"
         self._state.mark(stream, epochs, indices)
 
     def saved(self) -> SavedState:

@@ -136,7 +136,8 @@ def train(config: TrainConfig) -> TrainReport:
     batch, before the model is built) or a label falls outside the model; InputMismatchError when the producers'
     batches are not the ``batch_size``/``image_size`` given; CheckpointMismatchError when ``checkpoint_dir`` may not
     be resumed (``checkpoints.py``); TrainingInterrupted on Ctrl-C/SIGTERM after a whole step (a checkpoint saved
-    and the report written first), KeyboardInterrupt when the signal came before the first.
+    and the report written first; after zero steps too, once training began), KeyboardInterrupt when the signal
+    came before training began (TrainingInterrupted is a KeyboardInterrupt: the CLI exits 130 either way).
     """
     require_tensorboard(config.logdir, "training with a log directory (stoker train --logdir)")
     checkpoints = TrainCheckpoints(config.checkpoint_dir) if config.checkpoint_dir else None
