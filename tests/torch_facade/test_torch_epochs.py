@@ -42,7 +42,8 @@ RANK = textwrap.dedent('''
     rank = dist.get_rank()
     epochs = []
     with TorchInput(addresses, exact=True, recv_timeout=60) as inp:
-        for epoch, batches in inp.epochs():
+        # patient for ever (a pool allows it): whether a rank pads then depends on its share alone, not on timing
+        for epoch, batches in inp.epochs(pad_after=float("inf")):
             rows, steps, padding, trained = [], 0, 0, torch.zeros(1)
             for batch in batches:
                 steps += 1
