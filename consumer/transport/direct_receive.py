@@ -26,6 +26,7 @@ from stoker.protocol.exact_messages import unpack_producer_frame
 
 from stoker.consumer.receive.contract import SinkClosed
 from stoker.consumer.transport.zmtp import SocketTypeMismatch, Stopped, ZMTPConnection
+from stoker.consumer.transport.zmtp_reader import FrameReader, Steps
 
 log = logging.getLogger("stoker.consumer")
 
@@ -49,10 +50,16 @@ def read_message(conn: ZMTPConnection, spec: Optional[BatchSpec], limits: Decode
     """The next message: a Batch held to ``spec`` by its header (its arrays in ``empty()`` memory), or with
     ``statuses`` (exact mode) a producer's status (its map and size in bytes). Without a ``spec`` (exact mode before its
     hello) every batch is refused. ProtocolError as ``read_batch``."""
+    return conn.drive(message_steps(conn.reader, spec, limits, empty, statuses))
+
+
+def message_steps(reader: FrameReader, spec: Optional[BatchSpec], limits: DecodeLimits, empty: EmptyArray,
+                  statuses: bool = False) -> Steps[Batch | tuple[dict, int]]:
+    """``read_message`` as resumable steps (``zmtp_reader``), for a blocking connection or a selector loop."""
     budget = limit = limits.max_message_bytes
     frames = limits.max_arrays  # data frames a message may have after its header
-    more, size = conn.next_frame()
-    raw = conn.read_small(size, MAX_HEADER_BYTES, "the header frame", more, budget, frames, limit)
+    more, size = yield from reader.next_frame()
+    raw = yield from reader.read_small(size, MAX_HEADER_BYTES, "the header frame", more, budget, frames, limit)
     budget -= size
     if statuses and not more:
         status = unpack_producer_frame(raw)
@@ -65,24 +72,24 @@ def read_message(conn: ZMTPConnection, spec: Optional[BatchSpec], limits: Decode
         # Held to the spec by the header alone, before any array memory is taken.
         spec.check_declared(header.producer, [(a.name, a.dtype, a.shape) for a in header.arrays])
     except ProtocolError:
-        conn.skip(0, more, budget, frames, limit)
+        yield from reader.skip(0, more, budget, frames, limit)
         raise
     arrays: dict[str, np.ndarray] = {}
     for i, declared in enumerate(header.arrays):
         if not more:
             raise ProtocolError(f"header lists {len(header.arrays)} arrays but the message has {i} data frames")
-        more, size = conn.next_frame()
+        more, size = yield from reader.next_frame()
         frames -= 1
         if size != declared.nbytes:
-            conn.skip(size, more, budget, frames, limit)
+            yield from reader.skip(size, more, budget, frames, limit)
             raise ProtocolError(f"array {declared.name!r} declares shape {list(declared.shape)} {declared.dtype} = "
                                 f"{declared.nbytes} bytes but its frame has {size}")
         array = empty(declared.wire_dtype, declared.shape)
-        conn.read_into(memoryview(array.reshape(-1).view(np.uint8)))
+        yield from reader.fill(memoryview(array.reshape(-1).view(np.uint8)))
         budget -= size
         arrays[declared.name] = array
     if more:
-        conn.skip(0, more, budget, frames, limit)
+        yield from reader.skip(0, more, budget, frames, limit)
         raise ProtocolError(f"header lists {len(header.arrays)} arrays but the message has more data frames")
     return Batch(header=header, arrays=arrays)
 

@@ -32,24 +32,22 @@ import errno
 import os
 import select
 import socket
-import struct
 import threading
 import time
-from typing import Callable, Optional
+from typing import Callable, Optional, TypeVar
 
 from stoker.protocol.errors import ProtocolError
 
-from stoker.consumer.receive.errors import ADVICE_HUNG_UP
 from stoker.consumer.receive.options import tcp_address
-from stoker.consumer.transport.zmtp_wire import (COMMAND, GREETING, LONG, MAX_COMMAND_BYTES, MORE, PEER_TYPE,
-                                                 SocketTypeMismatch, check_greeting, check_ready, encode_frame,
-                                                 mismatch_advice, ready_command)
+from stoker.consumer.transport.zmtp_reader import FrameReader, Steps, handshake_steps
+from stoker.consumer.transport.zmtp_wire import PEER_TYPE, SocketTypeMismatch, encode_frame
 
 __all__ = ["MAX_UNSENT", "PEER_TYPE", "STALL_S", "SocketTypeMismatch", "Stopped", "ZMTPConnection"]
 #: Seconds a peer may go without sending a byte once a message has begun (libzmq drops a peer after
 #: its heartbeat timeout; a live peer stalled mid-frame would otherwise hold its receive thread forever).
 #: Between messages a producer may be idle, or send nothing but heartbeats, for as long as it likes.
 STALL_S = 30.0
+T = TypeVar("T")
 #: Bytes a DEALER's sends may queue while the peer reads nothing: the largest control message (a hello with a
 #: long run's input state) fits; past it the peer is dropped.
 MAX_UNSENT = 256 * 1024 * 1024
@@ -76,10 +74,7 @@ class ZMTPConnection:
         self._should_stop = should_stop
         self._poll_s = poll_s
         self._stall_s = stall_s
-        self.in_message = False  # a message has begun: silence past stall_s drops the peer
-        self._more = False  # the last message frame had MORE set
-        self.in_sync = True
-        self._scratch: Optional[memoryview] = None
+        self.reader = FrameReader(self._pong)  # the parser: frames as steps this connection drives
         self._deadline: Optional[float] = time.monotonic() + connect_timeout  # until the handshake is done
         self._sock = self._connect(*tcp_address(endpoint))
         try:
@@ -142,6 +137,10 @@ class ZMTPConnection:
 
         OSError once the connection is closed or stalled (the reader then drops it)."""
         self._queue(encode_frame(frame))
+
+    def _pong(self, frame: bytes) -> None:
+        if not self._out:  # a peer that reads nothing gets no more than one
+            self._queue(frame)
 
     def _queue(self, data: bytes) -> None:
         with self._out_lock:
@@ -211,18 +210,31 @@ class ZMTPConnection:
                 raise ConnectionError(f"{self.endpoint} closed the connection")
             view = view[got:]
 
-    def _read(self, n: int) -> bytes:
-        data = bytearray(n)
-        self.read_into(memoryview(data))
-        return bytes(data)
+    def drive(self, steps: Steps[T]) -> T:
+        """Run ``steps`` (``zmtp_reader``) to their end with blocking reads; what they return. A failed read is
+        thrown into the steps, which may say what it meant there."""
+        try:
+            view = next(steps)
+            while True:
+                try:
+                    self.read_into(view)
+                except ConnectionError as exc:
+                    view = steps.throw(exc)
+                    continue
+                view = steps.send(None)
+        except StopIteration as done:
+            return done.value
 
-    def _frame_head(self) -> tuple[int, int]:
-        flags = self._read(1)[0]
-        if flags & ~(MORE | LONG | COMMAND):
-            self.in_sync = False
-            raise ProtocolError(f"frame flags {flags:#04x} have reserved bits set: not a ZMTP 3 stream")
-        size = struct.unpack(">Q", self._read(8))[0] if flags & LONG else self._read(1)[0]
-        return flags, size
+    @property
+    def in_sync(self) -> bool:
+        return self.reader.in_sync
+
+    @property
+    def in_message(self) -> bool:
+        return self.reader.in_message
+
+    def _read(self, n: int) -> bytes:
+        return self.drive(self.reader.read(n))
 
     def next_frame(self) -> tuple[bool, int]:
         """Head of the next message frame, answering PING and skipping other commands: (more, size).
@@ -230,75 +242,19 @@ class ZMTPConnection:
         Heartbeats are legal traffic however long a producer idles: commands cost a bounded read
         each (at most ``MAX_COMMAND_BYTES``) and every read checks ``should_stop``.
         """
-        self.in_message = self._more  # waiting for a frame head is idling only between messages
-        while True:
-            flags, size = self._frame_head()
-            if not flags & COMMAND:
-                self._more = bool(flags & MORE)
-                self.in_message = True  # its body follows
-                return self._more, size
-            if size > MAX_COMMAND_BYTES:
-                self.in_sync = False
-                raise ProtocolError(f"a {size}-byte command frame: more than the {MAX_COMMAND_BYTES} allowed")
-            body = self._read(size)
-            if body[:5] == b"\x04PING":
-                context = body[7:7 + 16]  # after the 2-byte TTL, at most 16 bytes of context
-                pong = b"\x04PONG" + context
-                if not self._out:  # a peer that reads nothing gets no more than one
-                    self._queue(encode_frame(pong, command=True))
+        return self.drive(self.reader.next_frame())
 
     def skip(self, size: int, more: bool, budget: int, frames: int, limit: int) -> None:
-        """Read past the rest of a message (this frame's ``size`` bytes on).
-
-        Out of sync (ProtocolError) past ``budget`` more bytes or ``frames`` more frames: a peer that
-        never ends its message, even with empty frames, is dropped, not followed forever. ``limit``
-        is the configured message size, for the error.
-        """
-        if self._scratch is None:
-            self._scratch = memoryview(bytearray(1 << 20))
-        scratch = self._scratch
-        while True:
-            if size > budget:
-                self.in_sync = False
-                raise ProtocolError(f"a message larger than the {limit} bytes allowed (max_message_bytes)")
-            budget -= size
-            while size:
-                n = min(size, scratch.nbytes)
-                self.read_into(scratch[:n])
-                size -= n
-            if not more:
-                return
-            if frames <= 0:
-                self.in_sync = False
-                raise ProtocolError("a message with more frames than a batch may have: the peer never ends it")
-            frames -= 1
-            more, size = self.next_frame()
+        """Read past the rest of a message (``FrameReader.skip``)."""
+        self.drive(self.reader.skip(size, more, budget, frames, limit))
 
     def read_small(self, size: int, limit: int, what: str, more: bool, budget: int, frames: int,
                    message_limit: int) -> bytes:
         """A frame body of at most ``limit`` bytes (else skipped to the message's end, ProtocolError)."""
-        if size > limit:
-            self.skip(size, more, budget, frames, message_limit)
-            raise ProtocolError(f"{what} is {size} bytes, more than the {limit} allowed")
-        return self._read(size)
+        return self.drive(self.reader.read_small(size, limit, what, more, budget, frames, message_limit))
 
     # ---- handshake -------------------------------------------------------------------------------
 
     def _handshake(self) -> None:
-        """Greeting and READY each way (``zmtp_wire`` judges the peer's bytes), bounded by the connect deadline."""
-        self._sock.sendall(GREETING)
-        try:
-            peer = self._read(64)
-        except ConnectionError:  # a CurveZMQ producer hangs up on a NULL greeting, often before sending its own
-            raise ProtocolError(f"{self.endpoint} closed the connection during the ZMTP greeting: "
-                                f"{ADVICE_HUNG_UP}") from None
-        check_greeting(self.endpoint, peer)
-        self._sock.sendall(encode_frame(ready_command(self.socket_type), command=True))
-        try:
-            flags, size = self._frame_head()
-        except ConnectionError:  # libzmq closes on a socket type it cannot talk to, often before its READY
-            raise SocketTypeMismatch(f"{self.endpoint} closed the connection at the READY command: "
-                                     f"{mismatch_advice(self.socket_type)}") from None
-        if not flags & COMMAND or size > MAX_COMMAND_BYTES:
-            raise ProtocolError(f"{self.endpoint} sent no READY command after its greeting")
-        check_ready(self.endpoint, self.socket_type, self._read(size))
+        """Greeting and READY each way (``zmtp_reader.handshake_steps``), bounded by the connect deadline."""
+        self.drive(handshake_steps(self.reader, self.endpoint, self.socket_type, self._sock.sendall))
