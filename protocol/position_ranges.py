@@ -49,6 +49,8 @@ def _interleave(a_starts: np.ndarray, a_ends: np.ndarray, b_starts: np.ndarray,
 
 
 def _clip_arguments(start: int, end: int, limit: int) -> None:
+    if not all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in (start, end)):
+        raise TypeError(f"start and end must be ints, got {start!r} and {end!r}")
     if not 0 <= start <= end <= limit:
         raise ValueError(f"[{start}, {end}) is not a range within [0, {limit}): need 0 <= start <= end <= limit")
 

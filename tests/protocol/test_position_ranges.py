@@ -163,6 +163,8 @@ def test_bad_arguments_name_what_was_wrong_and_leave_the_set_unchanged():
     for bad in ((5, 4), (-1, 3), (0, 101)):
         with pytest.raises(ValueError, match="not a range within"):
             ranges.covers(*bad)
+    with pytest.raises(TypeError, match="must be ints"):
+        ranges.within(1.5, 3)
     with pytest.raises(ValueError, match="limit"):
         PositionRanges(MAX_LIMIT + 1)
     with pytest.raises(ValueError, match="same limit"):
