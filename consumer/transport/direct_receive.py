@@ -1,19 +1,17 @@
-"""Direct receive: per producer, a thread reads whole batches over ZMTP straight into pooled aligned memory.
+"""Direct receive: whole batches read over ZMTP straight into pooled aligned memory.
 
 What ``ZMQInput(receive="direct")`` runs instead of its libzmq receive loop (see ``zmtp``
 for why). ``read_batch`` validates as ``decode_batch`` does, but before reading: the header
 is decoded and held to the trainer's spec, and each frame's size to its array, so a bad
 message costs no allocation and is skipped to its end (the connection stays up); a stream
-that cannot be followed any more is dropped and connected again. ``DirectReceiver.run``
-connects (again every 0.1-1 s while refused), hands each good batch to ``deliver`` and each
-bad one to ``reject``, and returns when ``should_stop()`` says so (checked every ``poll_s``)
-or when the sink is closed (``SinkClosed``).
+that cannot be followed any more is dropped and connected again. ``message_steps`` is the same
+reading as resumable steps, which a selector loop drives for many connections per thread
+(``connection_loop``; plain mode's ``zmtp_receiver``); ``read_message`` drives them with blocking reads.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from typing import Callable, Optional
 
 import numpy as np
@@ -24,8 +22,7 @@ from stoker.protocol.batch_header import MAX_HEADER_BYTES, Batch
 from stoker.protocol.batch_spec import BatchSpec
 from stoker.protocol.exact_messages import unpack_producer_frame
 
-from stoker.consumer.receive.contract import SinkClosed
-from stoker.consumer.transport.zmtp import SocketTypeMismatch, Stopped, ZMTPConnection
+from stoker.consumer.transport.zmtp import ZMTPConnection
 from stoker.consumer.transport.zmtp_reader import FrameReader, Steps
 
 log = logging.getLogger("stoker.consumer")
@@ -94,78 +91,8 @@ def message_steps(reader: FrameReader, spec: Optional[BatchSpec], limits: Decode
     return Batch(header=header, arrays=arrays)
 
 
-class DirectReceiver:
-    """Receives from one producer address until told to stop; see the module doc."""
-
-    def __init__(self, endpoint: str, spec: BatchSpec, limits: DecodeLimits, empty: EmptyArray,
-                 deliver: Callable[[Batch, list[np.ndarray]], None], reject: Callable[[ProtocolError], None],
-                 should_stop: Callable[[], bool], on_connection: Callable[..., None],
-                 poll_s: float = 0.1) -> None:
-        self.endpoint, self.spec, self.limits, self.empty = endpoint, spec, limits, empty
-        self.deliver, self.reject, self.should_stop, self.on_connection = deliver, reject, should_stop, on_connection
-        self.poll_s = poll_s
-        self.delivered = 0  # batches handed to ``deliver``
-
-    def run(self) -> None:
-        """Receive until stopped or the sink closes. Connection and protocol trouble is reported, never raised.
-
-        Reconnects wait ``poll_s``, doubling up to ``MAX_BACKOFF_S`` while connections fail or end
-        without delivering a batch (a peer that accepts and resets costs one attempt a second, not a
-        busy loop); a connection that delivered resets the wait.
-        """
-        backoff = self.poll_s
-        while not self.should_stop():
-            try:
-                conn = ZMTPConnection(self.endpoint, self.should_stop, self.poll_s)
-            except Stopped:
-                return
-            except (OSError, ProtocolError) as exc:  # refused, unreachable, not a producer: try again
-                self.on_connection(self.endpoint, False, _describe(exc), isinstance(exc, ProtocolError),
-                                   mode_mismatch=isinstance(exc, SocketTypeMismatch))
-                if self._sleep(backoff):
-                    return
-                backoff = min(MAX_BACKOFF_S, backoff * 2)
-                continue
-            self.on_connection(self.endpoint, True, "", False)
-            delivered_before = self.delivered
-            try:
-                self._receive(conn)
-                return
-            except Stopped:
-                return
-            except SinkClosed:
-                return  # the sink was closed: close() or a failure
-            except (OSError, ProtocolError) as exc:  # the peer went away, or its stream cannot be followed
-                self.on_connection(self.endpoint, False, _describe(exc), False)
-            finally:
-                conn.close()
-            backoff = self.poll_s if self.delivered > delivered_before else min(MAX_BACKOFF_S, backoff * 2)
-            if self._sleep(backoff):
-                return
-
-    def _receive(self, conn: ZMTPConnection) -> None:
-        while not self.should_stop():
-            try:
-                batch, arrays = read_batch(conn, self.spec, self.limits, self.empty)
-            except ProtocolError as exc:
-                self.reject(exc)
-                if not conn.in_sync:
-                    raise
-                continue
-            self.deliver(batch, arrays)
-            self.delivered += 1
-
-    def _sleep(self, seconds: float) -> bool:
-        """Wait ``seconds`` in ``poll_s`` steps; True if told to stop meanwhile."""
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            if self.should_stop():
-                return True
-            time.sleep(min(self.poll_s, max(0.0, deadline - time.monotonic())))
-        return self.should_stop()
-
-
-def _describe(exc: BaseException) -> str:
+def describe(exc: BaseException) -> str:
+    """A connection failure for a user: a ProtocolError's own words, else the error's type and message."""
     if isinstance(exc, ProtocolError):
         return str(exc)
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

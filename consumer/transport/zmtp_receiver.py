@@ -1,28 +1,37 @@
-"""Plain mode over our own ZMTP: a ``DirectReceiver`` thread per producer, reading into the sink's memory.
+"""Plain mode over our own ZMTP: every producer's connection on a bounded loop of threads, read into the sink's memory.
 
-The default for tcp:// without CurveZMQ. Each thread reads whole batches straight into
-aligned buffers (no copy beyond the kernel's) and bounds every message before reading it:
-memory is one batch per producer, whatever a peer sends (``direct_receive``, docs/security.md).
+The default for tcp:// without CurveZMQ. A ``ConnectionLoop`` (at most ``MAX_THREADS`` threads, however
+many producers) drives one ``LoopConnection`` per producer, whose ``PlainPeer`` reads whole batches
+straight into aligned buffers (no copy beyond the kernel's) and bounds every message before reading it:
+memory is one batch per producer, whatever a peer sends (``direct_receive``, docs/security.md). A batch
+completed is handed to one delivery thread (``_Deliveries``), which waits while the sink is full; its
+connection reads nothing more until it is delivered, so a full sink holds producers back through TCP
+while the loop goes on answering handshakes and heartbeats. Receive threads: ``MAX_THREADS`` at most.
 Without a declared spec the first batch header that arrives defines it (``LearnedSpec``) and
 every producer is held to it, as on the libzmq path. The core's thread runs ``run``: it only
-watches for silence while the per-producer threads receive.
+watches for silence while the loop receives.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
-from stoker.protocol import ProtocolError
+from stoker.protocol import DecodeLimits, ProtocolError
 from stoker.protocol.batch_header import Batch
 from stoker.protocol.batch_spec import ArrayShape, BatchSpec
 
 from stoker.consumer.receive.errors import InputError
-from stoker.consumer.receive.contract import POLL_S, ReceiveContext
+from stoker.consumer.receive.contract import POLL_S, ReceiveContext, SinkClosed
 from stoker.consumer.transport.connections import ConnectionHealth
-from stoker.consumer.transport.direct_receive import DirectReceiver
+from stoker.consumer.transport.connection_loop import MAX_THREADS, ConnectionLoop
+from stoker.consumer.transport.direct_receive import EmptyArray, describe, message_steps
+from stoker.consumer.transport.loop_connection import LoopConnection, reserve_descriptors
+from stoker.consumer.transport.zmtp import SocketTypeMismatch
+from stoker.consumer.transport.zmtp_reader import FrameReader, Steps
 from stoker.consumer.receive.options import tcp_address
 from stoker.consumer.transport.discovery import ProducerPool
 
@@ -58,10 +67,91 @@ class LearnedSpec:
         return self.spec.check(batch)
 
 
+class PlainPeer:
+    """One plain producer's connection for the loop (``loop_connection.Peer``): each batch held to the spec and
+    delivered into the sink, a bad one rejected, connection news to ``on_connection``."""
+
+    socket_type = "PULL"
+
+    def __init__(self, endpoint: str, spec: "BatchSpec | LearnedSpec", limits: DecodeLimits, context: ReceiveContext,
+                 leave: threading.Event, on_connection: Callable[..., None], deliveries: "_Deliveries") -> None:
+        self.endpoint, self._spec, self._limits, self._context = endpoint, spec, limits, context
+        self._leave, self._on_connection = leave, on_connection
+        self._empty: EmptyArray = context.empty
+        self._deliveries = deliveries
+        self._delivering: Optional[LoopConnection] = None  # while a batch of it waits for the delivery thread
+        self._connection: Optional[LoopConnection] = None
+
+    def leaving(self) -> bool:
+        return self._context.stopped() or self._leave.is_set()
+
+    def has_room(self) -> bool:
+        return self._delivering is None  # one batch per producer, read or waiting for the sink, as before
+
+    def message_steps(self, reader: FrameReader) -> Steps[tuple[Batch, list]]:
+        batch = yield from message_steps(reader, self._spec, self._limits, self._empty)  # type: ignore[arg-type]
+        assert isinstance(batch, Batch)
+        return batch, self._spec.check(batch)  # BatchMismatchError: rejected as a bad message, the stream goes on
+
+    def connected(self, connection: LoopConnection) -> None:
+        self._connection = connection
+        self._on_connection(self.endpoint, True, "", False)
+
+    def refused(self, exc: Exception) -> None:
+        self._on_connection(self.endpoint, False, describe(exc), isinstance(exc, ProtocolError),
+                            mode_mismatch=isinstance(exc, SocketTypeMismatch))
+
+    def ended(self, exc: Exception, delivered: bool) -> None:
+        self._on_connection(self.endpoint, False, describe(exc), False)
+
+    def message(self, message: tuple[Batch, list]) -> None:
+        self._delivering = self._connection
+        self._deliveries.put((self, message))
+
+    def delivered(self) -> None:
+        """The delivery thread handed this peer's batch to the sink: read on."""
+        connection, self._delivering = self._delivering, None
+        if connection is not None:
+            connection.wake()
+
+    def rejected(self, exc: ProtocolError, in_sync: bool) -> None:
+        self._context.reject(exc)
+
+    def closed(self) -> None:
+        pass
+
+
+class _Deliveries(threading.Thread):
+    """The one thread that hands finished batches to the sink, waiting while it is full; ends when the input
+    stops or the sink closes."""
+
+    def __init__(self, context: ReceiveContext) -> None:
+        super().__init__(name="stoker-receive-deliver", daemon=True)
+        self._context = context
+        self._queue: queue.SimpleQueue[tuple[PlainPeer, tuple[Batch, list]]] = queue.SimpleQueue()
+        self.put = self._queue.put
+
+    def run(self) -> None:
+        while not self._context.stopped():
+            try:
+                peer, (batch, arrays) = self._queue.get(timeout=POLL_S)
+            except queue.Empty:
+                continue
+            try:
+                self._context.deliver(batch, arrays, owned=True)
+            except SinkClosed:
+                return
+            except Exception as exc:  # never die silently: surface it to the consumer
+                log.exception("delivering a batch of %s failed", peer.endpoint)
+                self._context.fail(InputError(f"delivering a batch of {peer.endpoint} failed: {exc!r}"))
+                return
+            peer.delivered()
+
+
 class ZMTPReceiver:
     """See the module doc. ValueError for an address that is not tcp://host:port."""
 
-    held_per_producer = 1  # the batch its thread reads into, or holds while waiting for room
+    held_per_producer = 1  # the batch its connection reads into, or holds while waiting for room
 
     def __init__(self, pool: ProducerPool, options: "ReceiveOptions") -> None:
         self.pool = pool
@@ -69,7 +159,8 @@ class ZMTPReceiver:
             tcp_address(address)
         self.limits = options.limits
         self._spec: Optional[BatchSpec | LearnedSpec] = None
-        self._threads: list[threading.Thread] = []
+        self._loop: Optional[ConnectionLoop] = None
+        self._deliveries: Optional[_Deliveries] = None
         self._leave: dict[str, threading.Event] = {}  # endpoint -> set when it left the pool
         self._started = False
         self._lock = threading.Lock()
@@ -95,6 +186,11 @@ class ZMTPReceiver:
         if self._started:
             return
         self._started = True
+        reserve_descriptors(len(self.pool.endpoints))
+        self._deliveries = _Deliveries(context)
+        self._deliveries.start()
+        self._loop = ConnectionLoop("stoker-receive", POLL_S, lambda endpoint, exc: context.fail(
+            InputError(f"receiving from {endpoint} failed: {exc!r}")), max_threads=MAX_THREADS - 1)
         for address in self.pool.endpoints:
             self._join_one(address, context)
 
@@ -106,15 +202,13 @@ class ZMTPReceiver:
         except ValueError as exc:  # a discovery function returned something direct receive cannot reach
             context.stats.connection_changed(address, False, str(exc), False)
             return
+        reserve_descriptors(len(self._leave) + 1)
         leave = self._leave[address] = threading.Event()
-        receiver = DirectReceiver(address, self._spec, self.limits, context.empty,  # type: ignore[arg-type]
-                                  lambda batch, arrays: context.deliver(batch, arrays, owned=True), context.reject,
-                                  lambda: context.stopped() or leave.is_set(), self._connection_callback(context),
-                                  poll_s=POLL_S)
-        thread = threading.Thread(target=self._run_one, args=(receiver, context), name=f"stoker-receive-{address}",
-                                  daemon=True)
-        thread.start()
-        self._threads = [t for t in self._threads if t.is_alive()] + [thread]
+        assert self._deliveries is not None
+        peer = PlainPeer(address, self._spec, self.limits, context, leave, self._connection_callback(context),
+                         self._deliveries)
+        assert self._loop is not None
+        self._loop.add(LoopConnection(peer, POLL_S))
 
     def _follow_pool(self, context: ReceiveContext) -> None:
         def join(address: str) -> None:
@@ -152,14 +246,6 @@ class ZMTPReceiver:
                 self._unlogged_drops[endpoint], 0, now
         log.warning("lost the connection to %s (%d time(s) since the last warning): %s", endpoint, count, reason)
 
-    @staticmethod
-    def _run_one(receiver: DirectReceiver, context: ReceiveContext) -> None:
-        try:
-            receiver.run()
-        except Exception as exc:  # never die silently: surface it to the consumer
-            log.exception("receive thread for %s failed", receiver.endpoint)
-            context.fail(InputError(f"receive thread for {receiver.endpoint} failed: {exc!r}"))
-
     def run(self, context: ReceiveContext) -> None:
         self._start(context)
         try:
@@ -170,13 +256,10 @@ class ZMTPReceiver:
             self._join()
 
     def _join(self) -> None:
-        deadline = time.monotonic() + 1.5  # readers notice a stop within POLL_S; close() waits 2 s for the core
-        for thread in self._threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
-        lingering = [t.name for t in self._threads if t.is_alive()]
-        if lingering:
-            log.warning("direct receive threads still running after the stop: %s", ", ".join(lingering))
-        self._threads = [t for t in self._threads if t.is_alive()]
+        if self._loop is not None:  # its threads notice the stop within POLL_S; close() waits 2 s for the core
+            self._loop.close(1.0)
+        if self._deliveries is not None:
+            self._deliveries.join(0.5)
 
     def failures(self) -> tuple[int, str, str]:
         return self._health.summary()
@@ -188,4 +271,4 @@ class ZMTPReceiver:
         return []
 
     def close(self) -> None:
-        self._join()  # the core stopped: each thread closes its own connection on its way out
+        self._join()  # the core stopped: the loop's threads close their connections on their way out
