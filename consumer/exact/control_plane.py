@@ -10,9 +10,10 @@ with its link by ``ProducerLinks``, which also sends credit, reports and heartbe
 - Before ``activate()`` the control plane only asks producers to ``describe``
   themselves (status and batch spec) and receives nothing: a checkpoint's state can
   still be restored. After it, every new connection (a producer started or
-  restarted) gets a ``hello`` with a fresh session, this trainer's whole input
-  state and the records it holds from that producer; batches sent under an older
-  session are dropped (their records are served again by the new incarnation).
+  restarted) gets a ``hello`` with a fresh session, the progress of the stream it serves
+  alone (``hello_state``; asked to describe itself first while that is unknown) and the records
+  this trainer holds from it; batches sent under an older session are dropped (their records
+  are served again by the new incarnation).
 - Each batch queued earns one credit back, sent in steps of half the window;
   consumed records (``record_consumed``) go to the producer they came from with
   the next credit. Neither waits longer than ``REPORT_WAIT_S`` (0.1 s, ``producers``); a
@@ -45,6 +46,7 @@ from stoker.protocol.exact_messages import Hello, decode_status, encode_describe
 from stoker.protocol.batch_spec import BatchSpec
 from stoker.protocol.input_state import StreamKey
 
+from stoker.consumer.exact.hello_state import hello_again, hello_state, knows_stream
 from stoker.consumer.exact.ledger import ConsumedLedger
 
 from stoker.consumer.exact.links import Link
@@ -155,12 +157,13 @@ class ExactControlPlane:
             if p.pooled and not link.connected:
                 self._pool.leave(i)  # gone (killed, cut off): its splits go to the others; back, it says hello
             handshakes = link.handshakes  # before the hello: a connection made meanwhile gets its own
-            if self.active and handshakes > p.said_hello:
+            hello_due = self.active and handshakes > p.said_hello
+            if hello_due and knows_stream(p):
                 self._hello(i)
                 p.said_hello = handshakes
-            if not self.active and p.status is None and link.connected \
+            elif (hello_due or not self.active and p.status is None) and link.connected \
                     and time.monotonic() - p.described_at >= DESCRIBE_RETRY_S:
-                # Asked again until answered: a request is never taken as delivered.
+                # Asked again until answered (never taken as delivered); a hello waits for it (``hello_state``).
                 self.links.send(i, encode_describe())
                 p.described_at = time.monotonic()
         return changed
@@ -170,7 +173,7 @@ class ExactControlPlane:
         p = self.producers[i]
         p.session += 1
         with self._lock:
-            state = self.ledger.state.copy()
+            state = hello_state(self.ledger.state, p.stream)
             held = p.held_records()
             p.reports = []  # the hello's state includes them
         p.owed = 0  # and it gives the whole credit afresh
@@ -216,10 +219,11 @@ class ExactControlPlane:
         status = decode_status(body)  # ProtocolError propagates: counted as a rejected message
         self.control.count_received(nbytes)
         p.status = status
-        if self.active and status.stranger and p.session > 0:
-            # It answers credit or work of ours with "who are you": it dropped this trainer (silent past its
-            # --trainer-timeout) or restarted unseen. Say hello again, or nothing would come from it for ever.
-            log.warning("producer %s no longer knows this trainer: saying hello again", status.producer)
+        why = hello_again(p, status) if self.active else ""
+        if why:  # a stranger, or a producer serving another stream than our hello's (``hello_state``)
+            log.warning("producer %s %s: saying hello again", status.producer, why)
+            with self._lock:
+                p.stream = status.stream or p.stream
             self._restart(i)
             return None
         if status.stream:

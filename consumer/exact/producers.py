@@ -76,7 +76,8 @@ class KnownProducer:
     def waiting_line(self, now: float) -> str:
         """Its line in a report of what the trainer waits for: connection, session, last batch and message."""
         what = f"{self.name()}: {'connected' if self.link is not None and self.link.connected else 'NOT connected'}"
-        what += f", session {self.session}" if self.session else ", no hello yet"
+        unknown = not self.stream and self.status is None  # the hello waits for its status (``hello_state``)
+        what += f", session {self.session}" if self.session else ", no hello yet" + (", no status" if unknown else "")
         return what + f", last batch {now - self.batch_at:.1f} s ago, last message {now - self.heard_at:.1f} s ago"
 
     def queued(self, epochs: np.ndarray, indices: np.ndarray) -> None:

@@ -80,7 +80,11 @@ def test_a_handshake_finished_before_the_trainer_looks_is_seen_and_an_unanswered
         ctx.term()
 
 
-def _next_message(router: zmq.Socket, transport: ExactControlPlane, kind: type):
+def _next_message(router: zmq.Socket, transport: ExactControlPlane, kind: type, stream: str = "0/1:10:0"):
+    """Drive the transport until the router receives a ``kind``, answering a describe as a producer of ``stream``
+    does (a trainer says hello once it knows the producer's stream: ``hello_state``)."""
+    from stoker.protocol.exact_messages import Status, encode_status
+
     for _ in range(1000):
         transport.watch()
         transport.flush()
@@ -91,6 +95,8 @@ def _next_message(router: zmq.Socket, transport: ExactControlPlane, kind: type):
             message = decode_trainer_message(body)
             if isinstance(message, kind):
                 return routing_id, message
+            if isinstance(message, Describe):
+                router.send_multipart([routing_id, encode_status(Status(stream, "p", 0, None, False))])
     raise AssertionError(f"the trainer never sent a {kind.__name__}")
 
 
@@ -240,8 +246,8 @@ def test_a_closing_trainer_says_goodbye_after_its_last_records_only_to_a_produce
         # A producer of this release says in its status that it takes a goodbye; an older one says nothing of it.
         router.send_multipart([routing_id, encode_status(Status("0/1:10:0", "p", 0, None, False, session=hello.session,
                                                                 goodbye=takes_goodbye))])
-        for _ in range(1000):
-            if transport.producers[0].status is not None:
+        for _ in range(1000):  # this status, not the describe's answer (session 0) that came before the hello
+            if transport.producers[0].status is not None and transport.producers[0].status.session == hello.session:
                 break
             transport.watch()
             for i in transport.poll(20):
@@ -284,8 +290,8 @@ def test_a_leaving_trainer_reads_what_comes_until_the_producer_answers_its_goodb
         routing_id, hello = _next_message(router, transport, Hello)
         status = Status("0/1:10:0", "p", 0, None, False, session=hello.session, goodbye=True)
         router.send_multipart([routing_id, encode_status(status)])
-        for _ in range(1000):
-            if transport.producers[0].status is not None:
+        for _ in range(1000):  # this status, not the describe's answer (session 0) that came before the hello
+            if transport.producers[0].status is not None and transport.producers[0].status.session == hello.session:
                 break
             transport.watch()
             for i in transport.poll(20):
