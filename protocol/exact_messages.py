@@ -35,7 +35,7 @@ import numpy as np
 
 from .peer_ids import is_valid_id
 from .errors import ProtocolError
-from .input_state import InputState
+from .input_state import MAX_RECORDS, InputState
 
 MAX_CONTROL_BYTES = 256 * 1024 * 1024
 MAX_ROWS = 1 << 20
@@ -145,15 +145,16 @@ def _records(value: Any, what: str) -> Records:
 
 
 def _indices(value: list, what: str) -> list[int]:
-    """Record indices in [0, 10**8), checked as one array: a credit carries a batch's worth each step."""
+    """Record indices in [0, MAX_RECORDS), checked as one array: a credit carries a batch's worth each step. The
+    list is msgpack's, bounded by the frame (``MAX_CONTROL_BYTES``) and by ``MAX_ROWS`` per message."""
     if not value:
         return []
     try:
         array = np.array(value)
     except (OverflowError, ValueError, TypeError):
         array = np.zeros(0)
-    if array.ndim != 1 or array.dtype.kind not in "iu" or array.min() < 0 or array.max() >= 10**8:
-        raise ProtocolError(f"{what} must be integers in [0, {10**8}), got {value[:4]!r}...")
+    if array.ndim != 1 or array.dtype.kind not in "iu" or array.min() < 0 or array.max() >= MAX_RECORDS:
+        raise ProtocolError(f"{what} must be integers in [0, 2**40), got {value[:4]!r}...")
     return array.tolist()
 
 
@@ -206,8 +207,8 @@ def _work(body: dict) -> Work:
     for item in items_raw:
         if not (isinstance(item, list) and len(item) == 4 and isinstance(item[3], list)):
             raise ProtocolError("work items must be [epoch, start, end, [offsets]]")
-        start = _int(item[1], "work 'start'", 0, 10**8)
-        end = _int(item[2], "work 'end'", start + 1, min(start + MAX_SPLIT, 10**8) + 1)
+        start = _int(item[1], "work 'start'", 0, MAX_RECORDS)
+        end = _int(item[2], "work 'end'", start + 1, min(start + MAX_SPLIT, MAX_RECORDS) + 1)
         if len(item[3]) > end - start:
             raise ProtocolError("work 'skip' lists more offsets than the split holds")
         skip = [_int(o, "work skip offset", 0, end - start) for o in item[3]]
@@ -293,10 +294,10 @@ def decode_status(body: dict) -> Status:
         raise ProtocolError("status 'idle' and 'goodbye' must be true or false")
     cache, held = body.get("cache"), body.get("held", [])
     if cache is not None:
-        cache = _int(cache, "status 'cache'", 1, 10**8)
+        cache = _int(cache, "status 'cache'", 1, MAX_RECORDS)  # shards: no more than records
     if not isinstance(held, list) or len(held) > MAX_HELD:
         raise ProtocolError(f"status 'held' must list at most {MAX_HELD} shard numbers")
-    held = [_int(n, "status 'held' shard", 0, 10**8) for n in held]
+    held = [_int(n, "status 'held' shard", 0, MAX_RECORDS) for n in held]
     storage = body.get("storage", "")
     if not isinstance(storage, str) or len(storage) > MAX_STORAGE_CHARS:
         raise ProtocolError(f"status 'storage' must be a string of at most {MAX_STORAGE_CHARS} characters")

@@ -34,6 +34,27 @@ _KEY_RE = re.compile(r"^(\d+)/(\d+):(\d+):(-?\d+)(?::(\d+)x(\d+))?$")
 _SPLITS_RE = re.compile(r"^splits:(\d+):(-?\d+)(?::(\d+)x(\d+))?$")
 MAX_WINDOW = 1 << 16  # shards in one shuffle window
 MAX_STATE_BYTES = 256 * 1024 * 1024
+#: Dataset sizes reach this and record indices stay below it, in every key, message and state (issue 41): naming
+#: a record costs nothing; what a message or state expands to is bounded apart, before allocating.
+MAX_RECORDS = 2**40
+#: Records of a dataset whose epochs are ordered or tracked one entry per record (epoch order 1's permutation,
+#: open epochs' bitmaps): ``check_materialisable``, the one check, runs before such arrays are built.
+MAX_MATERIALISED_RECORDS = 10**8
+#: Bits the open epochs of one state may unpack to, all streams together (1 GiB of booleans): a state of today's
+#: largest job (10**8 records, two epochs open) is 2e8; a hostile one of 4096 streams could otherwise ask 10**15.
+MAX_STATE_BITS = 2**30
+
+
+class TooManyRecordsError(ValueError):
+    """A dataset too large for one entry per record (epoch order 1); the text names the limit and the way out."""
+
+
+def check_materialisable(records: int, what: str) -> None:
+    """TooManyRecordsError naming ``what`` unless ``records`` fit one entry each (``MAX_MATERIALISED_RECORDS``)."""
+    if records > MAX_MATERIALISED_RECORDS:
+        raise TooManyRecordsError(f"{what} holds {records:,} records: epoch order 1 keeps one entry per record and "
+                                  f"serves at most {MAX_MATERIALISED_RECORDS:,} (10**8) records; order 2 (lazy) is "
+                                  "needed beyond")
 
 
 def epoch_order(shard_records: np.ndarray, seed: int, epoch: int, shuffle: bool = True, block: int = 0,
@@ -103,17 +124,17 @@ class StreamKey:
             raise ValueError(f"stream key {text!r} is not I/N:count:seed or splits:count:seed (either with :BxW)")
         groups = (match or fixed).groups()  # type: ignore[union-attr]
         block, window = (int(groups[-2]), int(groups[-1])) if groups[-2] is not None else (0, 1)
-        if groups[-2] is not None and not (1 <= block < 10**8 and 1 <= window <= MAX_WINDOW):
+        if groups[-2] is not None and not (1 <= block <= MAX_RECORDS and 1 <= window <= MAX_WINDOW):
             raise ValueError(f"stream key {text!r} names an invalid shard layout (BxW: B >= 1 records per "
                              f"shard, W 1-{MAX_WINDOW} shards per window)")
         if match:
             records, seed = int(groups[0]), int(groups[1])
-            if not 0 <= records < 10**8:
-                raise ValueError(f"stream key {text!r} names an invalid dataset size")
+            if not 0 <= records <= MAX_RECORDS:
+                raise ValueError(f"stream key {text!r} names an invalid dataset size (0 to 2**40 records)")
             return cls(0, 1, records, seed, splits=True, block=block, window=window)
         index, count, records, seed = (int(g) for g in groups[:4])
-        if count < 1 or not 0 <= index < count or not 0 <= records < 10**8:
-            raise ValueError(f"stream key {text!r} names an invalid shard")
+        if count < 1 or not 0 <= index < count or not 0 <= records <= MAX_RECORDS:
+            raise ValueError(f"stream key {text!r} names an invalid shard (I/N with 0 <= I < N, 0 to 2**40 records)")
         return cls(index, count, records, seed, block=block, window=window)
 
     @staticmethod
@@ -136,8 +157,14 @@ class StreamKey:
     def _strided(self) -> bool:
         return not self.splits and self.count > 1
 
+    def check_materialisable(self) -> None:
+        """TooManyRecordsError unless this stream's dataset fits epoch order 1 (one entry per record)."""
+        check_materialisable(self.records, f"the dataset of stream {self}")
+
     def stream_records(self) -> np.ndarray:
-        """int64 [size]: the dataset's records this stream serves, ascending (position ``k`` -> record)."""
+        """int64 [size]: the dataset's records this stream serves, ascending (position ``k`` -> record).
+        TooManyRecordsError, before allocating, beyond ``MAX_MATERIALISED_RECORDS`` (``order`` too)."""
+        self.check_materialisable()
         if not self._strided():
             return np.arange(self.records, dtype=np.int64)
         if not self.block:
@@ -193,9 +220,13 @@ class StreamProgress:
 
     def consumed(self, epoch: int) -> np.ndarray:
         """The bitmap of ``epoch`` (all True for a completed one, all False for one not begun)."""
+        if epoch >= self.completed and epoch in self.open:
+            return self.open[epoch]
+        check_materialisable(self.size, "an open epoch's bitmap")
         if epoch < self.completed:
             return np.ones(self.size, bool)
-        return self.open.setdefault(epoch, np.zeros(self.size, bool))
+        bitmap = self.open[epoch] = np.zeros(self.size, bool)  # not setdefault: that allocates on every call
+        return bitmap
 
     def mark(self, epoch: int, local: np.ndarray) -> None:
         if epoch >= self.completed:
@@ -223,6 +254,24 @@ class StreamProgress:
     def count(self) -> int:
         """Records consumed in open epochs."""
         return int(sum(b.sum() for b in self.open.values()))
+
+
+def _unpacked_sizes(raw_streams: dict) -> dict:
+    """Each stream's size, checked before any bitmap is unpacked: ValueError for a key that is not a stream's,
+    open epochs of a dataset too large for bitmaps, or bitmaps that unpack to over ``MAX_STATE_BITS`` together."""
+    sizes, bits = {}, 0
+    for key, raw in raw_streams.items():
+        if not isinstance(key, str):
+            raise ValueError(f"input state: stream key {key!r} is not a string")
+        stream = StreamKey.parse(key)
+        sizes[key], opened = stream.size, raw.get("open") if isinstance(raw, dict) else None
+        if isinstance(opened, dict) and opened:
+            stream.check_materialisable()
+            bits += stream.size * len(opened)
+    if bits > MAX_STATE_BITS:
+        raise ValueError(f"input state: its open epochs unpack to {bits:,} bits, over {MAX_STATE_BITS:,}: not a state "
+                         "a job saved (one of 10**8 records with two epochs open holds 2e8)")
+    return sizes
 
 
 @lru_cache(maxsize=256)
@@ -276,9 +325,9 @@ class InputState:
         raw_streams = body.get("streams")
         if not isinstance(raw_streams, dict) or len(raw_streams) > 4096:
             raise ValueError("input state 'streams' must be a map of at most 4096 streams")
-        streams = {}
+        streams, sizes = {}, _unpacked_sizes(raw_streams)
         for key, raw in raw_streams.items():
-            size = StreamKey.parse(key).size
+            size = sizes[key]
             completed, opened = (raw.get("completed"), raw.get("open")) if isinstance(raw, dict) else (None, None)
             if not isinstance(completed, int) or isinstance(completed, bool) or not 0 <= completed < 2**31:
                 raise ValueError(f"stream {key}: 'completed' must be an epoch count")
@@ -297,7 +346,7 @@ class InputState:
                 if len(raw_bits) != (size + 7) // 8:
                     raise ValueError(f"stream {key} epoch {epoch}: bitmap holds {len(raw_bits)} bytes, the shard "
                                      f"needs {(size + 7) // 8}")
-                progress.open[epoch] = np.unpackbits(np.frombuffer(raw_bits, np.uint8), count=size).astype(bool)
+                progress.open[epoch] = np.unpackbits(np.frombuffer(raw_bits, np.uint8), count=size).view(bool)
             streams[key] = progress
         return cls(streams)
 
