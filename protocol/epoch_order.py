@@ -1,0 +1,328 @@
+"""Epoch order version 2: computed lazily, invertible, over shards of unequal sizes.
+
+Order 1 (``input_state.epoch_order``) materialises a permutation of every record: 80 GB and a sort of 10^10
+keys per epoch at web scale. Order 2 maps any epoch position to its record, and any record back to its
+position, for just the positions at hand: a producer turns a split's positions into records, a trainer turns
+a batch's records back into positions, and neither ever holds the epoch's whole order.
+
+The order of epoch ``e`` (docs/protocol.md, "Epoch order 2", defines it bit for bit):
+
+1. the shards are permuted, rank -> shard, by a keyed bijection on ``[0, S)``;
+2. the shards' records are laid end to end in rank order ("concatenation space");
+3. ranks ``[wW, (w+1)W)`` form window ``w``, a contiguous range of concatenation space; window ``w``
+   occupies the same range of positions, and within it a keyed bijection of the window's records maps a
+   position to its place in concatenation space.
+
+So a split inside one window touches only that window's ``W`` shards. The keyed bijection is a Feistel
+network with cycle walking (``keyed_bijection``). Per epoch only a plan of O(shards) is built and cached
+(the permutation of the shards, its inverse, where each rank and window begins), never the per-record order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import operator
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+MAX_SHARDS = 2**24
+MAX_SHARD_RECORDS = 2**32 - 1
+MAX_RECORDS = 2**40
+MAX_EPOCH = 2**31 - 1
+FULL_ORDER_LIMIT = 2**27  # full_order is for tests and small datasets: 1 GiB of int64 at most
+
+#: Feistel rounds. Luby and Rackoff's bound asks 4 of ideal round functions; ours are one fixed mixer keyed
+#: by XOR, and the halves are as narrow as 1 bit for small windows, where Patarin's bounds ask more rounds
+#: of a Feistel network than 4. 8 doubles the ideal count; each round is one mixer call per value.
+ROUNDS = 8
+GOLDEN = 0x9E3779B97F4A7C15  # splitmix64's increment: keeps a step of the key chain away from mix(0) == 0
+SHARDS_TAG = 2**64 - 1  # the shard permutation's domain tag; windows use their index w < 2**24
+_U64 = 2**64 - 1
+
+
+def mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser of a uint64 array, wrapping modulo 2**64 (a new array)."""
+    x = np.array(x, dtype=np.uint64, ndmin=1)
+    x ^= x >> np.uint64(30)
+    x *= np.uint64(0xBF58476D1CE4E5B9)
+    x ^= x >> np.uint64(27)
+    x *= np.uint64(0x94D049BB133111EB)
+    x ^= x >> np.uint64(31)
+    return x
+
+
+def chain(h: np.ndarray | int, v: np.ndarray | int) -> np.ndarray:
+    """One step of the key chain: ``mix(((h XOR v) + GOLDEN) mod 2**64)``."""
+    xored = np.array(h, dtype=np.uint64, ndmin=1) ^ np.array(v, dtype=np.uint64, ndmin=1)
+    return mix(xored + np.uint64(GOLDEN))
+
+
+def round_keys(seed: int, epoch: int, tags: np.ndarray | int) -> np.ndarray:
+    """uint64 ``[ROUNDS, len(tags)]``: key ``i`` of domain ``tag`` is
+    ``chain(chain(chain(chain(0, seed mod 2**64), epoch), tag), i)``."""
+    base = chain(chain(chain(0, seed % 2**64), epoch), tags)
+    return np.stack([chain(base, i) for i in range(ROUNDS)])
+
+
+def _feistel_bits(n: np.ndarray) -> np.ndarray:
+    """The smallest even ``b >= 2`` with ``2**b >= n``, per element (n <= 2**40: exact in float64)."""
+    bits = np.frexp(np.asarray(n, dtype=np.float64) - 1.0)[1].astype(np.uint64)  # bit length of n - 1
+    return np.maximum(bits + (bits & np.uint64(1)), np.uint64(2))
+
+
+def _rounds(x: np.ndarray, keys: np.ndarray, half: np.ndarray, inverse: bool) -> np.ndarray:
+    mask = (np.uint64(1) << half) - np.uint64(1)
+    left, right = x >> half, x & mask
+    if inverse:  # undo (L, R) -> (R, L ^ F(R)) last round first
+        for key in keys[::-1]:
+            left, right = right ^ (mix(left ^ key) & mask), left
+    else:
+        for key in keys:
+            left, right = right, left ^ (mix(right ^ key) & mask)
+    return (left << half) | right
+
+
+def keyed_bijection(values: np.ndarray, n: np.ndarray | int, keys: np.ndarray, inverse: bool = False) -> np.ndarray:
+    """Each value ``v < n`` through the keyed bijection of ``[0, n)`` (or its inverse), as uint64.
+
+    ``n``: one domain size or one per value; ``keys``: ``[ROUNDS]`` or ``[ROUNDS, len(values)]``
+    (``round_keys``). A Feistel network on ``b`` bits, re-applied while the value is ``>= n`` (cycle walking:
+    a value in range always comes back into range, since the network permutes ``[0, 2**b)``; ``2**b <= 4n``,
+    so under 4 applications on average). The walk loops over the shrinking subset still out of range.
+    ValueError for a value ``>= n``.
+    """
+    values = np.array(values, dtype=np.uint64, ndmin=1)
+    n = np.asarray(n, dtype=np.uint64)
+    keys = np.asarray(keys, dtype=np.uint64)
+    if np.any(values >= n):  # a walk that starts out of range may cycle out of range for ever
+        raise ValueError(f"keyed_bijection takes values below their domain size n, got {values[values >= n][:3]}")
+    half = _feistel_bits(n) >> np.uint64(1)
+
+    def take(a: np.ndarray, idx: np.ndarray, per_value_ndim: int) -> np.ndarray:
+        return a[..., idx] if a.ndim == per_value_ndim else a
+
+    out = _rounds(values, keys, half, inverse)
+    walking = np.flatnonzero(out >= n)
+    while walking.size:
+        out[walking] = _rounds(out[walking], take(keys, walking, 2), take(half, walking, 1), inverse)
+        walking = walking[out[walking] >= take(n, walking, 1)]
+    return out
+
+
+def _as_indices(values: np.ndarray, limit: int, what: str) -> np.ndarray:
+    """``values`` as int64, each in ``[0, limit)``; ValueError naming ``what`` otherwise."""
+    values = np.asarray(values)
+    if values.size and values.dtype.kind not in "iu":
+        raise ValueError(f"{what} must be integers, got dtype {values.dtype}")
+    if values.size and (values.min() < 0 or values.max() >= limit):
+        raise ValueError(f"{what} must lie in [0, {limit}): got [{values.min()}, {values.max()}]")
+    return values.astype(np.int64, copy=False)
+
+
+def _checked_int(value: int, low: int, high: int, what: str) -> int:
+    value = operator.index(value)
+    if not low <= value <= high:
+        raise ValueError(f"{what} must lie in [{low}, {high}], got {value}")
+    return value
+
+
+class ShardTable:
+    """A dataset's shards in storage order and their record counts: shard ``j`` holds records
+    ``offsets[j] .. offsets[j] + sizes[j] - 1``. Immutable, O(shards) memory.
+
+    Limits (ValueError naming the one broken): 1 to 2**24 shards, each of 1 to 2**32 - 1 records, 1 to 2**40
+    records in all.
+    """
+
+    __slots__ = ("_sizes", "_offsets", "_records")
+
+    def __init__(self, sizes: np.ndarray) -> None:
+        sizes = np.asarray(sizes)
+        if sizes.ndim != 1 or not 1 <= sizes.size <= MAX_SHARDS:
+            raise ValueError(f"a shard table holds 1 to {MAX_SHARDS} shards in one row, got shape {sizes.shape}")
+        if sizes.dtype.kind not in "iu":
+            raise ValueError(f"shard sizes must be integers, got dtype {sizes.dtype}")
+        if sizes.min() < 1 or sizes.max() > MAX_SHARD_RECORDS:
+            raise ValueError(f"each shard holds 1 to {MAX_SHARD_RECORDS} records, got sizes in "
+                             f"[{sizes.min()}, {sizes.max()}]: drop empty shards, split huge ones")
+        self._sizes = sizes.astype(np.int64)  # a copy: nobody else can change it
+        records = int(self._sizes.sum())
+        if records > MAX_RECORDS:
+            raise ValueError(f"a dataset holds at most {MAX_RECORDS} (2**40) records, the table sums to {records}")
+        self._offsets = np.zeros(sizes.size, np.int64)
+        np.cumsum(self._sizes[:-1], out=self._offsets[1:])
+        self._sizes.flags.writeable = self._offsets.flags.writeable = False
+        self._records = records
+
+    @classmethod
+    def from_sizes(cls, sizes: np.ndarray | list[int]) -> "ShardTable":
+        """The table of shards holding ``sizes[j]`` records each, in storage order."""
+        return cls(np.asarray(sizes))
+
+    @classmethod
+    def uniform(cls, records: int, block: int) -> "ShardTable":
+        """``records`` records in shards of ``block`` consecutive records (the last holds the rest)."""
+        records = _checked_int(records, 1, MAX_RECORDS, "records")
+        block = _checked_int(block, 1, MAX_SHARD_RECORDS, "block (records per shard)")
+        shards = -(-records // block)
+        if shards > MAX_SHARDS:
+            raise ValueError(f"{records} records in blocks of {block} make {shards} shards, at most {MAX_SHARDS}: "
+                             f"use blocks of at least {-(-records // MAX_SHARDS)} records")
+        sizes = np.full(shards, block, np.int64)
+        sizes[-1] = records - block * (shards - 1)
+        return cls(sizes)
+
+    @property
+    def records(self) -> int:
+        return self._records
+
+    @property
+    def shards(self) -> int:
+        return int(self._sizes.size)
+
+    @property
+    def sizes(self) -> np.ndarray:
+        """int64 ``[shards]``, read-only."""
+        return self._sizes
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """int64 ``[shards]``, read-only: the first record of each shard (the exclusive cumsum of sizes)."""
+        return self._offsets
+
+    def shard_of(self, records: np.ndarray) -> np.ndarray:
+        """int64: the shard holding each record; ValueError for a record outside ``[0, records)``."""
+        records = _as_indices(records, self._records, "records")
+        return np.searchsorted(self._offsets, records, side="right") - 1
+
+    def digest(self) -> str:
+        """16 hex digits: blake2b (8-byte digest) of the sizes as little-endian int64, for peers to compare."""
+        return hashlib.blake2b(self._sizes.astype("<i8").tobytes(), digest_size=8).hexdigest()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ShardTable) and np.array_equal(self._sizes, other._sizes)
+
+    def __hash__(self) -> int:
+        return hash(self.digest())
+
+    def __repr__(self) -> str:
+        return f"ShardTable(shards={self.shards}, records={self.records}, digest={self.digest()})"
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """One epoch's O(shards) plan: ``perm[rank]`` the shard at each rank, ``rank_of[shard]`` its inverse,
+    ``cum[rank]`` where each rank begins in concatenation space (``cum[S]`` = records), ``bounds[w]`` where
+    window ``w`` begins (``bounds[-1]`` = records), ``chain`` the key chain's value after (seed, epoch)."""
+
+    perm: np.ndarray
+    rank_of: np.ndarray
+    cum: np.ndarray
+    bounds: np.ndarray
+    chain: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.perm.nbytes + self.rank_of.nbytes + self.cum.nbytes + self.bounds.nbytes
+
+
+class LazyOrder:
+    """Epoch order version 2 of a ``ShardTable`` with ``seed`` and windows of ``window`` shards (0: one window of
+    all shards). Thread-safe; methods raise ValueError for an epoch outside ``[0, 2**31)`` or a position or
+    record outside ``[0, table.records)``, and never allocate more than O(shards) plus O(values asked)."""
+
+    VERSION = 2
+
+    def __init__(self, table: ShardTable, seed: int, window: int, cached_epochs: int = 3) -> None:
+        if not isinstance(table, ShardTable):
+            raise ValueError(f"table must be a ShardTable, got {type(table).__name__}")
+        self.table = table
+        self.seed = operator.index(seed)
+        self.window = _checked_int(window, 0, MAX_EPOCH, "window (shards per window; 0: all)")
+        self._window_shards = table.shards if window == 0 else min(window, table.shards)
+        self._cached_epochs = _checked_int(cached_epochs, 1, 64, "cached_epochs")
+        self._plans: OrderedDict[int, EpochPlan] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def plan(self, epoch: int) -> EpochPlan:
+        """Epoch ``epoch``'s plan, from the cache of the last ``cached_epochs`` used or built now (O(shards))."""
+        epoch = _checked_int(epoch, 0, MAX_EPOCH, "epoch")
+        with self._lock:
+            if epoch in self._plans:
+                self._plans.move_to_end(epoch)
+                return self._plans[epoch]
+        plan = self._build_plan(epoch)  # outside the lock: two threads may build it twice, both alike
+        with self._lock:
+            self._plans[epoch] = plan
+            while len(self._plans) > self._cached_epochs:
+                self._plans.popitem(last=False)
+        return plan
+
+    def _build_plan(self, epoch: int) -> EpochPlan:
+        shards, table = self.table.shards, self.table
+        ranks = np.arange(shards, dtype=np.uint64)  # int32 below: MAX_SHARDS < 2**31, half the bytes of int64
+        perm = keyed_bijection(ranks, shards, round_keys(self.seed, epoch, SHARDS_TAG)[:, 0]).astype(np.int32)
+        rank_of = np.empty(shards, np.int32)
+        rank_of[perm] = ranks.astype(np.int32)
+        cum = np.zeros(shards + 1, np.int64)
+        np.cumsum(table.sizes[perm], out=cum[1:])
+        bounds = np.append(cum[0:shards:self._window_shards], cum[-1])
+        return EpochPlan(perm, rank_of, cum, bounds, int(chain(chain(0, self.seed % 2**64), epoch)[0]))
+
+    def _window_keys(self, plan: EpochPlan, windows: np.ndarray) -> np.ndarray:
+        base = chain(plan.chain, windows.astype(np.uint64))
+        return np.stack([chain(base, i) for i in range(ROUNDS)])
+
+    def _concatenated(self, plan: EpochPlan, positions: np.ndarray) -> np.ndarray:
+        """Where each position's record lies in concatenation space."""
+        window = np.searchsorted(plan.bounds, positions, side="right") - 1
+        start = plan.bounds[window]
+        local = keyed_bijection(positions - start, plan.bounds[window + 1] - start, self._window_keys(plan, window))
+        return start + local.astype(np.int64)
+
+    def window_starts(self, epoch: int) -> np.ndarray:
+        """int64 ``[windows]``: the position where each window begins (ascending, the first 0)."""
+        return self.plan(epoch).bounds[:-1].copy()
+
+    def at(self, epoch: int, positions: np.ndarray) -> np.ndarray:
+        """int64: the record at each of ``positions`` (any shape flattened to one row) in epoch ``epoch``."""
+        plan = self.plan(epoch)
+        concatenated = self._concatenated(plan, _as_indices(positions, self.table.records, "positions").ravel())
+        rank = np.searchsorted(plan.cum, concatenated, side="right") - 1
+        return self.table.offsets[plan.perm[rank]] + concatenated - plan.cum[rank]
+
+    def records(self, epoch: int, start: int, stop: int) -> np.ndarray:
+        """int64: the records at positions ``[start, stop)`` of epoch ``epoch``; allocates O(stop - start)."""
+        start = _checked_int(start, 0, self.table.records, "start")
+        stop = _checked_int(stop, start, self.table.records, "stop")
+        return self.at(epoch, np.arange(start, stop, dtype=np.int64))
+
+    def shard_at(self, epoch: int, positions: np.ndarray) -> np.ndarray:
+        """int64: the shard of the record at each of ``positions`` in epoch ``epoch``."""
+        plan = self.plan(epoch)
+        concatenated = self._concatenated(plan, _as_indices(positions, self.table.records, "positions").ravel())
+        return plan.perm[np.searchsorted(plan.cum, concatenated, side="right") - 1].astype(np.int64)
+
+    def positions(self, epoch: int, records: np.ndarray) -> np.ndarray:
+        """int64: the position of each of ``records`` in epoch ``epoch`` (the inverse of ``at``)."""
+        plan = self.plan(epoch)
+        records = _as_indices(records, self.table.records, "records").ravel()
+        shard = self.table.shard_of(records)
+        rank = plan.rank_of[shard].astype(np.int64)
+        concatenated = plan.cum[rank] + records - self.table.offsets[shard]
+        window = rank // self._window_shards
+        start = plan.bounds[window]
+        local = keyed_bijection(concatenated - start, plan.bounds[window + 1] - start,
+                                self._window_keys(plan, window), inverse=True)
+        return start + local.astype(np.int64)
+
+
+def full_order(order: LazyOrder, epoch: int) -> np.ndarray:
+    """Every record of epoch ``epoch`` in order: for tests and small datasets only (ValueError past 2**27)."""
+    if order.table.records > FULL_ORDER_LIMIT:
+        raise ValueError(f"full_order materialises every record: {order.table.records} is over {FULL_ORDER_LIMIT}; "
+                         f"ask LazyOrder.records for the positions at hand")
+    return order.records(epoch, 0, order.table.records)
