@@ -7,11 +7,11 @@ over each message that arrived: a producer's status (its map) or a batch. Two ki
 
 - ``LibzmqDealer``: a libzmq DEALER socket and its ``ConnectionWatcher``; a batch arrives
   as views of libzmq's frames (the sink copies it into aligned memory). CurveZMQ needs it.
-- ``DirectDealer`` (``direct_dealer``): our ZMTP on a thread of its own, reading each batch
-  straight into memory the sink then owns (no copy).
+- ``DirectDealer`` (``direct_dealer``): our ZMTP on a loop of a few threads shared by every
+  producer, reading each batch straight into memory the sink then owns (no copy).
 
 Both are polled by one ``zmq.Poller`` (``pollable``), used by one thread (the control plane's),
-except that a ``DirectDealer`` reads on its own thread.
+except that a ``DirectDealer``'s connection reads on its loop's thread.
 """
 
 from __future__ import annotations
@@ -74,7 +74,12 @@ class LibzmqDealer:
                  curve: Optional[CurveClientKeys] = None) -> None:
         self.address = address
         self.limits = limits
-        self.sock = ctx.socket(zmq.DEALER)
+        try:
+            self.sock = ctx.socket(zmq.DEALER)
+        except zmq.ZMQError as exc:  # EMFILE: the context's MAX_SOCKETS (``libzmq_context``), or the open files
+            raise ValueError(f"cannot open a socket for {address}: {exc.strerror} (this trainer's libzmq context "
+                             f"opens at most {ctx.get(zmq.MAX_SOCKETS)} sockets, three per producer): connect it to "
+                             "fewer producers") from None
         for option, value in options:
             self.sock.setsockopt(option, value)
         set_curve(self.sock, curve)

@@ -7,8 +7,10 @@ records a step consumes are reported to that producer. What to keep of each batc
 plane's one answer (``admit``: dropped if sent under an older session, whose records are served again;
 an elastic pool's mask cut to the records that arrive first); this receiver only receives. A producer's status keeps the input alive
 while it waits (for more trainers, or for steps to report). ``direct``: each link speaks our
-own ZMTP and reads batches into memory the sink owns (``direct_dealer``, no copy); else
-libzmq DEALERs (``links.LibzmqDealer``, which CurveZMQ needs).
+own ZMTP and reads batches into memory the sink owns (``direct_dealer``, no copy), every link's
+connection driven by one ``ConnectionLoop`` of at most ``MAX_THREADS - 1`` threads (with the control
+plane's, ``MAX_THREADS`` receive threads however many producers); else libzmq DEALERs
+(``links.LibzmqDealer``, which CurveZMQ needs), in a context sized for three sockets a producer.
 """
 
 from __future__ import annotations
@@ -24,11 +26,13 @@ from stoker.protocol import ProtocolError
 from stoker.protocol.batch_spec import BatchSpec
 
 from stoker.consumer.exact.direct_dealer import DirectDealer
+from stoker.consumer.transport.connection_loop import MAX_THREADS, ConnectionLoop
+from stoker.consumer.transport.loop_connection import reserve_descriptors
 from stoker.consumer.transport.discovery import ProducerPool
 from stoker.consumer.exact.links import Link, LibzmqDealer
 from stoker.consumer.receive.errors import InputError
 from stoker.consumer.exact.control_plane import ExactControlPlane
-from stoker.consumer.transport.libzmq_receiver import socket_options
+from stoker.consumer.transport.libzmq_receiver import LIBZMQ_SOCKETS_PER_DEALER, libzmq_context, socket_options
 from stoker.consumer.receive.contract import POLL_S, ReceiveContext, aligned_empty
 
 if TYPE_CHECKING:
@@ -61,22 +65,36 @@ class ExactReceiver:
         self.ledger = ledger = options.ledger
         self.limits = limits
         self.held_per_producer = rcvhwm + 1
-        self._ctx = zmq.Context()
         self._spec: Optional[BatchSpec] = None  # direct links hold batches to it by their headers
         self._core: Optional[ReceiveContext] = None
         sockopts = socket_options(rcvhwm + STATUS_ROOM, limits.max_message_bytes)
+        # Direct links: one loop drives every producer's connection on at most MAX_THREADS - 1 threads (the control
+        # plane's is the last one), and the libzmq context opens no socket; libzmq links: three sockets per producer.
+        self._loop = ConnectionLoop("stoker-exact-receive", POLL_S, _loop_failure, MAX_THREADS - 1) if direct else None
+        self._ctx = libzmq_context(0 if direct else LIBZMQ_SOCKETS_PER_DEALER * len(pool.endpoints))
+        self._built = False  # the control plane is made: later links are producers joining the pool
 
         def connect(address: str) -> Link:
-            if direct:
-                return DirectDealer(address, lambda: self._spec, limits, self._empty, rcvhwm + 1, STATUS_ROOM, POLL_S)
+            # Open files: direct, a socket and the inbox's two pipe ends; libzmq, the connection and three mailboxes.
+            try:
+                reserve_descriptors(len(self.control_plane.live()) + 1 if self._built else len(pool.endpoints),
+                                    3 if direct else 4)
+            except OSError as exc:
+                raise ValueError(str(exc)) from None  # a joining producer's connection error, or the input's
+            if self._loop is not None:
+                return DirectDealer(address, lambda: self._spec, limits, self._empty, rcvhwm + 1, STATUS_ROOM, POLL_S,
+                                    self._loop)
             return LibzmqDealer(self._ctx, address, sockopts, limits, curve)
 
         try:
             self.control_plane = ExactControlPlane(connect, pool.endpoints, ledger, rcvhwm, options.share,
-                                            options.stall_after, options.stall_limit)
+                                                   options.stall_after, options.stall_limit)
         except ValueError:
+            if self._loop is not None:
+                self._loop.close()
             self._ctx.destroy(linger=0)
             raise
+        self._built = True
         self._waiting_logged_at = -_WAITING_LOG_EVERY_S
 
     def _empty(self, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
@@ -194,5 +212,12 @@ class ExactReceiver:
         return out
 
     def close(self) -> None:
-        self.control_plane.close()
+        self.control_plane.close()  # each link closed: the loop's threads have nothing left to serve
+        if self._loop is not None:
+            self._loop.close()
         self._ctx.term()
+
+
+def _loop_failure(endpoint: str, exc: Exception) -> None:
+    """An unexpected failure in a direct link (logged by the loop): its connection starts again, as a dropped one
+    does; the control plane says hello on the new one."""

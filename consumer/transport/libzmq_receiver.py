@@ -27,6 +27,7 @@ from stoker.protocol.curve import CurveClientKeys
 from stoker.consumer.receive.contract import POLL_S, ReceiveContext
 from stoker.consumer.transport.connections import ConnectionWatcher
 from stoker.consumer.transport.discovery import ProducerPool
+from stoker.consumer.transport.loop_connection import reserve_descriptors
 
 if TYPE_CHECKING:
     from stoker.consumer.receive.options import ReceiveOptions
@@ -57,6 +58,25 @@ def socket_options(rcvhwm: int, max_message_bytes: int) -> tuple[tuple[int, Any]
     )
 
 
+#: Sockets a libzmq link of exact mode opens (``links.LibzmqDealer``): its DEALER and its monitor's pair.
+LIBZMQ_SOCKETS_PER_DEALER = 3
+
+
+def libzmq_context(sockets: int) -> zmq.Context:
+    """A context that may open ``sockets`` sockets, and as many again for producers joining later (libzmq's default
+    is 1,023 a context); ValueError naming the limit when this libzmq cannot (its ``SOCKET_LIMIT``)."""
+    ctx = zmq.Context()
+    limit, default = ctx.get(zmq.SOCKET_LIMIT), ctx.get(zmq.MAX_SOCKETS)
+    if sockets > limit:
+        ctx.term()
+        raise ValueError(f"{sockets} libzmq sockets are needed but this libzmq opens at most {limit} in one context: "
+                         "connect this trainer to fewer producers, or (without CurveZMQ) use direct receive, which "
+                         "opens none")
+    if 2 * sockets > default:
+        ctx.set(zmq.MAX_SOCKETS, min(limit, 2 * sockets))  # before the first socket: libzmq fixes it then
+    return ctx
+
+
 def set_curve(sock: zmq.Socket, curve: Optional[CurveClientKeys]) -> None:
     if curve is not None:
         sock.curve_publickey, sock.curve_secretkey, sock.curve_serverkey = curve.public, curve.secret, \
@@ -71,6 +91,7 @@ class LibzmqReceiver:
         self.limits = limits = options.limits
         rcvhwm, curve = options.rcvhwm, options.curve
         self.held_per_producer = rcvhwm + 1  # ZMQ's receive buffer plus the message it is assembling
+        reserve_descriptors(len(pool.endpoints))  # one socket, but a connection (an open file) per producer
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.PULL)
         for option, value in socket_options(rcvhwm, limits.max_message_bytes):

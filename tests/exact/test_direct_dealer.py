@@ -96,7 +96,8 @@ def test_messages_go_both_ways_and_batches_land_in_aligned_memory(router):
 def _close(link: DirectDealer) -> None:
     link.close(linger_ms=0)
     link.join(5.0)
-    assert not link._thread.is_alive()
+    assert link._gone.is_set()  # the loop closed the connection and the pipe
+    assert not [t for t in threading.enumerate() if t.name.startswith(f"stoker-exact-{link.address}")]
 
 
 def test_the_inbox_holds_at_most_batch_room_batches_and_loses_none(router):
@@ -173,12 +174,12 @@ def test_sending_to_a_peer_that_reads_nothing_never_waits():
         _until(lambda: link.connected, "the link never connected")
         frame = b"x" * (1 << 20)
         sent = 0
-        while link._conn is not None and link._conn.unsent == 0:  # until the kernel's buffers are full
+        while link._up is not None and link._up.unsent == 0:  # until the kernel's buffers are full
             assert link.send(frame)
             sent += 1
             assert sent < 10_000, "the peer's kernel took gigabytes"
         assert link.send(frame)  # queued behind the rest, returns at once
-        assert link._conn is not None and link._conn.unsent >= len(frame)
+        assert link._up is not None and link._up.unsent >= len(frame)
     finally:
         _close(link)
         for peer in accepted:
