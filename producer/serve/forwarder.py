@@ -71,14 +71,29 @@ class SlotForwarder:
         poller = zmq.Poller()
         poller.register(self.control, zmq.POLLIN)
         while not stop.is_set():
-            self._release_sent()
-            poller.register(self.out, zmq.POLLOUT if self._ready else 0)
-            events = dict(poller.poll(IN_FLIGHT_POLL_MS if self._in_flight else _IDLE_POLL_MS))
-            self._from_workers(events)
-            while self._ready and self.out.poll(0, zmq.POLLOUT):
-                if not self._send(*self._ready[0]):
-                    break  # the trainer left between the poll and the send: the slot waits, ready
-                self._ready.popleft()
+            poller.register(self.out, self.before_poll())
+            self.after_poll(dict(poller.poll(self.poll_ms)))
+
+    # One turn of the loop above in two halves, so one thread can drive many forwarders over one poll
+    # (producer/fleet/: a thousand endpoints in a few processes).
+
+    def before_poll(self) -> int:
+        """Grant back the slots libzmq is done with; the events to poll ``out`` for (POLLOUT while a slot is ready)."""
+        self._release_sent()
+        return zmq.POLLOUT if self._ready else 0
+
+    @property
+    def poll_ms(self) -> int:
+        """How long a poll may wait: short while slots are in flight (their trackers are not pollable)."""
+        return IN_FLIGHT_POLL_MS if self._in_flight else _IDLE_POLL_MS
+
+    def after_poll(self, events: dict) -> None:
+        """Take the workers' messages and send ready slots, given a poll's ``events`` (``{socket: flags}``)."""
+        self._from_workers(events)
+        while self._ready and self.out.poll(0, zmq.POLLOUT):
+            if not self._send(*self._ready[0]):
+                break  # the trainer left between the poll and the send: the slot waits, ready
+            self._ready.popleft()
 
     def _from_workers(self, events: dict) -> None:
         """Handle every message the workers sent, if the poll (``events``) found any."""

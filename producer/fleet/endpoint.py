@@ -1,0 +1,72 @@
+"""One producer endpoint of a fleet: the daemon's serving half, with its worker in the same process.
+
+    SyntheticWorker --[ready, slot, header]--> ROUTER (inproc) --> SlotForwarder --[header, slot]--> PUSH (tcp)
+                    <--------[grant, slot]---- ROUTER <----------
+
+Everything after the daemon's seam is the daemon's own: the plain serving policy (``PlainPolicy``) makes the
+forwarder (``SlotForwarder``) over the endpoint's slots (``SlotLayout``, ``sndhwm + 1`` of them), a PUSH bound
+on TCP with the daemon's socket options, its producer id (``default_producer_id``) and its stream (shard ``I/N``
+of the fleet's synthetic dataset). Only the worker process is replaced (synthetic_worker.py). The endpoint owns
+no thread: the fleet's loop drives it (fleet.py).
+"""
+
+from __future__ import annotations
+
+import secrets
+
+import zmq
+
+from stoker.protocol.input_state import StreamKey
+
+from stoker.producer.fleet.synthetic_worker import SyntheticWorker, synthetic_arrays
+from stoker.producer.serve.batch_slots import SlotLayout
+from stoker.producer.serve.daemon import BindError, default_producer_id
+from stoker.producer.serve.forwarder import SlotForwarder
+from stoker.producer.serve.policies.plain import PlainPolicy
+from stoker.producer.serve.sharding import ShardSpec
+
+SOCKETS_PER_ENDPOINT = 3  # the PUSH, the forwarder's ROUTER, the worker's DEALER
+
+
+class FleetEndpoint:
+    """Shard ``shard`` of the fleet, bound at ``bind`` (``tcp://HOST:PORT``, ``*`` for any port) and ready to be
+    driven. BindError (the daemon's) names an address that cannot be bound; nothing stays open then."""
+
+    def __init__(self, ctx: zmq.Context, bind: str, shard: ShardSpec, records: int, seed: int, batch_size: int,
+                 image_size: int, classes: int, sndhwm: int = 2) -> None:
+        self.shard = shard
+        self.out = ctx.socket(zmq.PUSH)
+        self.out.setsockopt(zmq.SNDHWM, sndhwm)
+        self.out.setsockopt(zmq.LINGER, 0)
+        try:
+            self.out.bind(bind)
+        except zmq.ZMQError as exc:
+            self.out.close(linger=0)
+            raise BindError(f"cannot bind {bind}: {exc.strerror}; pick free ports (--base-port) or 0 for any") from None
+        self.endpoint = self.out.getsockopt(zmq.LAST_ENDPOINT).decode()
+        self.producer_id = default_producer_id(self.endpoint, shard)
+        self.key = StreamKey(shard.index, shard.count, records * shard.count, seed)
+        self.control = ctx.socket(zmq.ROUTER)
+        self.control.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.control.setsockopt(zmq.LINGER, 0)
+        internal = f"inproc://stoker-fleet-{shard.index}-{secrets.token_hex(4)}"
+        self.control.bind(internal)
+        self.layout = SlotLayout(synthetic_arrays(image_size), batch_size, slots=sndhwm + 1)
+        buffer = bytearray(self.layout.slots * self.layout.slot_bytes)  # one process: no shared memory needed
+        self.forwarder: SlotForwarder = PlainPolicy().forwarder(self.control, self.out, self.layout, [buffer])
+        routing_id = b"w" + secrets.token_bytes(8)
+        self.forwarder.register_worker(0, routing_id)
+        self.worker = SyntheticWorker(ctx, internal, routing_id, self.layout, buffer, self.key, self.producer_id,
+                                      classes)
+        self.out_events = 0  # what the fleet's poller watches ``out`` for now
+
+    def serving_fields(self) -> dict[str, object]:
+        """The daemon's "serving" status fields for this endpoint (status_file.py's format)."""
+        return {"endpoint": self.endpoint, "producer_id": self.producer_id, "mode": "plain", "epochs": None,
+                "shard": str(self.shard), "records": self.key.size, "seed": self.key.seed, "workers": 1,
+                "metrics_port": None}
+
+    def close(self) -> None:
+        self.worker.close()
+        for sock in (self.control, self.out):
+            sock.close(linger=0)
