@@ -9,6 +9,7 @@ import threading
 from collections import Counter
 
 import numpy as np
+import pytest
 import zmq
 
 from stoker.consumer import BatchStream
@@ -53,4 +54,42 @@ def test_a_trainer_reading_32_producers_uses_at_most_8_receive_threads_and_gets_
     finally:
         for push in pushes:
             push.close(0)
+        ctx.term()
+
+
+def test_a_libzmq_context_for_many_producers_opens_past_the_1023_default_and_refuses_past_its_limit():
+    from stoker.consumer.transport.libzmq_receiver import libzmq_context
+
+    wanted = 1100  # more than libzmq's default of 1,023 sockets a context
+    default = zmq.Context()
+    limit = default.get(zmq.SOCKET_LIMIT)
+    assert default.get(zmq.MAX_SOCKETS) < wanted <= limit  # what the sized context is for
+    default.term()
+    ctx = libzmq_context(wanted)
+    sockets = []
+    try:
+        for _ in range(wanted):
+            sockets.append(ctx.socket(zmq.PAIR))
+    finally:
+        for sock in sockets:
+            sock.close(0)
+        ctx.term()
+    assert len(sockets) == wanted
+    with pytest.raises(ValueError, match=f"at most {limit} in one context"):
+        libzmq_context(limit + 1)
+
+
+def test_an_exact_libzmq_link_past_its_contexts_sockets_is_refused_by_name():
+    from stoker.consumer.exact.links import LibzmqDealer
+    from stoker.protocol import DecodeLimits
+
+    ctx = zmq.Context()
+    ctx.set(zmq.MAX_SOCKETS, 3)  # one link: its DEALER and its monitor's two PAIRs
+    links = [LibzmqDealer(ctx, "tcp://127.0.0.1:9", [(zmq.LINGER, 0)], DecodeLimits())]
+    try:
+        with pytest.raises(ValueError, match="cannot open a socket for tcp://127.0.0.1:10.*at most 3 sockets"):
+            links.append(LibzmqDealer(ctx, "tcp://127.0.0.1:10", [(zmq.LINGER, 0)], DecodeLimits()))
+    finally:
+        for link in links:
+            link.close(0)
         ctx.term()
