@@ -241,7 +241,7 @@ class LazyOrder:
             raise ValueError(f"table must be a ShardTable, got {type(table).__name__}")
         self.table = table
         self.seed = operator.index(seed)
-        self.window = _checked_int(window, 0, MAX_EPOCH, "window (shards per window; 0: all)")
+        self.window = _checked_int(window, 0, MAX_SHARDS, "window (shards per window; 0: all)")
         self._window_shards = table.shards if window == 0 else min(window, table.shards)
         self._cached_epochs = _checked_int(cached_epochs, 1, 64, "cached_epochs")
         self._plans: OrderedDict[int, EpochPlan] = OrderedDict()
