@@ -26,8 +26,7 @@ from stoker.protocol import ProtocolError
 from stoker.protocol.batch_spec import BatchSpec
 
 from stoker.consumer.exact.direct_dealer import DirectDealer
-from stoker.consumer.transport.connection_loop import MAX_THREADS, ConnectionLoop
-from stoker.consumer.transport.loop_connection import reserve_descriptors
+from stoker.consumer.transport.connection_loop import MAX_THREADS, ConnectionLoop, reserve_descriptors
 from stoker.consumer.transport.discovery import ProducerPool
 from stoker.consumer.exact.links import Link, LibzmqDealer
 from stoker.consumer.receive.errors import InputError

@@ -8,12 +8,15 @@ timers (connects, backoff, stalls, handshake deadlines) and whether each is leav
 asks (``wake``: sends waiting, room again) is looked at on the next turn. ``close`` stops every thread
 within about ``poll_s`` (each closes its connections and tells their peers, ``Peer.closed``). An
 unexpected failure in a connection's peer goes to ``on_error`` and that connection starts again; the
-thread keeps serving the others.
+thread keeps serving the others. ``reserve_descriptors`` raises the limit on open files to what many
+connections need, or says how.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
+import resource
 import selectors
 import socket
 import threading
@@ -26,6 +29,20 @@ log = logging.getLogger("stoker.consumer")
 
 #: The most receive threads one loop runs, however many producers (issue 41: a thousand per trainer).
 MAX_THREADS = 8
+
+
+def reserve_descriptors(connections: int, per_connection: int = 1, spare: int = 256) -> None:
+    """Raise the soft limit on open files to what ``connections`` need (up to the hard limit); an OSError that names
+    ``ulimit -n`` when the hard limit is too low."""
+    needed = connections * per_connection + spare
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return
+    if hard != resource.RLIM_INFINITY and hard < needed:
+        raise OSError(errno.EMFILE, f"{connections} producer connections need about {needed} open files but this "
+                      f"process may open at most {hard}: raise the limit (ulimit -n {needed}, or LimitNOFILE= in a "
+                      "systemd unit) or connect this trainer to fewer producers")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 class ConnectionLoop:

@@ -27,7 +27,7 @@ from stoker.protocol.curve import CurveClientKeys
 from stoker.consumer.receive.contract import POLL_S, ReceiveContext
 from stoker.consumer.transport.connections import ConnectionWatcher
 from stoker.consumer.transport.discovery import ProducerPool
-from stoker.consumer.transport.loop_connection import reserve_descriptors
+from stoker.consumer.transport.connection_loop import reserve_descriptors
 
 if TYPE_CHECKING:
     from stoker.consumer.receive.options import ReceiveOptions

@@ -13,15 +13,12 @@ dealer fills an inbox). What the per-thread design guaranteed holds per connecti
 - reconnects after ``poll_s``, doubling to ``MAX_BACKOFF_S`` while connections fail or end having delivered
   nothing; a peer silent for ``stall_s`` mid-message, or leaving our sends unread as long, is dropped;
 - PING answered with PONG (not while our own sends wait); ``peer.leaving()`` closes it within ``poll_s``.
-
-``reserve_descriptors`` raises the limit on open files to what many connections need, or says how.
 """
 
 from __future__ import annotations
 
 import errno
 import os
-import resource
 import selectors
 import socket
 import threading
@@ -72,20 +69,6 @@ class Peer(Protocol):
 
     def closed(self) -> None:
         """The connection is gone for good (after ``leaving``, a closed sink or the loop's close)."""
-
-
-def reserve_descriptors(connections: int, per_connection: int = 1, spare: int = 256) -> None:
-    """Raise the soft limit on open files to what ``connections`` need (up to the hard limit); an OSError that names
-    ``ulimit -n`` when the hard limit is too low."""
-    needed = connections * per_connection + spare
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY or soft >= needed:
-        return
-    if hard != resource.RLIM_INFINITY and hard < needed:
-        raise OSError(errno.EMFILE, f"{connections} producer connections need about {needed} open files but this "
-                      f"process may open at most {hard}: raise the limit (ulimit -n {needed}, or LimitNOFILE= in a "
-                      "systemd unit) or connect this trainer to fewer producers")
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 class LoopConnection:
@@ -175,7 +158,8 @@ class LoopConnection:
             return
         if self.state == "connecting":
             return
-        stalled = self.reader.in_message and now - self._progress_at > self._stall_s
+        # Only while reading: a message read whole leaves ``in_message`` set while its peer waits for room (any time).
+        stalled = self._steps is not None and self.reader.in_message and now - self._progress_at > self._stall_s
         if stalled or (self._out and now - self._out_since > self._stall_s):
             why = "sent nothing" if stalled else "left our queued bytes unread"
             self._fail(ConnectionError(f"{self.endpoint} {why} for {self._stall_s:g} s in the middle of a message: "

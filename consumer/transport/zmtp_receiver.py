@@ -27,9 +27,9 @@ from stoker.protocol.batch_spec import ArrayShape, BatchSpec
 from stoker.consumer.receive.errors import InputError
 from stoker.consumer.receive.contract import POLL_S, ReceiveContext, SinkClosed
 from stoker.consumer.transport.connections import ConnectionHealth
-from stoker.consumer.transport.connection_loop import MAX_THREADS, ConnectionLoop
+from stoker.consumer.transport.connection_loop import MAX_THREADS, ConnectionLoop, reserve_descriptors
 from stoker.consumer.transport.direct_receive import EmptyArray, describe, message_steps
-from stoker.consumer.transport.loop_connection import LoopConnection, reserve_descriptors
+from stoker.consumer.transport.loop_connection import LoopConnection
 from stoker.consumer.transport.zmtp import SocketTypeMismatch
 from stoker.consumer.transport.zmtp_reader import FrameReader, Steps
 from stoker.consumer.receive.options import tcp_address

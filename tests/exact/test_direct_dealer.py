@@ -198,3 +198,23 @@ def test_a_send_on_a_connection_the_reader_just_closed_is_refused_not_raised(rou
         conn.send(b"credit")
     conn.flush()  # nothing queued: nothing to do
     conn.shutdown()  # harmless once closed
+
+
+def test_a_connection_waiting_for_inbox_room_is_not_taken_for_a_stalled_peer(router):
+    """A full inbox (a slow step, a checkpoint) stops the reading between messages, however long: the producer is
+    not dropped for silence (that would start a new session and serve its batches again), and reading resumes."""
+    sock, address = router
+    link = _link(address, batch_room=1)
+    link._connection._stall_s = 0.2  # the stall limit (30 s) made short; the wait below outlasts it many times
+    try:
+        routing_id = _routing_id(sock, link)
+        for seq in range(2):
+            sock.send_multipart([routing_id, *_batch(seq)], copy=False)
+        _until(lambda: link._batches == 1, "the link never filled its inbox")
+        time.sleep(1.0)  # five stall limits with the inbox full: the loop ticks every 0.1 s meanwhile
+        poller = zmq.Poller()
+        poller.register(link.pollable, zmq.POLLIN)
+        assert [int(_next(link, poller)["labels"][0]) for _ in range(2)] == [0, 1]
+        assert link.handshakes == 1 and link.health.reconnects == 0
+    finally:
+        _close(link)
