@@ -209,6 +209,8 @@ def _merge_stream(text: str, ranks: Sequence[SavedState], budget: list[int]) -> 
     high = max(max([p.completed] + [e + 1 for e in p.open]) for p in known)
     if high - low > MAX_EPOCH_SPREAD:
         raise ValueError(f"stream {text}: the ranks' states are {high - low} epochs apart: {_HOW}")
+    if high > low:
+        key.check_materialisable()  # a union below is a bitmap per epoch; epochs all complete need none
     budget[0] -= (high - low) * key.size
     if budget[0] < 0:
         raise ValueError(f"merging would expand more than {MAX_MERGE_CELLS} record-epochs at once: these states are "

@@ -39,7 +39,7 @@ from typing import Optional
 import zmq
 
 from stoker.protocol.peer_ids import with_instance
-from stoker.protocol.input_state import StreamKey
+from stoker.protocol.input_state import StreamKey, check_materialisable
 from stoker.protocol.metrics_server import MetricsServer
 
 from stoker.producer.serve.batch_slots import SlotLayout, allocate
@@ -101,7 +101,8 @@ class ProducerDaemon:
     """Validates the dataset and the pipeline, and binds, at construction (errors surface before any worker starts).
 
     Raises PipelineError (a ValueError) for a pipeline that cannot be loaded or declares something
-    invalid, DatasetError for an unusable dataset, BindError for an address that cannot be bound.
+    invalid, DatasetError for an unusable dataset, TooManyRecordsError (a ValueError) for one larger than epoch
+    order 1 serves, BindError for an address that cannot be bound.
     """
 
     def __init__(self, config: ProducerConfig, cancel: Optional[threading.Event] = None) -> None:
@@ -124,6 +125,7 @@ class ProducerDaemon:
         self.stream = StreamKey(config.shard.index, config.shard.count, self.meta.count, self.seed,
                                 splits=config.shard.auto, block=block, window=max(1, config.shuffle_window))
         self.records = self.stream.size  # the shard's (a pool's: the dataset's)
+        check_materialisable(self.meta.count, f"dataset {config.lmdb_path}")  # before any epoch order is built
         check_shard_size(config, self.records)
         self.status = StatusFile(config.status_file)
         self._ctx = zmq.Context()

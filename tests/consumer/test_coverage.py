@@ -95,6 +95,15 @@ def test_memory_is_bounded_per_shard_and_shards_past_the_bound_are_counted_as_un
     assert huge.snapshot() == {("0/8", 0): (4, 500), ("1/8", 0): (4, 500)} and huge.untracked_batches == 2
 
 
+def test_a_stream_of_2_to_the_40_records_is_counted_as_untracked_without_a_bitmap_of_its_size():
+    """Issue 41: keys name datasets of up to 2**40 records; coverage keeps bitmaps only within its bound."""
+    coverage = Coverage()
+    top = np.array([0, 2**40 - 1], np.int64)
+    coverage.add(f"splits:{2**40}:0", np.zeros(2, np.int32), top)
+    coverage.add(f"3/4:{2**40}:0", np.zeros(2, np.int32), top)
+    assert coverage.snapshot() == {} and coverage.untracked_batches == 2
+
+
 def test_rows_of_another_dataset_or_shard_padding_and_bad_streams_are_not_counted():
     coverage = Coverage()
     coverage.add("1/4:40:0", np.zeros(6, np.int32), np.array([1, 5, 9, 2, 40, -1]))  # 2: shard 2/4's; 40, -1: none

@@ -85,6 +85,19 @@ def _manifest(sharded: Path) -> dict:
     return json.loads((sharded / MANIFEST).read_text())
 
 
+def _shards_of(manifest: dict, records: list[int]) -> list[dict]:
+    """Shards like the manifest's first, holding ``records`` each (their files are never read here)."""
+    return [dict(manifest["shards"][0], name=f"shard-{i:05d}", records=n) for i, n in enumerate(records)]
+
+
+def test_a_manifest_names_up_to_2_to_the_40_records_in_shards_of_one_lmdb_each(sharded):
+    manifest = _manifest(sharded)
+    full, rest = divmod(2**40, 10**8 - 1)  # shards as large as one LMDB holds, and the remainder
+    manifest.update(shards=_shards_of(manifest, [10**8 - 1] * full + [rest]), count=2**40, class_counts=None)
+    parsed = parse_manifest(json.dumps(manifest).encode(), "m.json")
+    assert parsed.meta.count == 2**40 and parsed.shard_of(2**40 - 1) == full
+
+
 @pytest.mark.parametrize("change, message", [
     (lambda m: m.update(format="other"), "'format' is not 'stoker-shards'"),
     (lambda m: m.update(version=9), "version 9"),
@@ -98,6 +111,8 @@ def _manifest(sharded: Path) -> dict:
     (lambda m: m["shards"][0].update(name="shard-00000\n"), "shard 0 must be"),
     (lambda m: m["shards"][0].update(name="shard-٠٠٠٠٠"), "shard 0 must be"),  # not ASCII digits
     (lambda m: m.update(fields={"image": {"kind": "array", "dtype": "uint8", "ndim": [1]}}), "'fields'"),
+    (lambda m: m["shards"][0].update(records=10**8), "records below 10"),  # one LMDB's 8-digit keys
+    (lambda m: m.update(shards=_shards_of(m, [10**8 - 1] * 10_996), count=10_996 * (10**8 - 1)), "1 to 2"),
 ])
 def test_a_manifest_that_does_not_describe_a_dataset_is_refused_naming_why(sharded, change, message):
     manifest = _manifest(sharded)

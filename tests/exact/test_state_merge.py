@@ -247,3 +247,29 @@ def test_a_merge_that_would_expand_too_much_is_refused():
     states[0].state.streams[big].completed = 60
     with pytest.raises(ValueError, match="record-epochs"):
         merge_saved(states)
+
+
+def test_a_pool_of_2_to_the_40_records_merges_and_is_described_while_no_epoch_needs_a_bitmap():
+    """Issue 41: states name streams of up to 2**40 records; a merge that needs no union (every rank at the same
+    complete epoch) works at any size, and one that would need bitmaps of such a stream is refused before it
+    allocates them, naming the way out."""
+    import tracemalloc
+
+    from stoker.cli.state_commands import describe
+    from stoker.protocol.input_state import MAX_RECORDS, TooManyRecordsError
+
+    huge = f"splits:{MAX_RECORDS}:1"
+    states = [SavedState(f"t{r}", InputState({huge: StreamProgress(MAX_RECORDS, completed=4)}), (r, 2),
+                         {huge: 128}) for r in range(2)]
+    job = parse_state(merge_states([pack_state(s) for s in states]))
+    assert job.trainers == ["t0", "t1"] and job.state.streams[huge].completed == 4
+    assert f"  {huge}: 4 epoch(s) complete" in describe(pack_state(job))
+    states[0].state.streams[huge].completed = 5  # rank 0 one epoch ahead: the union would be a bitmap of 2**40
+    tracemalloc.start()
+    try:
+        with pytest.raises(TooManyRecordsError, match=r"order 2 \(lazy\) is needed beyond"):
+            merge_saved(states)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20

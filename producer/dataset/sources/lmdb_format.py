@@ -117,9 +117,13 @@ class DatasetMeta:
 V1_FIELDS = {"image": FieldKind("image"), "label": FieldKind("int")}
 
 
+#: Records one LMDB holds at most: its keys are 8 digits (a sharded dataset's total is the protocol's bound, 2**40).
+MAX_LMDB_RECORDS = 10**8
+
+
 def record_key(index: int) -> bytes:
-    """The key of record ``index`` (0 <= index < 10**8)."""
-    if not 0 <= index < 10**8:
+    """The key of record ``index`` (0 <= index < ``MAX_LMDB_RECORDS``)."""
+    if not 0 <= index < MAX_LMDB_RECORDS:
         raise ValueError(f"record index {index} out of range for 8-digit keys")
     return b"%08d" % index
 
@@ -161,8 +165,8 @@ def decode_meta(path: str | os.PathLike, value: bytes | None) -> DatasetMeta:
             "or install the matching release"
         )
     count, classes = meta.get("count"), meta.get("classes", [])
-    if not isinstance(count, int) or isinstance(count, bool) or not 0 <= count < 10**8:
-        raise DatasetError(f"{path}: metadata count {count!r} is not a valid record count")
+    if not isinstance(count, int) or isinstance(count, bool) or not 0 <= count < MAX_LMDB_RECORDS:
+        raise DatasetError(f"{path}: metadata count {count!r} is not a valid record count (0 to 10^8 - 1)")
     if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
         raise DatasetError(f"{path}: metadata classes must be a list of names")
     if version == 1:

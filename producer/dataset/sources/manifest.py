@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from stoker.producer.dataset.sources.lmdb_format import DatasetError, DatasetMeta, FieldKind
+from stoker.protocol.input_state import MAX_RECORDS
+
+from stoker.producer.dataset.sources.lmdb_format import MAX_LMDB_RECORDS, DatasetError, DatasetMeta, FieldKind
 
 MANIFEST = "manifest.json"
 FORMAT = "stoker-shards"
@@ -93,16 +95,17 @@ def parse_manifest(data: bytes, where: str) -> Manifest:
     for i, s in enumerate(shards):
         ok = (isinstance(s, dict) and isinstance(s.get("name"), str) and _SHARD_NAME.fullmatch(s["name"])
               and all(isinstance(s.get(k), int) and not isinstance(s.get(k), bool) and s[k] >= 0
-                      for k in ("records", "bytes"))
+                      for k in ("records", "bytes")) and s["records"] < MAX_LMDB_RECORDS
               and isinstance(s.get("sha256"), str) and _SHA256.fullmatch(s["sha256"]))
         if not ok:
-            raise bad(f"shard {i} must be {{name: shard-NNNNN, records: int, bytes: int, sha256: hex}}")
+            raise bad(f"shard {i} must be {{name: shard-NNNNN, records: int, bytes: int, sha256: hex}} (records "
+                      "below 10^8: a shard is one LMDB)")
         infos.append(ShardInfo(s["name"], first, s["records"], s["bytes"], s["sha256"]))
         first += s["records"]
     if len({s.name for s in infos}) != len(infos):
         raise bad("two shards have one name")
-    if not isinstance(count, int) or isinstance(count, bool) or count != first or not 0 < count < 10**8:
-        raise bad(f"'count' {count!r} is not the shards' records added up ({first}), 1 to 10^8")
+    if not isinstance(count, int) or isinstance(count, bool) or count != first or not 0 < count <= MAX_RECORDS:
+        raise bad(f"'count' {count!r} is not the shards' records added up ({first}), 1 to 2^40")
     meta = _meta(body, count, bad)
     return Manifest(meta, tuple(infos))
 
