@@ -5,7 +5,7 @@ added until the bound, then each new connection goes to the thread serving fewes
 ``selectors.DefaultSelector`` (epoll: no limit at descriptor 1024) loop over its ``LoopConnection``s
 (``loop_connection``): it serves the connections the selector finds ready, then, every ``poll_s``, their
 timers (connects, backoff, stalls, handshake deadlines) and whether each is leaving; a connection that
-asks (``wake``: sends waiting, room again) is looked at on the next turn. ``close`` stops every thread
+asks (``wake``: sends waiting, room again, leaving) is looked at on the next turn. ``close`` stops every thread
 within about ``poll_s`` (each closes its connections and tells their peers, ``Peer.closed``). An
 unexpected failure in a connection's peer goes to ``on_error`` and that connection starts again; the
 thread keeps serving the others. ``reserve_descriptors`` raises the limit on open files to what many
@@ -139,7 +139,11 @@ class _LoopThread(threading.Thread):
                     next_tick = now + self._poll_s
                 else:
                     for connection in asked:
-                        self._serve(connection, lambda c: c.tick(now))
+                        if connection.peer.leaving() and connection in self._connections:
+                            self._connections.remove(connection)  # closed now, not at the next tick: a peer that
+                            self._close(connection)  # left may be waited for (a pool's producer, one at a time)
+                        else:
+                            self._serve(connection, lambda c: c.tick(now))
                 for key, mask in self._selector.select(max(0.0, next_tick - time.monotonic())):
                     if key.data is None:
                         self._drain_wake()
