@@ -7,7 +7,8 @@ Order: decoders (OpenCV / simplejpeg / PyTurboJPEG / crop-window, reduced DCT), 
 throughput (decoder limit, 1 and 2 workers), pipeline overhead (the imagenet path through the
 pipeline interface vs the loop before it), user pipeline scaling (a pure-Python transform on 1
 and 2 workers), transport (protocol v1 vs bare pyzmq), trainer ingest (ZMQInput vs a bare
-receive loop), exact cost (exact mode vs plain PUSH/PULL, input state size),
+receive loop), exact cost (exact mode vs plain PUSH/PULL, input state size), hello bytes (what one
+trainer's hellos send its producers, old format against new),
 trainer latency hiding (constant / ZMQInput / feed_dict), peers (tf.data, tensorpack),
 link (shaped veth links; needs root), soak (memory over 20,000 batches; about 3
 minutes) and soak_full_queue (memory with 9.6 MB batches and a full queue; 2 minutes).
@@ -32,6 +33,7 @@ BENCHMARKS = {
     "transport": ("transport", []),
     "trainer_ingest": ("trainer_ingest", []),
     "exact_cost": ("exact_cost", []),
+    "hello_bytes": ("hello_bytes", []),
     "elastic": ("elastic", []),
     "trainer_latency": ("trainer_latency", []),
     "peers": ("peers", ["--batches", "150"]),

@@ -3,7 +3,7 @@
 A producer reads nothing else of a hello's state: a fixed shard ``I/N`` looks up its own stream's key
 (``FixedShardPolicy.on_hello``), and an elastic pool's producer reads none (the trainer hands it work,
 ``pool/pool_work``, with what it already has skipped). The whole state to every producer moved the job's
-state times the producers on each trainer restart (issue 41: 36 GB at 10^9 records and 256 producers);
+state times the producers on each trainer restart (issue 41: tens of GB at 10^9 records, 256 producers);
 each stream's progress now goes once, to the producer that serves it (``benchmarks/hello_bytes.py``).
 
 A fixed-shard producer restarted mid-epoch learns from the hello which records of its stream were consumed,
