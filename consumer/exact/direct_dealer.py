@@ -45,8 +45,9 @@ Message = Batch | tuple[dict, int] | ProtocolError
 
 class DirectDealer:
     """One exact-mode producer over our ZMTP; see the module doc. ValueError for an address that is not
-    tcp://host:port. ``spec()`` is the trainer's batch spec once known (batches before it are refused). ``loop``:
-    the loop that drives the connection (None: one of a thread, the dealer's own, closed by ``join``)."""
+    tcp://host:port, or once ``loop`` is closed. ``spec()`` is the trainer's batch spec once known (batches before it
+    are refused). ``loop``: what drives the connection (None: a loop of one thread, the dealer's own, which ``join``
+    closes)."""
 
     owned = True
 
@@ -75,8 +76,9 @@ class DirectDealer:
         self._connection = LoopConnection(_DealerPeer(self), poll_s)
         try:
             self._loop.add(self._connection)
-        except RuntimeError:  # the shared loop closed (the input stops): nothing to read, nothing to close
+        except RuntimeError:  # the shared loop closed: the input stops
             self.closed()
+            raise ValueError(f"cannot connect to {address}: the input is closing") from None
 
     # ---- for the control plane's thread ---------------------------------------------------------------
 

@@ -218,3 +218,13 @@ def test_a_connection_waiting_for_inbox_room_is_not_taken_for_a_stalled_peer(rou
         assert link.handshakes == 1 and link.health.reconnects == 0
     finally:
         _close(link)
+
+
+def test_a_dealer_on_a_closed_loop_is_refused_as_a_bad_address_is():
+    """The control plane counts a joining producer's ValueError as its connection error (the input is stopping)."""
+    from stoker.consumer.transport.connection_loop import ConnectionLoop
+
+    loop = ConnectionLoop("stoker-exact-test", 0.1, lambda endpoint, exc: None)
+    loop.close()
+    with pytest.raises(ValueError, match="tcp://127.0.0.1:9: the input is closing"):
+        DirectDealer("tcp://127.0.0.1:9", lambda: SPEC, DecodeLimits(), aligned_empty, 4, 8, loop=loop)
