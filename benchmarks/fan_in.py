@@ -6,15 +6,18 @@ The producers are a fleet (producer/fleet/: the daemon's plain serving code, one
 the default receive path) connected to the first N endpoints, over loopback. Batches are tiny (32 images of
 8 x 8 x 3), so the CPU goes to receiving, not pixels. Per trial, in the trainer process:
 
-- receive threads: the most ``stoker-receive-*`` threads seen at once (target: at most 8);
+- receive threads: the most receive threads seen at once (``RECEIVE_THREADS``; target: at most 8), and all of
+  the trainer's threads;
 - set-up s: from the trainer's start until every endpoint it reads delivered a batch (target: within 10 s);
 - CPU ms per batch over ``--batches`` batches after ``--warmup`` (target: at most 1.2x the figure for one
   producer); the ratio is taken within each round, against that round's fan-in 1;
 - batches/s taken from the stream.
 
 Trials run in interleaved rounds (every fan-in once per round, the order reversed every other round); the table
-shows medians over rounds. Plain mode only: the fleet serves no exact mode yet, so control bytes per batch and
-liveness bytes per connection are not measured here.
+shows medians over rounds. Then the same in exact mode (fixed shards ``I/N``, endless), with the trainer's
+control bytes: per batch each way (credits, consumed-record reports, acks, work), and apart, liveness alone
+(heartbeats, statuses) as bytes/s per connection, counted over ``--idle`` seconds in which no batch is consumed;
+the per-batch figure has liveness at that rate taken off (derived, labelled so).
 Prints a table and writes JSON (default benchmarks/results/fan_in.json).
 Run:  python benchmarks/fan_in.py [--fan-in 1,16,64,256,1024] [--processes 2] [--rounds 3]
 """
@@ -37,17 +40,29 @@ from harness import add_out_argument, benchmark_parser, machine_info, own_cpu_se
 BATCH, SIZE = 32, 8
 
 
+RECEIVE_THREADS = ("stoker-receive", "stoker-exact-")  # the plain loop and its delivery; exact mode's links' loops
+
+
 def _receive_threads() -> int:
-    return sum(t.name.startswith("stoker-receive-") for t in threading.enumerate())
+    return sum(t.name.startswith(RECEIVE_THREADS) for t in threading.enumerate())
 
 
-def trainer(addresses: list[str], warmup: int, batches: int, setup_timeout: float) -> dict[str, Any]:
-    """One trainer process's figures, reading ``addresses`` through ``BatchStream``."""
+def _control(stream: Any) -> tuple[int, int]:
+    """Control bytes ``(sent, received)`` by the trainer so far (exact mode; 0 in plain mode)."""
+    stats = stream.stats
+    return stats.control_bytes_sent, stats.control_bytes_received
+
+
+def trainer(addresses: list[str], warmup: int, batches: int, setup_timeout: float, exact: bool = False,
+            idle_s: float = 0.0) -> dict[str, Any]:
+    """One trainer process's figures, reading ``addresses`` through ``BatchStream``. ``idle_s`` (exact mode): after
+    the timed batches, take none for a second to let credit settle, then count the control bytes of ``idle_s``
+    seconds more: liveness alone (heartbeats, statuses), since no batch is consumed and no credit is due."""
     from stoker.consumer.numpy.batch_stream import BatchStream
 
     started = time.perf_counter()
     threads = 0
-    with BatchStream(addresses, recv_timeout=120) as stream:
+    with BatchStream(addresses, exact=exact, recv_timeout=120) as stream:
         it = iter(stream)
         setup_s = None
         while time.perf_counter() - started < setup_timeout:
@@ -58,23 +73,38 @@ def trainer(addresses: list[str], warmup: int, batches: int, setup_timeout: floa
                 break
         for _ in range(warmup):
             next(it)
-        cpu0, t0 = own_cpu_seconds(), time.perf_counter()
+        control0, cpu0, t0 = _control(stream), own_cpu_seconds(), time.perf_counter()
         for b in range(batches):
             next(it)
             if b % 64 == 0:
                 threads = max(threads, _receive_threads())
         seconds, cpu = time.perf_counter() - t0, own_cpu_seconds() - cpu0
+        control = [after - before for after, before in zip(_control(stream), control0)]
         seen = len(stream.stats.per_producer)
-    return {"producers": len(addresses), "producers_seen": seen, "setup_s": setup_s, "receive_threads": threads,
-            "batches": batches, "batches_per_s": batches / seconds, "cpu_ms_per_batch": 1000 * cpu / batches}
+        out = {"threads": threading.active_count(), "producers": len(addresses), "producers_seen": seen, "setup_s": setup_s, "receive_threads": threads,
+               "batches": batches, "batches_per_s": batches / seconds, "cpu_ms_per_batch": 1000 * cpu / batches}
+        if exact:
+            time.sleep(1.0)  # the queue fills, credit stops: from now on only liveness goes either way
+            idle0 = _control(stream)
+            time.sleep(idle_s)
+            idle = [after - before for after, before in zip(_control(stream), idle0)]
+            live = [b / idle_s / len(addresses) for b in idle]  # bytes/s per connection, each way
+            out.update({"liveness_sent_per_s_per_connection": live[0], "liveness_received_per_s_per_connection": live[1],
+                        "control_sent_per_batch": control[0] / batches, "control_received_per_batch": control[1] / batches,
+                        # what liveness would have sent meanwhile, taken off: credits, reports, work per batch
+                        "exact_sent_per_batch": max(0.0, control[0] - live[0] * len(addresses) * seconds) / batches,
+                        "exact_received_per_batch":
+                            max(0.0, control[1] - live[1] * len(addresses) * seconds) / batches})
+    return out
 
 
-def run_trainer(addresses: list[str], warmup: int, batches: int, folder: Path) -> dict[str, Any]:
+def run_trainer(addresses: list[str], args: Any, folder: Path, exact: bool = False) -> dict[str, Any]:
     """A trainer subprocess reading ``addresses``; its figures."""
     listed, out = folder / "addresses.txt", folder / "trainer.json"
     listed.write_text("\n".join(addresses))
-    done = subprocess.run([sys.executable, __file__, "--trainer", str(listed), "--warmup", str(warmup), "--batches",
-                           str(batches), "--result", str(out)], capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, __file__, "--trainer", str(listed), "--warmup", str(args.warmup),
+                           "--batches", str(args.batches), "--idle", str(args.idle), "--result", str(out),
+                           *(["--exact"] if exact else [])], capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
         raise RuntimeError(f"a trainer exited {done.returncode}: {done.stderr[-3000:]}")
     return json.loads(out.read_text())
@@ -83,39 +113,42 @@ def run_trainer(addresses: list[str], warmup: int, batches: int, folder: Path) -
 def parse_args():
     parser = benchmark_parser(__doc__)
     parser.add_argument("--fan-in", default="1,16,64,256,1024", help="producers one trainer reads, comma-separated")
+    parser.add_argument("--exact-fan-in", default="1,16,64,256,1024",
+                        help="the same in exact mode (fixed shards), comma-separated; empty: no exact mode")
     parser.add_argument("--processes", type=int, default=2, help="fleet processes serving all the endpoints")
     parser.add_argument("--records", type=int, default=256, help="records per endpoint's shard")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of every fan-in")
     parser.add_argument("--warmup", type=int, default=200, help="batches taken before timing")
     parser.add_argument("--batches", type=int, default=3000, help="batches timed per trial")
+    parser.add_argument("--idle", type=float, default=3.0, help="exact mode: seconds of liveness alone counted")
     add_out_argument(parser, "fan_in.json")
     parser.add_argument("--trainer", help=argparse.SUPPRESS)  # internal: be one trainer (a file of addresses)
+    parser.add_argument("--exact", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
     return parser.parse_args()
 
 
-def run(args) -> dict[str, Any]:
+def measure(args, fan_in: list[int], exact: bool) -> dict[str, Any]:
+    """A fleet of ``max(fan_in)`` endpoints, and a trainer per fan-in per round; the trials and their medians."""
     from stoker.producer.fleet.launcher import FleetProcesses
 
-    fan_in = [int(x) for x in args.fan_in.split(",")]
-    result: dict[str, Any] = {"benchmark": "fan_in", "mode": "plain", "batch_size": BATCH, "image_size": SIZE,
-                              "fleet_processes": args.processes, "endpoints": max(fan_in), **machine_info()}
+    mode = "exact" if exact else "plain"
+    flags = ["--records", str(args.records), "--batch-size", str(BATCH), "--image-size", str(SIZE),
+             *(["--exact"] if exact else [])]
     t0 = time.perf_counter()
-    with FleetProcesses(max(fan_in), min(args.processes, max(fan_in)),
-                        ["--records", str(args.records), "--batch-size", str(BATCH), "--image-size", str(SIZE)],
-                        start_timeout=300) as fleet, tempfile.TemporaryDirectory() as tmp:
-        result["fleet_start_s"] = time.perf_counter() - t0
-        print(f"{len(fleet.addresses)} endpoints serving after {result['fleet_start_s']:.1f} s", flush=True)
+    with FleetProcesses(max(fan_in), min(args.processes, max(fan_in)), flags, start_timeout=300) as fleet, \
+            tempfile.TemporaryDirectory() as tmp:
+        start_s = time.perf_counter() - t0
+        print(f"{mode}: {len(fleet.addresses)} endpoints serving after {start_s:.1f} s", flush=True)
         trials = []
         for r in range(args.rounds):
             for n in (fan_in if r % 2 == 0 else fan_in[::-1]):
-                trial = {"round": r, **run_trainer(fleet.addresses[:n], args.warmup, args.batches, Path(tmp))}
-                print(f"round {r}: fan-in {n}: {trial['cpu_ms_per_batch']:.3f} CPU ms/batch, "
+                trial = {"round": r, **run_trainer(fleet.addresses[:n], args, Path(tmp), exact)}
+                print(f"{mode} round {r}: fan-in {n}: {trial['cpu_ms_per_batch']:.3f} CPU ms/batch, "
                       f"{trial['receive_threads']} receive threads, set-up {trial['setup_s']}", flush=True)
                 trials.append(trial)
-    result["trials"] = trials
-    result["rows"] = [summary(n, [t for t in trials if t["producers"] == n], trials) for n in fan_in]
-    return result
+    return {"fleet_start_s": start_s, "trials": trials,
+            "rows": [summary(n, [t for t in trials if t["producers"] == n], trials) for n in fan_in]}
 
 
 def summary(n: int, mine: list[dict[str, Any]], trials: list[dict[str, Any]]) -> dict[str, Any]:
@@ -123,40 +156,67 @@ def summary(n: int, mine: list[dict[str, Any]], trials: list[dict[str, Any]]) ->
     ones = {t["round"]: t["cpu_ms_per_batch"] for t in trials if t["producers"] == 1}
     ratios = [t["cpu_ms_per_batch"] / ones[t["round"]] for t in mine if t["round"] in ones]
     setups = [t["setup_s"] for t in mine if t["setup_s"] is not None]
-    return {"producers": n, "rounds": len(mine),
-            "receive_threads": max(t["receive_threads"] for t in mine),
-            "all_delivered": all(t["producers_seen"] == n for t in mine),
-            "setup_s_median": statistics.median(setups) if setups else None,
-            "setup_s_max": max(setups) if len(setups) == len(mine) else None,
-            "cpu_ms_per_batch": statistics.median(t["cpu_ms_per_batch"] for t in mine),
-            "cpu_ms_spread": [min(t["cpu_ms_per_batch"] for t in mine), max(t["cpu_ms_per_batch"] for t in mine)],
-            "cpu_ratio_to_1": statistics.median(ratios) if ratios else None,
-            "batches_per_s": statistics.median(t["batches_per_s"] for t in mine)}
+    row = {"producers": n, "rounds": len(mine), "receive_threads": max(t["receive_threads"] for t in mine),
+           "all_delivered": all(t["producers_seen"] == n for t in mine),
+           "setup_s_median": statistics.median(setups) if setups else None,
+           "setup_s_max": max(setups) if len(setups) == len(mine) else None,
+           "cpu_ms_per_batch": statistics.median(t["cpu_ms_per_batch"] for t in mine),
+           "cpu_ms_spread": [min(t["cpu_ms_per_batch"] for t in mine), max(t["cpu_ms_per_batch"] for t in mine)],
+           "cpu_ratio_to_1": statistics.median(ratios) if ratios else None,
+           "batches_per_s": statistics.median(t["batches_per_s"] for t in mine)}
+    for key in ("control_sent_per_batch", "control_received_per_batch", "exact_sent_per_batch",
+                "exact_received_per_batch", "liveness_sent_per_s_per_connection",
+                "liveness_received_per_s_per_connection"):
+        if key in mine[0]:
+            row[key] = statistics.median(t[key] for t in mine)
+    return row
 
 
-def print_table(result: dict[str, Any]) -> None:
-    print(f"\nfan-in (plain mode): one trainer reading a fleet of {result['endpoints']} endpoints in "
+def print_table(mode: str, part: dict[str, Any], result: dict[str, Any]) -> None:
+    rows = part["rows"]
+    print(f"\nfan-in ({mode} mode): one trainer reading a fleet of {max(r['producers'] for r in rows)} endpoints in "
           f"{result['fleet_processes']} processes, batches of {BATCH} x {SIZE}x{SIZE}x3, loopback, {result['cpus']} "
-          f"cores; fleet serving after {result['fleet_start_s']:.1f} s; medians of {result['rows'][0]['rounds']} rounds")
+          f"cores; fleet serving after {part['fleet_start_s']:.1f} s; medians of {rows[0]['rounds']} rounds")
+    exact = "exact_sent_per_batch" in rows[0]
     print(f"{'fan-in':>6} | {'recv threads':>12} | {'set-up s (max)':>14} | {'CPU ms/batch':>12} | {'x fan-in 1':>10} | "
-          f"{'batches/s':>9}")
-    print("-" * 80)
-    for r in result["rows"]:
+          f"{'batches/s':>9}" + (" | ctl B/batch sent, recv | live B/s/conn sent, recv" if exact else ""))
+    print("-" * (80 + 50 * exact))
+    for r in rows:
         setup = f"{r['setup_s_median']:.2f} ({r['setup_s_max']:.2f})" if r["setup_s_max"] is not None else "not all"
         ratio = f"{r['cpu_ratio_to_1']:.2f}" if r["cpu_ratio_to_1"] is not None else "-"
-        print(f"{r['producers']:>6} | {r['receive_threads']:>12} | {setup:>14} | {r['cpu_ms_per_batch']:>12.3f} | "
-              f"{ratio:>10} | {r['batches_per_s']:>9.0f}")
+        line = (f"{r['producers']:>6} | {r['receive_threads']:>12} | {setup:>14} | {r['cpu_ms_per_batch']:>12.3f} | "
+                f"{ratio:>10} | {r['batches_per_s']:>9.0f}")
+        if exact:
+            line += (f" | {r['exact_sent_per_batch']:>9.0f}, {r['exact_received_per_batch']:>9.0f} | "
+                     f"{r['liveness_sent_per_s_per_connection']:>11.1f}, "
+                     f"{r['liveness_received_per_s_per_connection']:>9.1f}")
+        print(line)
     print("set-up: until every endpoint read delivered a batch; x fan-in 1: median of each round's ratio")
+    if exact:
+        print("ctl B/batch: control bytes per batch (credits, reports, work, acks), liveness taken off at the rate "
+              "measured idle; live B/s/conn: heartbeats and statuses per connection while no batch is consumed")
+
+
+def run(args) -> dict[str, Any]:
+    result: dict[str, Any] = {"benchmark": "fan_in", "batch_size": BATCH, "image_size": SIZE,
+                              "fleet_processes": args.processes, **machine_info()}
+    result["plain"] = measure(args, [int(x) for x in args.fan_in.split(",")], exact=False)
+    if args.exact_fan_in:
+        result["exact"] = measure(args, [int(x) for x in args.exact_fan_in.split(",")], exact=True)
+    return result
 
 
 def main() -> None:
     args = parse_args()
     if args.trainer:
         addresses = Path(args.trainer).read_text().split()
-        Path(args.result).write_text(json.dumps(trainer(addresses, args.warmup, args.batches, setup_timeout=60)))
+        figures = trainer(addresses, args.warmup, args.batches, setup_timeout=60, exact=args.exact, idle_s=args.idle)
+        Path(args.result).write_text(json.dumps(figures))
         return
     result = run(args)
-    print_table(result)
+    for mode in ("plain", "exact"):
+        if mode in result:
+            print_table(mode, result[mode], result)
     write_results(args.out, result)
 
 

@@ -3,7 +3,8 @@
 A daemon's forwarding thread per endpoint would be a thousand threads each waking every 2 ms while slots are in
 flight; here one loop does every endpoint's turn over one poll: each forwarder's ``before_poll`` (slots libzmq
 released, granted back), one ``zmq.Poller`` over every endpoint's sockets, then ``after_poll`` and the worker's
-grants for the endpoints the poll woke. The forwarders, their slots and sockets are the daemon's
+grants for the endpoints the poll woke, and for every endpoint at least every ``IDLE_POLL_MS`` (an exact
+forwarder's own loop turns that often for its timers: trainers' expiry, statuses). The forwarders, their slots and sockets are the daemon's
 (endpoint.py); only the loop is the fleet's.
 
 Limits a thousand sockets meet are raised at start: libzmq's sockets per context (``zmq.MAX_SOCKETS``, 1,023 by
@@ -21,53 +22,17 @@ import logging
 import os
 import resource
 import threading
-from dataclasses import dataclass
-from typing import Optional
-
+import time
 import zmq
 
 from stoker.producer.fleet.endpoint import SOCKETS_PER_ENDPOINT, FleetEndpoint
-from stoker.producer.serve.sharding import ShardSpec
+from stoker.producer.fleet.fleet_config import FleetConfig
+from stoker.producer.serve.exact_forwarder import IDLE_POLL_MS
 from stoker.producer.serve.status_file import StatusFile
 
 log = logging.getLogger("stoker.producer.fleet")
 
 FILES_PER_ENDPOINT = 6  # three sockets' mailboxes, the listener, a trainer's connection, a spare
-_IDLE_POLL_MS = 100
-
-
-@dataclass(frozen=True)
-class FleetConfig:
-    """Endpoints ``first .. first + count - 1`` of a fleet of ``of``; endpoint ``i`` serves shard ``i/of`` of a
-    synthetic dataset of ``records x of`` records in batches of ``batch_size`` images of ``image_size`` px.
-
-    ``base_port``: endpoint ``i`` binds ``host:base_port + i``; 0: any free port (the status file says which).
-    """
-
-    first: int
-    count: int
-    of: int
-    host: str = "127.0.0.1"
-    base_port: int = 0
-    records: int = 1024
-    batch_size: int = 32
-    image_size: int = 8
-    classes: int = 10
-    seed: int = 0
-    sndhwm: int = 2
-    status_file: Optional[str] = None
-
-    def __post_init__(self) -> None:
-        if not (self.count >= 1 and self.of >= 1 and 0 <= self.first and self.first + self.count <= self.of):
-            raise ValueError(f"endpoints {self.first}..{self.first + self.count - 1} are not within a fleet of "
-                             f"{self.of}: need count >= 1 and first + count <= of")
-        if self.records < 1 or self.batch_size < 1 or self.image_size < 1 or self.classes < 1 or self.sndhwm < 1:
-            raise ValueError("records, batch size, image size, classes and sndhwm must each be >= 1")
-        if not 0 <= self.base_port <= 65535 - self.of:
-            raise ValueError(f"--base-port {self.base_port} leaves no room for {self.of} ports below 65536")
-
-    def bind(self, shard: int) -> str:
-        return f"tcp://{self.host}:{self.base_port + shard if self.base_port else '*'}"
 
 
 def raise_open_files_limit(needed: int) -> None:
@@ -95,9 +60,7 @@ class ProducerFleet:
         self.endpoints: list[FleetEndpoint] = []
         try:
             for shard in range(config.first, config.first + config.count):
-                self.endpoints.append(FleetEndpoint(
-                    self._ctx, config.bind(shard), ShardSpec(shard, config.of), config.records, config.seed,
-                    config.batch_size, config.image_size, config.classes, config.sndhwm))
+                self.endpoints.append(FleetEndpoint(self._ctx, config, shard))
         except BaseException:
             self._close()
             raise
@@ -129,8 +92,9 @@ class ProducerFleet:
                 owner[sock] = endpoint
             poller.register(endpoint.control, zmq.POLLIN)
             poller.register(endpoint.worker.sock, zmq.POLLIN)
+        every_turn_at = 0.0
         while not stop.is_set():
-            wait = _IDLE_POLL_MS
+            wait = IDLE_POLL_MS
             for endpoint in self.endpoints:
                 events = endpoint.forwarder.before_poll()
                 if events != endpoint.out_events:
@@ -138,7 +102,12 @@ class ProducerFleet:
                     endpoint.out_events = events
                 wait = min(wait, endpoint.forwarder.poll_ms)
             ready = dict(poller.poll(wait))
-            for endpoint in {owner[sock] for sock in ready}:
+            woken = {owner[sock] for sock in ready}
+            now = time.monotonic()
+            if now >= every_turn_at:  # an exact forwarder's timers (expiry, statuses) need a turn this often
+                every_turn_at = now + IDLE_POLL_MS / 1000
+                woken = set(self.endpoints)
+            for endpoint in woken:
                 if ready.get(endpoint.worker.sock, 0) & zmq.POLLIN:
                     endpoint.worker.on_grants()
                 endpoint.forwarder.after_poll(ready)

@@ -6,7 +6,8 @@ trackers run unchanged. What it skips is the work: no dataset, no pipeline. A ba
 endpoint's stream (``StreamKey.order``, epoch after epoch, as one worker's ``worker_stream`` takes them), written
 as whole columns; its pixels say their record (every byte ``index % 251``) and its label is ``index % classes``, so
 a trainer can check any row it receives against its index. The header is the real codec's (``encode_batch``),
-with the stream and a sequence number per batch.
+with the stream and a sequence number per batch. In exact mode each grant carries the records to make (the
+forwarder's choice, ``decode_work``), and the batch holds those.
 """
 
 from __future__ import annotations
@@ -20,17 +21,18 @@ from stoker.protocol import encode_batch
 from stoker.protocol.batch_spec import bookkeeping_arrays
 from stoker.protocol.input_state import StreamKey
 
-from stoker.producer.serve.batch_slots import GRANT, HELLO, READY, ArrayLayout, SlotLayout, parse_slot, slot_frame
+from stoker.producer.serve.batch_slots import (GRANT, HELLO, READY, ArrayLayout, SlotLayout, decode_work, parse_slot,
+                                               slot_frame)
 from stoker.producer.serve.sharding import EpochOrders
 
 PIXEL_MODULUS = 251  # a prime, so neighbouring records' pixels differ
 
 
-def synthetic_arrays(image_size: int) -> ArrayLayout:
+def synthetic_arrays(image_size: int, exact: bool = False) -> ArrayLayout:
     """The arrays of a fleet's batches, in wire order: ``images`` (uint8, S x S x 3), ``labels`` (int32), then
-    the bookkeeping columns every plain producer appends (``index``, ``epoch``)."""
+    the bookkeeping columns every producer appends (``index``, ``epoch``; exact mode's ``mask``)."""
     return (("images", "uint8", (image_size, image_size, 3)), ("labels", "int32", ()),
-            *((name, dtype, ()) for name, dtype in bookkeeping_arrays(False)))
+            *((name, dtype, ()) for name, dtype in bookkeeping_arrays(exact)))
 
 
 def expected_pixels(indices: np.ndarray) -> np.ndarray:
@@ -85,16 +87,27 @@ class SyntheticWorker:
         own side of an inproc socket: ValueError."""
         while self.sock.poll(0):
             message = self.sock.recv_multipart()
-            if len(message) != 2 or message[0] != GRANT:
-                raise ValueError(f"a fleet worker got {len(message)} frames, not a plain grant [grant, slot]")
-            self._make(parse_slot(message[1], self.slots))
+            if len(message) not in (2, 3) or message[0] != GRANT:
+                raise ValueError(f"a fleet worker got {len(message)} frames, not a grant [grant, slot(, work)]")
+            slot = parse_slot(message[1], self.slots)
+            if len(message) == 3:  # exact mode: the forwarder chose the records
+                work = np.array(decode_work(message[2], self.batch_size), np.int64).reshape(-1, 2)
+                self._make(slot, work[:, 0].astype(np.int32), work[:, 1])
+            else:
+                self._make(slot, *self.cursor.take(self.batch_size))
 
-    def _make(self, slot: int) -> None:
-        arrays = self.views[slot]
-        epochs, indices = self.cursor.take(self.batch_size)
-        arrays["index"][:], arrays["epoch"][:] = indices, epochs
-        arrays["labels"][:] = indices % max(1, self.classes)
-        arrays["images"][:] = expected_pixels(indices).reshape(-1, *([1] * (arrays["images"].ndim - 1)))
+    def _make(self, slot: int, epochs: np.ndarray, indices: np.ndarray) -> None:
+        """Rows ``0 .. len(indices) - 1`` made of these records; in exact mode the rest are padding, as
+        ``BatchMaker`` writes it (zeros, index and epoch -1, ``mask`` False)."""
+        arrays, n = self.views[slot], len(indices)
+        for array in arrays.values():
+            array[n:] = 0
+        arrays["index"][:n], arrays["epoch"][:n] = indices, epochs
+        arrays["index"][n:], arrays["epoch"][n:] = -1, -1
+        if "mask" in arrays:
+            arrays["mask"][:n] = True
+        arrays["labels"][:n] = indices % self.classes
+        arrays["images"][:n] = expected_pixels(indices).reshape(-1, *([1] * (arrays["images"].ndim - 1)))
         header = encode_batch(arrays, producer=self.producer_id, seq=self.batches, stream=self.stream,
                               classes=self.classes)[0]
         self.sock.send_multipart([READY, slot_frame(slot), header])

@@ -39,7 +39,7 @@ log = logging.getLogger("stoker.producer")
 
 _WARN_EVERY_S = 60.0
 STATUS_EVERY_S = 1.0  # also a heartbeat: a trainer waiting on others' steps knows this producer is alive
-_IDLE_POLL_MS = 50  # nothing in flight: statuses and expiry need no finer clock than this
+IDLE_POLL_MS = 50  # nothing in flight: statuses and expiry need no finer clock than this
 _EXPIRE_EVERY_S = 0.1
 
 
@@ -57,32 +57,44 @@ class ExactForwarder(SlotForwarder):
         self._last_bad_log = -_WARN_EVERY_S
         self._last_status = 0.0
         self._unknown_told: dict[bytes, float] = {}
+        self._expired_at = 0.0
 
     # ---- the loop ---------------------------------------------------------------------------
 
     def _forward(self, stop: Any) -> None:
         poller = zmq.Poller()
         poller.register(self.control, zmq.POLLIN)
-        poller.register(self.out, zmq.POLLIN)
-        expired_at = 0.0
         while not stop.is_set():
-            self._release_sent()
-            # Sent slots are checked every 2 ms until libzmq lets go of them; batches waiting for credit need no
-            # such wake-ups: the credit that frees them arrives on ``out`` and ends the wait.
-            events = dict(poller.poll(IN_FLIGHT_POLL_MS if self._in_flight else _IDLE_POLL_MS))
-            self._from_workers(events)
-            if events.get(self.out, 0) & zmq.POLLIN:
-                while self.out.poll(0):
-                    self._from_trainer(self.out.recv_multipart())
-            now = time.monotonic()
-            if now - expired_at >= _EXPIRE_EVERY_S:
-                expired_at = now
-                for trainer in self.policy.trainers.expire(now):
-                    log.warning("trainer %s sent nothing for %.0f s: taken for dead; the records it held are served "
-                                "again", trainer, self.policy.trainers.timeout)
-            self._grant_idle()
-            self._send_ready()
-            self._broadcast_status()
+            poller.register(self.out, self.before_poll())
+            self.after_poll(dict(poller.poll(self.poll_ms)))
+
+    # The turn in halves (SlotForwarder's): a fleet's one thread drives many forwarders over one poll, and runs
+    # after_poll for every endpoint at least every IDLE_POLL_MS, as this loop does (producer/fleet/).
+
+    def before_poll(self) -> int:
+        self._release_sent()
+        return zmq.POLLIN  # credit, work and hellos from trainers
+
+    @property
+    def poll_ms(self) -> int:
+        # Sent slots are checked every 2 ms until libzmq lets go of them; batches waiting for credit need no
+        # such wake-ups: the credit that frees them arrives on ``out`` and ends the wait.
+        return IN_FLIGHT_POLL_MS if self._in_flight else IDLE_POLL_MS
+
+    def after_poll(self, events: dict) -> None:
+        self._from_workers(events)
+        if events.get(self.out, 0) & zmq.POLLIN:
+            while self.out.poll(0):
+                self._from_trainer(self.out.recv_multipart())
+        now = time.monotonic()
+        if now - self._expired_at >= _EXPIRE_EVERY_S:
+            self._expired_at = now
+            for trainer in self.policy.trainers.expire(now):
+                log.warning("trainer %s sent nothing for %.0f s: taken for dead; the records it held are served "
+                            "again", trainer, self.policy.trainers.timeout)
+        self._grant_idle()
+        self._send_ready()
+        self._broadcast_status()
 
     # ---- workers ----------------------------------------------------------------------------
 

@@ -15,6 +15,8 @@ from stoker.producer.fleet.fleet import FleetConfig
 from stoker.producer.fleet.launcher import FleetProcesses
 from stoker.producer.fleet.synthetic_worker import expected_pixels
 
+from conftest import assert_exactly_once
+
 ENDPOINTS, PROCESSES, RECORDS, BATCH = 64, 2, 64, 8
 
 
@@ -50,6 +52,19 @@ def test_a_trainer_reading_a_fleet_of_64_endpoints_gets_each_records_batch_once_
     assert shards_seen == set(range(ENDPOINTS))
     assert len(rows) == taken * BATCH <= made * BATCH
     assert 1 <= most_threads <= MAX_THREADS == 8, most_threads
+
+
+def test_an_exact_fleet_of_64_fixed_shards_serves_one_epoch_each_record_exactly_once():
+    flags = ["--records", str(RECORDS), "--batch-size", str(BATCH), "--exact", "--epochs", "1"]
+    with FleetProcesses(ENDPOINTS, PROCESSES, flags) as fleet:
+        assert {line["mode"] for line in fleet.serving} == {"exact"}
+        rows = []
+        with BatchStream(fleet.addresses, exact=True, recv_timeout=60) as stream:
+            for batch in stream:  # ends when every producer said its epochs are consumed
+                assert (batch["images"] == expected_pixels(batch["index"])[:, None, None, None]).all()
+                rows.extend(zip(batch["epoch"].tolist(), batch["index"].tolist()))
+            assert len(stream.stats.per_producer) == ENDPOINTS
+    assert_exactly_once(rows, set(range(ENDPOINTS * RECORDS)))
 
 
 def test_a_fleet_refuses_endpoints_outside_it_and_a_launcher_names_a_process_that_failed():
