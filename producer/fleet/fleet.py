@@ -4,8 +4,8 @@ A daemon's forwarding thread per endpoint would be a thousand threads each wakin
 flight; here one loop does every endpoint's turn over one poll: each forwarder's ``before_poll`` (slots libzmq
 released, granted back), one ``zmq.Poller`` over every endpoint's sockets, then ``after_poll`` and the worker's
 grants for the endpoints the poll woke, and for every endpoint at least every ``IDLE_POLL_MS`` (an exact
-forwarder's own loop turns that often for its timers: trainers' expiry, statuses). The forwarders, their slots and sockets are the daemon's
-(endpoint.py); only the loop is the fleet's.
+forwarder's own loop turns that often for its timers: trainers' expiry, statuses). The forwarders, their slots
+and sockets are the daemon's (endpoint.py); only the loop is the fleet's.
 
 Limits a thousand sockets meet are raised at start: libzmq's sockets per context (``zmq.MAX_SOCKETS``, 1,023 by
 default) to what the endpoints need, and the soft limit on open files (``RLIMIT_NOFILE``) to the hard one; an

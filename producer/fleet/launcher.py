@@ -73,7 +73,8 @@ class FleetProcesses:
                 serving = [e for e in status.events if e.get("event") == "serving"]
                 if len(serving) < count and (exited or time.monotonic() > deadline):
                     why = f"exited {proc.returncode}" if exited else f"reported {len(serving)} of {count} endpoints"
-                    raise FleetStartError(f"fleet process {p} {why} within {timeout:.0f} s:\n{self.log_text(p)[-3000:]}")
+                    raise FleetStartError(f"fleet process {p} {why} within {timeout:.0f} s:\n"
+                                          + self.log_text(p)[-3000:])
                 lines.extend(serving)
             if len(lines) == sum(counts):
                 return lines

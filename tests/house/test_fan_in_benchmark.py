@@ -19,8 +19,8 @@ pytestmark = pytest.mark.timeout(180)
 def test_a_small_run_reads_every_endpoint_and_reports_each_fan_in(tmp_path):
     out = tmp_path / "fan_in.json"
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "fan_in.py"), "--fan-in", "1,4", "--rounds", "2",
-                           "--exact-fan-in", "1,4", "--processes", "2", "--warmup", "5", "--batches", "40", "--idle", "0.5",
-                           "--out", str(out)],
+                           "--exact-fan-in", "1,4", "--processes", "2", "--warmup", "5", "--batches", "40",
+                           "--idle", "0.5", "--out", str(out)],
                           capture_output=True, text=True, timeout=160)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads(out.read_text())
