@@ -40,7 +40,10 @@ from harness import add_out_argument, benchmark_parser, machine_info, own_cpu_se
 BATCH, SIZE = 32, 8
 
 
-RECEIVE_THREADS = ("stoker-receive", "stoker-exact-")  # the plain loop and its delivery; exact mode's links' loops
+# The plain loop's threads and its delivery thread, as tests/consumer/test_receive_loop.py counts them, and exact
+# mode's link loops; the receive core's own thread ("stoker-receive", which runs the receiver) is counted in
+# "threads" with every other thread of the trainer.
+RECEIVE_THREADS = ("stoker-receive-", "stoker-exact-")
 
 
 def _receive_threads() -> int:
@@ -81,16 +84,19 @@ def trainer(addresses: list[str], warmup: int, batches: int, setup_timeout: floa
         seconds, cpu = time.perf_counter() - t0, own_cpu_seconds() - cpu0
         control = [after - before for after, before in zip(_control(stream), control0)]
         seen = len(stream.stats.per_producer)
-        out = {"threads": threading.active_count(), "producers": len(addresses), "producers_seen": seen, "setup_s": setup_s, "receive_threads": threads,
-               "batches": batches, "batches_per_s": batches / seconds, "cpu_ms_per_batch": 1000 * cpu / batches}
+        out = {"threads": threading.active_count(), "producers": len(addresses), "producers_seen": seen,
+               "setup_s": setup_s, "receive_threads": threads, "batches": batches,
+               "batches_per_s": batches / seconds, "cpu_ms_per_batch": 1000 * cpu / batches}
         if exact:
             time.sleep(1.0)  # the queue fills, credit stops: from now on only liveness goes either way
             idle0 = _control(stream)
             time.sleep(idle_s)
             idle = [after - before for after, before in zip(_control(stream), idle0)]
             live = [b / idle_s / len(addresses) for b in idle]  # bytes/s per connection, each way
-            out.update({"liveness_sent_per_s_per_connection": live[0], "liveness_received_per_s_per_connection": live[1],
-                        "control_sent_per_batch": control[0] / batches, "control_received_per_batch": control[1] / batches,
+            out.update({"liveness_sent_per_s_per_connection": live[0],
+                        "liveness_received_per_s_per_connection": live[1],
+                        "control_sent_per_batch": control[0] / batches,
+                        "control_received_per_batch": control[1] / batches,
                         # what liveness would have sent meanwhile, taken off: credits, reports, work per batch
                         "exact_sent_per_batch": max(0.0, control[0] - live[0] * len(addresses) * seconds) / batches,
                         "exact_received_per_batch":
@@ -178,8 +184,9 @@ def print_table(mode: str, part: dict[str, Any], result: dict[str, Any]) -> None
           f"{result['fleet_processes']} processes, batches of {BATCH} x {SIZE}x{SIZE}x3, loopback, {result['cpus']} "
           f"cores; fleet serving after {part['fleet_start_s']:.1f} s; medians of {rows[0]['rounds']} rounds")
     exact = "exact_sent_per_batch" in rows[0]
-    print(f"{'fan-in':>6} | {'recv threads':>12} | {'set-up s (max)':>14} | {'CPU ms/batch':>12} | {'x fan-in 1':>10} | "
-          f"{'batches/s':>9}" + (" | ctl B/batch sent, recv | live B/s/conn sent, recv" if exact else ""))
+    print(f"{'fan-in':>6} | {'recv threads':>12} | {'set-up s (max)':>14} | {'CPU ms/batch':>12} | "
+          f"{'x fan-in 1':>10} | {'batches/s':>9}"
+          + (" | ctl B/batch sent, recv | live B/s/conn sent, recv" if exact else ""))
     print("-" * (80 + 50 * exact))
     for r in rows:
         setup = f"{r['setup_s_median']:.2f} ({r['setup_s_max']:.2f})" if r["setup_s_max"] is not None else "not all"
