@@ -95,6 +95,9 @@ class ExactReceiver:
             raise
         self._built = True
         self._waiting_logged_at = -_WAITING_LOG_EVERY_S
+        # Failed handshakes over every link, taken again only when a link's connection changed (``_watch``): the
+        # core asks for them with every batch delivered, and a sum over 1,024 links per batch was most of its CPU.
+        self._failures = self.control_plane.failures()
 
     def _empty(self, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
         """Memory a direct link reads a batch array into: the sink's, once the core runs."""
@@ -184,7 +187,7 @@ class ExactReceiver:
         changed = core.follow_pool(self.control_plane.add, self.control_plane.remove)
         if self.control_plane.watch() or changed:
             t = self.control_plane
-            count, _, reason = t.failures()
+            self._failures = count, _, reason = t.failures()
             core.stats.set_connections(t.connected(), count, reason, sum(link.health.reconnects for link in t.live_links()))
 
     def _log_waiting(self, status: Any) -> None:
@@ -198,7 +201,8 @@ class ExactReceiver:
                     status.waiting)
 
     def failures(self) -> tuple[int, str, str]:
-        return self.control_plane.failures()
+        """``(count, endpoint, reason)`` of failed handshakes, as of the last connection change (any thread)."""
+        return self._failures
 
     def waiting_report(self) -> list[str]:
         """Per producer, what this trainer waits for (``ExactControlPlane.waiting_report``)."""

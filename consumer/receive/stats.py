@@ -22,6 +22,7 @@ import numpy as np
 
 from stoker.consumer.receive.coverage import Coverage
 from stoker.consumer.receive.input_stats import InputStats
+from stoker.consumer.receive.stream_index import StreamIndex
 from stoker.protocol import ProtocolError
 from stoker.protocol.peer_ids import place_of
 from stoker.protocol.batch_spec import BatchMismatchError
@@ -74,6 +75,7 @@ class ReceiveStats:
         self._last_reject_log = -_REJECT_LOG_EVERY_S
         self._unlogged_rejects = 0
         self._conflicting: set[frozenset[str]] = set()
+        self._streams = StreamIndex()  # the producers a new stream may overlap, without comparing with every one
         self._endpoint_errors: dict[str, str] = {}  # endpoint -> why it is not connected (direct receive)
         # producer that never sent an acceptable batch -> (batches refused as BatchMismatchError, the latest why)
         self._mismatched: dict[str, tuple[int, str]] = {}
@@ -114,6 +116,7 @@ class ReceiveStats:
             stats.dataset_classes = max(stats.dataset_classes, header.classes)
             if header.stream and stats.producer_streams.get(producer) != header.stream:
                 stats.producer_streams[producer] = header.stream
+                self._streams.put(producer, header.stream)
                 conflict = self._check_streams(producer, header.stream)
         if conflict:
             log.warning("%s", conflict)
@@ -123,7 +126,8 @@ class ReceiveStats:
         """Caller holds the lock. A producer restarted at the same place (``place_of``: a new instance id) is
         the same producer, not a second one serving its shard."""
         found = None
-        for other, other_stream in self._stats.producer_streams.items():
+        for other in self._streams.candidates(producer):
+            other_stream = self._stats.producer_streams[other]
             pair = frozenset((producer, other))
             if place_of(other) == place_of(producer) or pair in self._conflicting:
                 continue
