@@ -27,6 +27,7 @@ def cmd_produce(args: argparse.Namespace) -> int:
         image_size=args.image_size, mode=args.mode, pipeline=args.pipeline,
         pipeline_args=tuple(args.pipeline_arg or ()), shard=ShardSpec.parse(args.shard), seed=args.seed,
         shuffle_window=args.shuffle_window, shard_affinity=args.shard_affinity == "on",
+        epoch_order=0 if args.epoch_order == "auto" else int(args.epoch_order),
         sndhwm=args.sndhwm, log_interval=args.log_interval, producer_id=args.id,
         metrics_port=args.metrics_port, log_format=getattr(args, "log_format", "text"),
         repeat_batches=args.repeat_batches,

@@ -24,7 +24,7 @@ import numpy as np
 
 from stoker.protocol.peer_ids import is_valid_id
 from stoker.protocol.batch_spec import BatchSpec
-from stoker.protocol.input_state import InputState, StreamKey, StreamProgress
+from stoker.protocol.input_state import InputState, Progress, StreamKey
 
 from stoker.consumer.exact.state import SavedState, pack_state, parse_state
 from stoker.consumer.exact.state import state_for_share
@@ -112,7 +112,7 @@ class ConsumedLedger:
         if progress is not None:
             progress.advance(completed)
 
-    def pool_progress(self, stream: str) -> StreamProgress:
+    def pool_progress(self, stream: str) -> Progress:
         """Elastic pool ``stream``'s progress (named in the state from now on), lent to the pool's scheduler to
         read (the epochs complete, the records consumed of the open ones); it completes an epoch through
         ``complete_pool_epoch``. The caller holds ``lock`` (the control plane, making the scheduler)."""
@@ -176,10 +176,10 @@ class ConsumedLedger:
         return int(arrays[-1][0])
 
 
-def _whole_epochs(progress: StreamProgress) -> int:
-    """``progress.completed``, plus the open epochs after it whose bitmap is whole (a fixed shard's epoch completes
+def _whole_epochs(progress: Progress) -> int:
+    """``progress.completed``, plus the open epochs after it whose records are all consumed (a fixed shard's epoch completes
     in the state only when its producer says every trainer consumed it)."""
     epoch = progress.completed
-    while epoch in progress.open and progress.open[epoch].all():
+    while progress.whole(epoch):
         epoch += 1
     return epoch

@@ -139,6 +139,5 @@ def open_epochs(state: InputState, stream: str) -> str:
     if progress is None:
         return f"all {count} records of its first epoch to come"
     epoch = progress.completed
-    bitmap = progress.open.get(epoch)  # not consumed(): that would open the epoch in the state
-    left = count - (int(bitmap.sum()) if bitmap is not None else 0)
+    left = count - progress.consumed_in(epoch)  # not consumed(): that would open the epoch in the state
     return f"{left} of {count} records of epoch {epoch} not consumed yet"

@@ -55,8 +55,10 @@ import numpy as np
 
 from stoker.protocol.peer_ids import is_valid_id
 from stoker.protocol.exact_messages import MAX_SPLIT
-from stoker.protocol.input_state import InputState, StreamKey, StreamProgress
+from stoker.protocol.epochs.position_ranges import PositionRanges
+from stoker.protocol.input_state import InputState, Progress, RangeProgress, StreamKey, StreamProgress
 
+from stoker.consumer.exact.pool.range_split_epoch import SplitCut
 from stoker.consumer.exact.pool.split_epoch import share_mask
 
 STATE_FORMAT = "stoker-zmqinput-state"
@@ -200,7 +202,7 @@ def _covered(key: StreamKey, saved: SavedState, progress: Optional[StreamProgres
     return share_mask(orders[epoch], split, rank, world, key.block, key.window)
 
 
-def _merge_stream(text: str, ranks: Sequence[SavedState], budget: list[int]) -> StreamProgress:
+def _merge_stream(text: str, ranks: Sequence[SavedState], budget: list[int]) -> Progress:
     key = StreamKey.parse(text)
     progress = [s.state.streams.get(text) for s in ranks]
     known = [p for p in progress if p is not None]
@@ -209,6 +211,8 @@ def _merge_stream(text: str, ranks: Sequence[SavedState], budget: list[int]) -> 
     high = max(max([p.completed] + [e + 1 for e in p.open]) for p in known)
     if high - low > MAX_EPOCH_SPREAD:
         raise ValueError(f"stream {text}: the ranks' states are {high - low} epochs apart: {_HOW}")
+    if key.order_version == 2:
+        return _merge_ranges(key, ranks, progress, low, high)
     if high > low:
         key.check_materialisable()  # a union below is a bitmap per epoch; epochs all complete need none
     budget[0] -= (high - low) * key.size
@@ -224,6 +228,37 @@ def _merge_stream(text: str, ranks: Sequence[SavedState], budget: list[int]) -> 
     while completed < high and union[completed].all():
         completed += 1
     return StreamProgress(key.size, completed, {e: union[e] for e in range(completed, high) if union[e].any()})
+
+
+def _covered_ranges(key: StreamKey, saved: SavedState, progress: Optional[Progress], epoch: int) -> PositionRanges:
+    """``_covered`` in epoch order 2: the positions of ``epoch`` this rank's state says were consumed."""
+    if progress is None:
+        return PositionRanges(key.size)
+    if epoch >= progress.completed:
+        assert isinstance(progress, RangeProgress)
+        found = progress.open.get(epoch)
+        return found if found is not None else PositionRanges(key.size)
+    rank, world = saved.share
+    if world == 1 or epoch < saved.job_completed.get(str(key), 0):
+        return PositionRanges.from_ranges(np.array([0]), np.array([key.size]), key.size)
+    split = saved.splits.get(str(key))
+    if split is None:
+        raise ValueError(f"the state of trainer {saved.trainer} (rank {rank} of {world}) completed epochs of pool "
+                         f"{key} without saying how it cut them: it cannot be merged")
+    return SplitCut(key.lazy_order(), epoch, key.records, split).share(rank, world, key.size)
+
+
+def _merge_ranges(key: StreamKey, ranks: Sequence[SavedState], progress: list, low: int, high: int) -> RangeProgress:
+    """``_merge_stream`` of a pool in epoch order 2: unions of ranges, nothing per record."""
+    union = {}
+    for e in range(low, high):
+        union[e] = PositionRanges(key.size)
+        for s, p in zip(ranks, progress):
+            union[e] = union[e].union(_covered_ranges(key, s, p, e))
+    completed = low
+    while completed < high and union[completed].is_full():
+        completed += 1
+    return RangeProgress(key.size, completed, {e: union[e] for e in range(completed, high) if union[e].count()})
 
 
 def state_for_share(saved: SavedState, share: tuple[int, int]) -> SavedState:

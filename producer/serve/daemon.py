@@ -51,7 +51,7 @@ from stoker.producer.pipeline import load_pipeline
 from stoker.producer.serve.logs import counted
 from stoker.producer.serve.peer_security import HandshakeFailureLog, RefusalLoggingAuthenticator
 from stoker.producer.serve.policies.serving_policy import ServingPolicy
-from stoker.producer.serve.producer_config import ProducerConfig, check_shard_size, settled
+from stoker.producer.serve.producer_config import ProducerConfig, check_shard_size, pool_order, settled
 from stoker.producer.serve.sharding import ShardSpec, layout_block
 from stoker.producer.serve.status_file import StatusFile
 from stoker.producer.measure.stage_stats import StageStats, rate_report
@@ -123,9 +123,11 @@ class ProducerDaemon:
                 self.sharded = dataset  # closed: what a pool asks of it (holdings, prefetch) opens no shard
         self.seed = config.seed if config.seed is not None else secrets.randbits(31)
         self.stream = StreamKey(config.shard.index, config.shard.count, self.meta.count, self.seed,
-                                splits=config.shard.auto, block=block, window=max(1, config.shuffle_window))
+                                splits=config.shard.auto, block=block, window=max(1, config.shuffle_window),
+                                order_version=pool_order(config, self.meta.count))
         self.records = self.stream.size  # the shard's (a pool's: the dataset's)
-        check_materialisable(self.meta.count, f"dataset {config.lmdb_path}")  # before any epoch order is built
+        if self.stream.order_version == 1:  # before any epoch order is built
+            check_materialisable(self.meta.count, f"dataset {config.lmdb_path}")
         check_shard_size(config, self.records)
         self.status = StatusFile(config.status_file)
         self._ctx = zmq.Context()

@@ -51,6 +51,7 @@ class ProducerConfig:
     remote: RemoteOptions = RemoteOptions()  # a dataset in object storage: cache, credentials' options, retries
     shuffle_window: int = 1  # a pool on a sharded dataset: shards per shuffle window (``epoch_order``; 0: flat)
     shard_affinity: bool = True  # tell trainers which shards this host caches, so they hand it their splits
+    epoch_order: int = 0  # an elastic pool's epoch order (1 or 2); 0: 2 beyond MAX_MATERIALISED_RECORDS, else 1
 
 
 def settled(config: ProducerConfig) -> ProducerConfig:
@@ -94,3 +95,17 @@ def check_shard_size(config: ProducerConfig, records: int) -> None:
         log.warning("%s, fewer than --batch-size %d: exact mode sends a record once per epoch, so a batch carries at "
                     "most %s and trainers cut its other rows off as padding (smaller steps)", said,
                     config.batch_size, counted(records * min(config.epochs or 2, 2), "sample"))
+
+
+def pool_order(config: ProducerConfig, records: int) -> int:
+    """The epoch order this producer serves (``--epoch-order``): 2 beyond ``MAX_MATERIALISED_RECORDS`` when not
+    given; ValueError naming the fix for order 2 without an elastic pool, which is all it serves so far."""
+    from stoker.protocol.input_state import MAX_MATERIALISED_RECORDS
+
+    order = config.epoch_order or (2 if config.shard.auto and records > MAX_MATERIALISED_RECORDS else 1)
+    if order == 2 and not config.shard.auto:
+        raise ValueError("--epoch-order 2 serves elastic pools (--shard auto) only so far: serve fixed shards in "
+                         "order 1, or run an elastic pool")
+    if order not in (1, 2):
+        raise ValueError(f"--epoch-order must be 1 or 2, got {order}")
+    return order

@@ -50,15 +50,17 @@ def _epoch_0_open(seen: Counter) -> bool:
 
 
 @pytest.mark.timeout(300)
-def test_exact_epochs_hold_while_producers_join_are_killed_and_leave(pool_lmdb: Path) -> None:
-    producers = [ProducerProcess(pool_lmdb, extra_args=[*ARGS, "--epochs", "2"]) for _ in range(2)]
+@pytest.mark.parametrize("order", ["1", "2"])
+def test_exact_epochs_hold_while_producers_join_are_killed_and_leave(pool_lmdb: Path, order: str) -> None:
+    args = [*ARGS, "--epoch-order", order, "--epochs", "2"]  # order 2: lazy order, state kept as ranges
+    producers = [ProducerProcess(pool_lmdb, extra_args=args) for _ in range(2)]
     pool = [p.endpoint for p in producers]
     seen: Counter = Counter()
     try:
         with BatchStream(lambda: list(pool), exact=True, recv_timeout=60, discover_every=0.2) as stream:
             _take(stream, seen, lambda: sum(seen.values()) >= 10 * BATCH, "the first batches")
             # 2 -> 4: two producers join; each must serve within the epoch.
-            producers += [ProducerProcess(pool_lmdb, extra_args=[*ARGS, "--epochs", "2"]) for _ in range(2)]
+            producers += [ProducerProcess(pool_lmdb, extra_args=args) for _ in range(2)]
             pool.extend(p.endpoint for p in producers[2:])
             # Consume nothing until the newcomers are connected: then, whatever the machine's speed, they get
             # splits of epoch 0 (at most ~12 batches of its 375 are out by then) and deliver them within it.
@@ -94,8 +96,11 @@ def test_exact_epochs_hold_while_producers_join_are_killed_and_leave(pool_lmdb: 
 
 
 @pytest.mark.timeout(300)
-def test_a_trainer_restored_from_a_checkpoint_mid_epoch_sees_each_record_once_counting_from_it(pool_lmdb: Path) -> None:
-    producers = [ProducerProcess(pool_lmdb, extra_args=[*ARGS, "--epochs", "1"]) for _ in range(3)]
+@pytest.mark.parametrize("order", ["1", "2"])
+def test_a_trainer_restored_from_a_checkpoint_mid_epoch_sees_each_record_once_counting_from_it(pool_lmdb: Path,
+                                                                                              order: str) -> None:
+    args = [*ARGS, "--epoch-order", order, "--epochs", "1"]
+    producers = [ProducerProcess(pool_lmdb, extra_args=args) for _ in range(3)]
     pool = [p.endpoint for p in producers]
     before: Counter = Counter()
     after: Counter = Counter()
@@ -105,12 +110,13 @@ def test_a_trainer_restored_from_a_checkpoint_mid_epoch_sees_each_record_once_co
             for _ in range(RECORDS // BATCH // 3):
                 count_rows(next(stream), before)
             state = stream.save_state()
+            assert (b":o2" in state) == (order == "2")  # the stream key of the order the producers serve
             for _ in range(5):  # consumed after the checkpoint: lost with the trainer, served again
                 next(stream)
         # The restored trainer, with one producer gone and a new one in the pool meanwhile.
         producers[0].proc.send_signal(signal.SIGKILL)
         pool.remove(producers[0].endpoint)
-        producers.append(ProducerProcess(pool_lmdb, extra_args=[*ARGS, "--epochs", "1"]))
+        producers.append(ProducerProcess(pool_lmdb, extra_args=args))
         pool.append(producers[-1].endpoint)
         with BatchStream(lambda: list(pool), exact=True, recv_timeout=60, discover_every=0.2,
                          resume_state=state) as stream:

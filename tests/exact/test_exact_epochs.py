@@ -64,7 +64,9 @@ def test_evaluation_sees_every_validation_record_exactly_once_across_two_produce
         with ZMQInput([a.endpoint, b.endpoint], exact=True, recv_timeout=30) as inp:
             indices = [int(i) for batch in inp.as_dataset(x="index", y=()) for i in batch.numpy()]
         assert sorted(indices) == list(range(RECORDS))
-        assert a.stop() == 0 and b.stop() == 0
+        # Their run is over once the trainer said it finished: each exits by itself (a SIGTERM from stop() could
+        # land while one is already on its way out, which says nothing of the run).
+        assert a.proc.wait(30) == 0 and b.proc.wait(30) == 0
     # and model.evaluate over a fresh run counts every record once, partial batches at their true size
     with ProducerProcess(small_lmdb, extra_args=_args(shard="0/2")) as a, \
             ProducerProcess(small_lmdb, extra_args=_args(shard="1/2")) as b:

@@ -90,8 +90,11 @@ def test_a_producer_joining_a_pool_of_two_gets_work_on_the_demos_1024_records(lm
         _stop_all(producers)
     _assert_each_record_once(seen, range(3))
     assert stats.per_producer.get(producers[2].producer_id, 0) > 0, f"the producer that joined sent nothing: {stats}"
-    # 3 joined: the two at the start included (issue 39.12)
-    assert stats.producers_joined == 3 and stats.wasted_records == 0 and stats.splits_reserved == 0
+    # 3 joined: the two at the start included (issue 39.12). Records arrive twice only from backups of a straggler's
+    # split (an idle producer paced faster than a holder: on a loaded machine any producer can seem to straggle, so
+    # whether one is taken is the machine's, not the pool's): none without a backup.
+    assert stats.producers_joined == 3 and stats.splits_reserved == 0
+    assert stats.wasted_records == 0 or stats.splits_backed_up > 0, stats
 
 
 @pytest.mark.timeout(240)

@@ -31,9 +31,9 @@ def _completes(state, key):
     return partial(ConsumedLedger("trainer", state).complete_pool_epoch, str(key))
 
 
-def _scheduler(epochs=2, split=10, rank=0, world=1, state=None):
+def _scheduler(epochs=2, split=10, rank=0, world=1, state=None, key=KEY):
     state = state or InputState()
-    return SplitScheduler(KEY, state.progress(str(KEY)), _completes(state, KEY), epochs, split, rank, world), state
+    return SplitScheduler(key, state.progress(str(key)), _completes(state, key), epochs, split, rank, world), state
 
 
 def _server(trainer=b"t", session=1, credit=1000, epochs=2):
@@ -123,10 +123,10 @@ def test_the_scheduler_hands_out_the_oldest_epoch_first_and_at_most_one_epoch_ah
     assert sum(i.end - i.start for i in items) == 2 * 103
 
 
-def _simulate(seed: int, world: int = 1) -> None:
+def _simulate(seed: int, world: int = 1, key: StreamKey = KEY) -> None:
     """Producers join, die with what they held, straggle; every record of the share arrives once per epoch."""
     rng = random.Random(seed)
-    trainers = [_scheduler(epochs=3, split=7, rank=r, world=world) for r in range(world)]
+    trainers = [_scheduler(epochs=3, split=7, rank=r, world=world, key=key) for r in range(world)]
     consumed = [dict() for _ in range(world)]  # epoch -> list of records stepped on
     servers: dict[int, PoolPolicy] = {}
     dead_batches: list = []
@@ -136,7 +136,7 @@ def _simulate(seed: int, world: int = 1) -> None:
             break
         roll = rng.random()
         if roll < 0.03 or not servers:  # a producer joins
-            servers[next_id] = PoolPolicy(KEY, f"p{next_id}", 3)
+            servers[next_id] = PoolPolicy(key, f"p{next_id}", 3)
             for r in range(world):
                 servers[next_id].on_hello(bytes([r]), Hello(f"t{r}", 1, 1000, InputState()))
             next_id += 1
@@ -184,7 +184,9 @@ def _step(sched: SplitScheduler, consumed: dict, chunk, keep: np.ndarray) -> Non
     for e, i in zip(epochs.tolist(), indices.tolist()):
         consumed.setdefault(e, []).append(i)
     for e in set(epochs.tolist()):
-        sched.progress.mark(e, indices[epochs == e])
+        order2 = sched.key.order_version == 2  # kept as epoch positions
+        sched.progress.mark(e, sched.key.lazy_order().positions(e, indices[epochs == e]) if order2
+                            else indices[epochs == e])
     sched.consumed(epochs, indices)
 
 
@@ -198,6 +200,13 @@ def test_two_trainers_take_disjoint_shares_and_together_every_record(seed):
     _simulate(seed, world=2)
 
 
+@pytest.mark.parametrize("key", ["splits:103:7:o2", "splits:103:7:10x1:o2", "splits:103:7:9x4:o2"])
+@pytest.mark.parametrize("seed,world", [(0, 1), (1, 1), (2, 2), (3, 3)])
+def test_every_record_once_per_epoch_in_epoch_order_2(seed, world, key):
+    """The same simulation over a lazily ordered pool, whose epochs the scheduler keeps as ranges of positions."""
+    _simulate(seed, world, StreamKey.parse(key))
+
+
 def test_a_restored_state_is_not_asked_for_again():
     sched, state = _scheduler(epochs=1)
     items = sched.top_up(0)
@@ -206,6 +215,18 @@ def test_a_restored_state_is_not_asked_for_again():
     sched.arrived(np.zeros(len(first)), first, np.ones(len(first), bool))
     state.progress(str(KEY)).mark(0, first[:4])
     restored, _ = _scheduler(epochs=1, state=state.copy())
+    again = restored.top_up(0)
+    assert again[0].start == items[0].start and again[0].skip == [0, 1, 2, 3]
+
+
+def test_a_restored_state_in_epoch_order_2_is_not_asked_for_again():
+    key = StreamKey.parse("splits:103:7:10x2:o2")
+    sched, state = _scheduler(epochs=1, key=key)
+    items = sched.top_up(0)
+    first = key.lazy_order().records(0, items[0].start, items[0].end)
+    sched.arrived(np.zeros(len(first)), first, np.ones(len(first), bool))
+    state.mark(str(key), np.zeros(4, np.int64), first[:4])
+    restored, _ = _scheduler(epochs=1, state=InputState.from_bytes(state.to_bytes()), key=key)
     again = restored.top_up(0)
     assert again[0].start == items[0].start and again[0].skip == [0, 1, 2, 3]
 
@@ -418,13 +439,14 @@ def test_an_idle_producer_backs_up_a_stragglers_split_and_not_a_healthy_one():
     assert race(4.0) > 0  # a producer at a quarter speed: its last splits are backed up by the idle one
 
 
-def test_every_record_once_per_epoch_while_producers_freeze_thaw_and_straggle():
+@pytest.mark.parametrize("text", ["splits:300:5", "splits:300:5:20x1:o2"])
+def test_every_record_once_per_epoch_while_producers_freeze_thaw_and_straggle(text):
     """Virtual time: producers of different speeds, some frozen for a while, one for good; the stall bound hands
     their work on, idle producers back up stragglers, and every record still comes once per epoch."""
     reserved = backups = 0
     for seed in range(4):
         rng = random.Random(seed)
-        key = StreamKey.parse("splits:300:5")
+        key = StreamKey.parse(text)
         state = InputState()
         sched = SplitScheduler(key, state.progress(str(key)), _completes(state, key), 3, 10, stall_after=3.0)
         servers = {p: PoolPolicy(key, f"p{p}", 3) for p in range(3)}

@@ -1,6 +1,7 @@
 """A dataset beyond epoch order 1 (issue 41): a sharded dataset may hold more than 10**8 records, and a producer
-started on one refuses at start, naming the limit and the way out, instead of building an epoch order (or
-consumed bitmaps) of one entry per record. Plain producers order their epochs the same way, so they refuse too.
+started on one in epoch order 1 refuses at start, naming the limit and the way out, instead of building an epoch
+order (or consumed bitmaps) of one entry per record. Plain producers and fixed shards order their epochs the same
+way, so they refuse too. An elastic pool serves such a dataset in epoch order 2 (lazy) unless told otherwise.
 
 The dataset is a real sharded folder whose manifest claims shards of 40 million records: the producer must refuse
 from the manifest alone, before it reads a shard (which hold far fewer) or binds its socket.
@@ -12,7 +13,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import stoker_cli, unused_port
+from conftest import one_worker_producer, stoker_cli, unused_port, wait_for_producer_log
 
 from stoker.producer.dataset.build.write_records import write_lmdb
 from stoker.producer.dataset.sources import LmdbDataset
@@ -37,8 +38,9 @@ def huge(synth_lmdb: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-@pytest.mark.parametrize("flags", [["--exact"], ["--shard", "auto"], ["--shard", "1/2", "--epochs", "1"], []],
-                         ids=["exact", "pool", "fixed-shard", "plain"])
+@pytest.mark.parametrize("flags", [["--exact"], ["--shard", "auto", "--epoch-order", "1"],
+                                   ["--shard", "1/2", "--epochs", "1"], []],
+                         ids=["exact", "pool-in-order-1", "fixed-shard", "plain"])
 def test_a_producer_on_more_than_10_to_the_8_records_refuses_at_start_naming_order_2(huge, flags):
     out = stoker_cli("produce", "--lmdb", str(huge), "--bind", f"tcp://127.0.0.1:{unused_port()}", "--workers", "1",
                      "--batch-size", "4", "--image-size", "32", *flags, timeout=120)
@@ -46,3 +48,17 @@ def test_a_producer_on_more_than_10_to_the_8_records_refuses_at_start_naming_ord
     assert (f"dataset {huge} holds " in out.stderr
             and "epoch order 1 keeps one entry per record and serves at most 100,000,000 (10**8) records; "
                 "order 2 (lazy) is needed beyond" in out.stderr), out.stderr
+
+
+def test_fixed_shards_in_epoch_order_2_are_refused_naming_the_way_out(huge):
+    out = stoker_cli("produce", "--lmdb", str(huge), "--bind", f"tcp://127.0.0.1:{unused_port()}", "--workers", "1",
+                     "--batch-size", "4", "--image-size", "32", "--shard", "0/2", "--epoch-order", "2", timeout=120)
+    assert out.returncode == 2 and "--epoch-order 2 serves elastic pools (--shard auto) only" in out.stderr, out.stderr
+
+
+def test_an_elastic_pool_on_more_than_10_to_the_8_records_serves_in_epoch_order_2(huge):
+    """No order is built at start: the producer binds and serves, naming a stream key in order 2 (``:o2``)."""
+    with one_worker_producer(huge, "--shard", "auto", batch=4, size=32) as producer:
+        log = wait_for_producer_log(producer, ("serving",), seconds=60)
+    assert f"splits:{CLAIMED * len(json.loads((huge / MANIFEST).read_text())['shards'])}:" in log
+    assert ":o2" in log, log[-2000:]

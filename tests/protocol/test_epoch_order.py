@@ -1,4 +1,4 @@
-"""Epoch order 2 (protocol/epoch_order.py): a bijection, invertible, lazy, windowed, pinned to its definition."""
+"""Epoch order 2 (protocol/epochs/epoch_order.py): a bijection, invertible, lazy, windowed, pinned to its definition."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stoker.protocol.epoch_order import (
+from stoker.protocol.epochs.epoch_order import (
     GOLDEN,
     SHARDS_TAG,
     LazyOrder,

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from stoker.protocol.position_ranges import MAX_LIMIT, PositionRanges, _encode_varints
+from stoker.protocol.epochs.position_ranges import MAX_LIMIT, PositionRanges, _encode_varints
 
 LIMIT = 160  # small enough for the model, large enough for many ranges and holes
 

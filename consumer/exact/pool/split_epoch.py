@@ -22,6 +22,8 @@ import numpy as np
 
 from stoker.protocol.exact_messages import WorkItem
 
+from stoker.consumer.exact.pool.pool_member import ShardChoice
+
 log = logging.getLogger("stoker.consumer")
 
 #: At most one INFO line per this many seconds for the epochs completed since the last one.
@@ -115,6 +117,22 @@ class SplitEpoch:
             self.by_shard.setdefault(int(self.split_shard[s]), deque()).append(s)
         self.shard_rank = self.position[np.arange(shards, dtype=np.int64) * block]  # where each shard begins, about
 
+    @property
+    def split_count(self) -> int:
+        return len(self.starts)
+
+    def locate(self, records: np.ndarray) -> np.ndarray:
+        """The keys the other methods take: in epoch order 1, the records themselves."""
+        return records
+
+    def shard_of_split(self, s: int) -> int:
+        """The shard of split ``s`` (0 without a layout)."""
+        return int(self.split_shard[s])
+
+    def left_in(self, s: int) -> int:
+        """Records of split ``s`` of the share not arrived."""
+        return int(self.split_left[s])
+
     def mark_handed(self, s: int) -> None:
         """Split ``s`` is handed out in the first pass (by the cursor): not pending for its shard any more."""
         if not self.handed[s]:
@@ -122,11 +140,13 @@ class SplitEpoch:
             if self.by_shard:
                 self.pending[self.split_shard[s]] -= 1
 
-    def take_pending(self, shards: np.ndarray, free: Callable[[int], bool]) -> Optional[int]:
-        """A split not handed out yet of one of ``shards`` (bool per shard), the shard that comes first in the
-        epoch's order; marked handed. None if there is none (or the epoch has no shard layout)."""
+    def take_pending(self, shards: ShardChoice, free: Callable[[int], bool]) -> Optional[int]:
+        """A split not handed out yet of one of ``shards``, the shard that comes first in the epoch's order; marked
+        handed. None if there is none (or the epoch has no shard layout). O(shards of the layout): order 1's epochs
+        are O(records) already."""
         if not self.by_shard:
             return None
+        shards = shards.mask(len(self.pending))
         while True:
             candidates = np.flatnonzero(shards & (self.pending > 0))
             if not candidates.size:

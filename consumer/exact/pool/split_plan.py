@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from stoker.protocol.exact_messages import MAX_SPLIT
-from stoker.protocol.input_state import StreamKey, StreamProgress
+from stoker.protocol.input_state import Progress, StreamKey
 
 from stoker.consumer.exact.pool.split_scheduler import DEFAULT_AHEAD, SplitScheduler
 from stoker.consumer.receive.options import STALL_AFTER_S
@@ -56,7 +56,7 @@ class SchedulerPlan:
     share: tuple[int, int] = (0, 1)  # (rank, world): this trainer's splits
     stall_after: Optional[float] = STALL_AFTER_S
 
-    def scheduler(self, key: StreamKey, progress: StreamProgress, complete: Callable[[int], None],
+    def scheduler(self, key: StreamKey, progress: Progress, complete: Callable[[int], None],
                   epochs: Optional[int]) -> SplitScheduler:
         """The scheduler of pool ``key`` (``epochs``: None for ever) reading ``progress``, reporting each epoch it
         completes to ``complete`` (``SplitScheduler``); ValueError if this trainer's share is empty."""

@@ -46,12 +46,13 @@ from typing import Callable, Optional
 import numpy as np
 
 from stoker.protocol.exact_messages import MAX_SPLIT, WorkItem
-from stoker.protocol.input_state import StreamKey, StreamProgress
+from stoker.protocol.input_state import Progress, StreamKey
 
 from stoker.consumer.exact.pool.pool_member import PoolMembers
 from stoker.consumer.exact.pool.producer_pace import PoolPace
 from stoker.consumer.exact.pool.shard_affinity import ShardHoldings
-from stoker.consumer.exact.pool.split_epoch import EpochLog, SplitEpoch
+from stoker.consumer.exact.pool.range_split_epoch import PoolEpoch, make_split_epoch
+from stoker.consumer.exact.pool.split_epoch import EpochLog
 from stoker.consumer.receive.options import STALL_AFTER_S
 
 EPOCHS_AHEAD = 1
@@ -66,7 +67,7 @@ class SplitScheduler:
     called in order of epochs. ``stall_after``: the floor of the stall bound in seconds (None: never take a
     producer for stuck)."""
 
-    def __init__(self, key: StreamKey, progress: StreamProgress, complete: Callable[[int], None],
+    def __init__(self, key: StreamKey, progress: Progress, complete: Callable[[int], None],
                  epochs: Optional[int], split: int, rank: int = 0, world: int = 1, ahead: int = DEFAULT_AHEAD,
                  stall_after: Optional[float] = STALL_AFTER_S) -> None:
         if not key.splits:
@@ -80,7 +81,7 @@ class SplitScheduler:
         if rank >= self.splits:
             raise ValueError(f"share {rank}/{world} of an elastic pool is empty: {self.records} records make only "
                              f"{self.splits} split(s) of {split}; run fewer trainers or smaller batches")
-        self.open: dict[int, SplitEpoch] = {}
+        self.open: dict[int, PoolEpoch] = {}
         self.members = PoolMembers()  # producer -> what is known of it: its splits, stuck, pace, cache (one record)
         self.holders = self.members.holders  # split -> producers serving it (two: a backup)
         self.pace = PoolPace(stall_after, self.members)
@@ -111,9 +112,8 @@ class SplitScheduler:
             opened = False
             for e in range(self.progress.completed, last + 1):
                 if e not in self.open and (self.epochs is None or e < self.epochs):
-                    order = self.key.order(e)
-                    self.open[e] = SplitEpoch(order, self.progress.consumed(e).copy(), self.split, self.rank,
-                                              self.world, self.key.block, self.key.window)
+                    self.open[e] = make_split_epoch(self.key, e, self.progress.consumed(e), self.split, self.rank,
+                                                    self.world)
                     opened = True
             if not opened or not any(self.open[e].left == 0 for e in self.open):
                 return
@@ -159,7 +159,7 @@ class SplitScheduler:
                 s = epoch.returned.popleft()
                 if self._free(e, s):
                     return e, s
-            while epoch.cursor < len(epoch.starts):
+            while epoch.cursor < epoch.split_count:
                 s = epoch.cursor
                 epoch.cursor += 1
                 if self._mine(s) and self._free(e, s):
@@ -191,7 +191,7 @@ class SplitScheduler:
         self.pace.holds(producer, now, idle=not self.members.assign(producer))
         self.members.hold(producer, es)
         if self.holdings is not None:
-            self.holdings.use(producer, int(self.open[es[0]].split_shard[es[1]]))
+            self.holdings.use(producer, self.open[es[0]].shard_of_split(es[1]))
         self.handed_out += 1
         self._note_room(producer)
         return self.open[es[0]].item(*es)
@@ -228,7 +228,7 @@ class SplitScheduler:
 
     def records_held(self, producer: int) -> int:
         """Records of ``producer``'s unfinished splits that have not arrived."""
-        return sum(int(self.open[e].split_left[s]) for e, s in self.members.splits_of(producer) if e in self.open)
+        return sum(self.open[e].left_in(s) for e, s in self.members.splits_of(producer) if e in self.open)
 
     def _give_back(self, producer: int) -> int:
         """Producer ``producer`` no longer serves its splits: those nobody else serves go back; how many."""
@@ -301,7 +301,7 @@ class SplitScheduler:
             ok = indices[rows] < self.records
             self.foreign += int((~ok & valid[rows]).sum())
             rows = rows[ok]
-            records = indices[rows]
+            records = epoch.locate(indices[rows])  # the epoch's keys: records (order 1) or positions (order 2)
             mine = epoch.mine(records)
             self.foreign += int((~mine & valid[rows]).sum())
             rows, records = rows[mine], records[mine]
@@ -333,6 +333,6 @@ class SplitScheduler:
             epoch = self.open.get(e)
             if epoch is not None:
                 records = indices[epochs == e]
-                epoch.finish(records[(records >= 0) & (records < self.records)])
+                epoch.finish(epoch.locate(records[(records >= 0) & (records < self.records)]))
         self._close_done()
         self._open_epochs()

@@ -96,6 +96,13 @@ class PoolPolicy(TrainerFacingPolicy):
         self._orders.move_to_end(epoch)
         return self._orders[epoch]
 
+    def _records_at(self, epoch: int, start: int, end: int) -> np.ndarray:
+        """The records at positions ``[start, end)`` of ``epoch``: computed for just those in epoch order 2 (lazy),
+        cut from the cached whole order in order 1 (a copy: the order may be evicted)."""
+        if self.key.order_version == 2:
+            return self.key.lazy_order().records(epoch, start, end)
+        return self._order(epoch)[start:end].copy()
+
     def on_hello(self, routing_id: bytes, hello: Hello, now: Optional[float] = None) -> None:
         now = time.monotonic() if now is None else now
         # A reconnect or a restart: what it asked for before is void (its queue goes with its old record).
@@ -124,7 +131,7 @@ class PoolPolicy(TrainerFacingPolicy):
             raise ProtocolError(f"work would queue {queued} records for trainer {trainer.id}, more than "
                                 f"{MAX_QUEUED}: a trainer keeps a few splits ahead, not more")
         for item in work.items:
-            records = self._order(item.epoch)[item.start:item.end].copy()  # not a view: the order may be evicted
+            records = self._records_at(item.epoch, item.start, item.end)
             if item.skip:
                 keep = np.ones(len(records), bool)
                 keep[np.asarray(item.skip, np.int64)] = False

@@ -214,6 +214,20 @@ class PositionRanges:
             merged._set(self._starts, self._ends)
         return merged
 
+    @classmethod
+    def from_ranges(cls, starts: np.ndarray, ends: np.ndarray, limit: int) -> PositionRanges:
+        """The set of ranges ``[starts[i], ends[i])``, sorted by start (overlapping or adjacent allowed; empty
+        ones dropped). O(n). ValueError for ranges outside ``[0, limit)``."""
+        starts, ends = np.asarray(starts, np.int64), np.asarray(ends, np.int64)
+        keep = ends > starts
+        starts, ends = starts[keep], ends[keep]
+        ranges = cls(limit)
+        if len(starts):
+            if starts.min() < 0 or ends.max() > limit or (np.diff(starts) < 0).any():
+                raise ValueError(f"ranges must be sorted by start and within [0, {limit})")
+            ranges._set(*_canonical(starts, ends))
+        return ranges
+
     def _set(self, starts: np.ndarray, ends: np.ndarray) -> None:
         """Takes canonical ranges as they are (the callers made them so)."""
         self._starts, self._ends = starts.astype(np.int64), ends.astype(np.int64)

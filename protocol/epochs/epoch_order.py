@@ -287,6 +287,11 @@ class LazyOrder:
         """int64 ``[windows]``: the position where each window begins (ascending, the first 0)."""
         return self.plan(epoch).bounds[:-1].copy()
 
+    def window_of_shards(self, epoch: int, shards: np.ndarray) -> np.ndarray:
+        """int64: the window each of ``shards`` falls in, in epoch ``epoch``."""
+        shards = _as_indices(shards, self.table.shards, "shards").ravel()
+        return self.plan(epoch).rank_of[shards].astype(np.int64) // self._window_shards
+
     def at(self, epoch: int, positions: np.ndarray) -> np.ndarray:
         """int64: the record at each of ``positions`` (any shape flattened to one row) in epoch ``epoch``."""
         plan = self.plan(epoch)

@@ -1,0 +1,136 @@
+"""One stream's progress in a trainer's input state: the epochs completed, and what of each open epoch was consumed.
+
+Two kinds, chosen by the stream key's epoch order (``StreamKey.order_version``), with one interface:
+
+- ``StreamProgress`` (epoch order 1): a bool bitmap per open epoch over the stream's records ``k`` (one byte per
+  record in memory, one bit on the wire): what every Stoker before order 2 kept, for datasets of at most
+  ``MAX_MATERIALISED_RECORDS`` records.
+- ``RangeProgress`` (epoch order 2): per open epoch, the consumed *epoch positions* as ``PositionRanges``. An elastic
+  pool consumes splits, contiguous ranges of positions, so this costs what is in flight plus holes, whatever the
+  dataset's size (issue 41).
+
+Both: ``consumed(epoch)`` (opens the epoch), ``mark(epoch, keys)`` (record positions ``k`` in order 1, epoch positions
+in order 2), ``whole(epoch)``, ``consumed_in(epoch)`` (without opening it), ``close_complete``, ``advance``, ``copy``,
+``count``. Not thread-safe: the ledger's lock guards them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from stoker.protocol.epochs.position_ranges import PositionRanges
+from stoker.protocol.epochs.stream_key import check_materialisable
+
+
+@dataclass
+class StreamProgress:
+    """Completed epochs (all below ``completed``) and the consumed records of each open epoch."""
+
+    size: int
+    completed: int = 0
+    open: dict[int, np.ndarray] = field(default_factory=dict)  # epoch -> bool [size]
+
+    def consumed(self, epoch: int) -> np.ndarray:
+        """The bitmap of ``epoch`` (all True for a completed one, all False for one not begun)."""
+        if epoch >= self.completed and epoch in self.open:
+            return self.open[epoch]
+        check_materialisable(self.size, "an open epoch's bitmap")
+        if epoch < self.completed:
+            return np.ones(self.size, bool)
+        bitmap = self.open[epoch] = np.zeros(self.size, bool)  # not setdefault: that allocates on every call
+        return bitmap
+
+    def mark(self, epoch: int, local: np.ndarray) -> None:
+        if epoch >= self.completed:
+            self.consumed(epoch)[local] = True
+
+    def whole(self, epoch: int) -> bool:
+        """Whether every record of ``epoch`` was consumed (a completed epoch's were)."""
+        return epoch < self.completed or (epoch in self.open and bool(self.open[epoch].all()))
+
+    def consumed_in(self, epoch: int) -> int:
+        """Records of ``epoch`` consumed, without opening it."""
+        if epoch < self.completed:
+            return self.size
+        return int(self.open[epoch].sum()) if epoch in self.open else 0
+
+    def close_complete(self) -> list[int]:
+        """Move every fully consumed epoch at the front into ``completed``; returns those epochs."""
+        closed = []
+        while self.completed in self.open and self.open[self.completed].all():
+            del self.open[self.completed]
+            closed.append(self.completed)
+            self.completed += 1
+        return closed
+
+    def advance(self, completed: int) -> None:
+        """Every epoch below ``completed`` is complete (a producer's status says so): their bitmaps go."""
+        if completed > self.completed:
+            for e in [e for e in self.open if e < completed]:
+                del self.open[e]
+            self.completed = completed
+
+    def copy(self) -> "StreamProgress":
+        return StreamProgress(self.size, self.completed, {e: b.copy() for e, b in self.open.items()})
+
+    def count(self) -> int:
+        """Records consumed in open epochs."""
+        return int(sum(b.sum() for b in self.open.values()))
+
+
+@dataclass
+class RangeProgress:
+    """Completed epochs (all below ``completed``) and the consumed positions of each open epoch (epoch order 2)."""
+
+    size: int
+    completed: int = 0
+    open: dict[int, PositionRanges] = field(default_factory=dict)  # epoch -> consumed positions
+
+    def consumed(self, epoch: int) -> PositionRanges:
+        """The consumed positions of ``epoch`` (every position for a completed one; opens one not begun)."""
+        if epoch < self.completed:
+            whole = PositionRanges(self.size)
+            whole.add_range(0, self.size)
+            return whole
+        if epoch not in self.open:
+            self.open[epoch] = PositionRanges(self.size)
+        return self.open[epoch]
+
+    def mark(self, epoch: int, positions: np.ndarray) -> None:
+        if epoch >= self.completed:
+            self.consumed(epoch).add(np.asarray(positions, np.int64))
+
+    def whole(self, epoch: int) -> bool:
+        """Whether every position of ``epoch`` was consumed (a completed epoch's were)."""
+        return epoch < self.completed or (epoch in self.open and self.open[epoch].is_full())
+
+    def consumed_in(self, epoch: int) -> int:
+        """Positions of ``epoch`` consumed, without opening it."""
+        if epoch < self.completed:
+            return self.size
+        return self.open[epoch].count() if epoch in self.open else 0
+
+    def close_complete(self) -> list[int]:
+        """Move every fully consumed epoch at the front into ``completed``; returns those epochs."""
+        closed = []
+        while self.completed in self.open and self.open[self.completed].is_full():
+            del self.open[self.completed]
+            closed.append(self.completed)
+            self.completed += 1
+        return closed
+
+    def advance(self, completed: int) -> None:
+        """Every epoch below ``completed`` is complete: their ranges go."""
+        if completed > self.completed:
+            for e in [e for e in self.open if e < completed]:
+                del self.open[e]
+            self.completed = completed
+
+    def copy(self) -> "RangeProgress":
+        return RangeProgress(self.size, self.completed, {e: r.copy() for e, r in self.open.items()})
+
+    def count(self) -> int:
+        """Positions consumed in open epochs."""
+        return sum(r.count() for r in self.open.values())
