@@ -134,7 +134,7 @@ class ExactControlPlane:
             p = self.producers[source]
             if p.stream:
                 self.ledger.mark(p.stream, epochs, indices)
-            p.consumed(epochs, indices)
+            self.links.consumed(source, epochs, indices)
             self._pool.consumed(p.stream, epochs, indices)
 
     # ---- connections ------------------------------------------------------------------------
@@ -149,7 +149,7 @@ class ExactControlPlane:
     def watch(self) -> bool:
         """Handle monitor events; say hello on new connections once active. True if anything changed."""
         changed = False
-        for i in self.live():
+        for i in self.links.changed(self.active):  # those that need a look: a link that changed, one waiting for an answer
             p = self.producers[i]
             link = p.link
             assert link is not None
@@ -166,6 +166,8 @@ class ExactControlPlane:
                 # Asked again until answered (never taken as delivered); a hello waits for it (``hello_state``).
                 self.links.send(i, encode_describe())
                 p.described_at = time.monotonic()
+            self.links.attention.wait(i, self.active and link.handshakes > p.said_hello or not self.active
+                                      and p.status is None)
         return changed
 
     def _hello(self, i: int) -> None:

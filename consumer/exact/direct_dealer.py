@@ -62,6 +62,8 @@ class DirectDealer:
         self.health = ConnectionHealth()  # failed handshakes, mode-mismatch refusals, re-connects
         self._up: Optional[LoopConnection] = None  # the connection while handshaken
         self._changed = False
+        #: called (on the loop's thread) after the connection changed: the control plane looks at this link then only
+        self.on_change: Callable[[], None] = lambda: None
         self._inbox: deque[Message] = deque()
         self._batches = self._others = 0  # in the inbox: batches, and statuses or errors
         self._lock = threading.Lock()
@@ -163,6 +165,7 @@ class DirectDealer:
             self.handshakes += 1
             self.health.succeeded(self.address)
             self._changed = True
+        self.on_change()
 
     def refused(self, exc: Exception) -> None:
         with self._lock:
@@ -170,6 +173,7 @@ class DirectDealer:
                     self.health.failed(self.address, str(exc), isinstance(exc, SocketTypeMismatch)) == 1:
                 log.warning("handshake with %s failed: %s", self.address, exc)
             self._changed = True
+        self.on_change()
 
     def ended(self, exc: Exception, delivered: bool) -> None:
         log.info("exact connection to %s ended: %s", self.address, exc)
@@ -177,6 +181,7 @@ class DirectDealer:
             self._up = None
             self._changed = True
             self.health.reconnects += 1  # a connection that ended and will be made again
+        self.on_change()
 
     def message(self, message: Batch | tuple[dict, int]) -> None:
         self._post(message)

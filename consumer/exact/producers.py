@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import defaultdict
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -29,84 +29,19 @@ import numpy as np
 import zmq
 
 from stoker.protocol import ProtocolError
-from stoker.protocol.exact_messages import (Credit, Goodbye, Records, Status, decode_status, encode_credit,
-                                            encode_goodbye)
+from stoker.protocol.exact_messages import Credit, Goodbye, Records, decode_status, encode_credit, encode_goodbye
 from stoker.protocol.input_state import rows_by_epoch
 
+from stoker.consumer.exact.attention import Attention
+from stoker.consumer.exact.known_producer import KnownProducer  # its users import it from here too
 from stoker.consumer.exact.links import Link
+
+__all__ = ["KnownProducer", "ProducerLinks", "ControlCounts", "merge_reports", "HEARTBEAT_S", "REPORT_WAIT_S"]
 
 HEARTBEAT_S = 0.5
 #: How long consumed records may wait for a credit to carry them before they go alone: a message per step
 #: would double the control traffic (and the wake-ups on both sides) for nothing.
 REPORT_WAIT_S = 0.1
-
-
-class KnownProducer:
-    """See the module doc. ``link``: its connection (None once it left the pool)."""
-
-    __slots__ = ("address", "link", "session", "said_hello", "stream", "status", "held", "reports", "reported_at",
-                 "owed", "owed_at", "last_sent", "described_at", "heard_at", "batch_at", "read_turn", "pooled",
-                 "restarted", "told_finished_in")
-
-    def __init__(self, address: str, link: Link, now: float) -> None:
-        self.address = address
-        self.link: Optional[Link] = link
-        self.session = 0  # this trainer's session with it: 0 before the first hello
-        self.said_hello = 0  # its link's handshakes when the last hello went out
-        self.stream = ""  # the stream it serves (from its status or its batches)
-        self.status: Optional[Status] = None  # its latest status
-        self.held: defaultdict[int, set[int]] = defaultdict(set)  # epoch -> records of it queued, not consumed
-        self.reports: list[tuple[np.ndarray, np.ndarray]] = []  # (epochs, indices) consumed, not reported yet
-        self.reported_at = 0.0  # when the oldest unsent report was made
-        self.owed = 0  # credit earned, not sent yet
-        self.owed_at = 0.0  # when the oldest unsent credit was earned
-        self.last_sent = 0.0  # any message to it
-        self.described_at = float("-inf")  # a describe request went out (before activation)
-        self.heard_at = now  # any message (batch or status) from it
-        self.batch_at = now  # a batch of the current session, or the hello that began it
-        self.read_turn = 0  # the control plane's read count when it was last read: ``poll`` serves the oldest first
-        self.pooled = False  # it serves this trainer's elastic pool under the current session
-        self.restarted = False  # taken for stuck in the pool and told to start afresh; not answered yet
-        self.told_finished_in: Optional[int] = None  # the session it was told the pool's run is complete in
-
-    def name(self) -> str:
-        """The producer as a person finds it: its id (from its status) and the address we connect to."""
-        return f"{self.status.producer} at {self.address}" if self.status is not None else self.address
-
-    def waiting_line(self, now: float) -> str:
-        """Its line in a report of what the trainer waits for: connection, session, last batch and message."""
-        what = f"{self.name()}: {'connected' if self.link is not None and self.link.connected else 'NOT connected'}"
-        unknown = not self.stream and self.status is None  # the hello waits for its status (``hello_state``)
-        what += f", session {self.session}" if self.session else ", no hello yet" + (", no status" if unknown else "")
-        return what + f", last batch {now - self.batch_at:.1f} s ago, last message {now - self.heard_at:.1f} s ago"
-
-    def queued(self, epochs: np.ndarray, indices: np.ndarray) -> None:
-        """These records of it entered the trainer's queue: held here until a step consumes them (under the
-        control plane's lock)."""
-        held = self.held
-        for e, of_epoch in rows_by_epoch(epochs):
-            held[e].update(indices[of_epoch].tolist())
-
-    def consumed(self, epochs: np.ndarray, indices: np.ndarray) -> None:
-        """A step consumed these records of it: no longer held; reported with the next message to it (under the
-        control plane's lock)."""
-        held = self.held
-        for e, of_epoch in rows_by_epoch(epochs):
-            held[e].difference_update(indices[of_epoch].tolist())
-        if not self.reports:
-            self.reported_at = time.monotonic()
-        self.reports.append((epochs, indices))
-
-    def not_waited_on(self, now: float) -> None:
-        """The trainer does not wait on it now (no session, a pool's, finished, idle...: ``shard_stalls``): its
-        silence counts from when it waits again."""
-        self.batch_at = now
-
-    def held_records(self) -> dict[str, Records]:
-        """What a hello tells it this trainer holds of it (under the control plane's lock)."""
-        if not self.stream:
-            return {}
-        return {self.stream: [(e, sorted(ix)) for e, ix in self.held.items() if ix]}
 
 
 @dataclass
@@ -149,6 +84,9 @@ class ProducerLinks:
         self._poller = zmq.Poller()  # the live sockets (made once: zmq.select would build one per call)
         self._number: dict[object, int] = {}  # a link's pollable -> its number
         self.control = ControlCounts()
+        #: who needs a look on a turn (sends due, connection events): a turn's cost does not grow with the fan-in
+        self.attention = Attention()
+        self._reported: deque[int] = deque()  # producers whose first unsent report was made (any thread)
 
     def add(self, address: str) -> int:
         """Connect to one more producer; its number. ValueError for a bad address."""
@@ -156,8 +94,12 @@ class ProducerLinks:
         with self._lock:
             self.producers.append(KnownProducer(address, link, time.monotonic()))
             self._poller.register(link.pollable, zmq.POLLIN)
-            self._number[link.pollable] = len(self.producers) - 1
-        return len(self.producers) - 1
+            self._number[link.pollable] = i = len(self.producers) - 1
+        notifies = hasattr(link, "on_change")  # a direct link says when its connection changed; libzmq's is asked
+        if notifies:
+            link.on_change = lambda: self.attention.flag(i)  # type: ignore[attr-defined]
+        self.attention.added(i, notifies)
+        return i
 
     def remove(self, address: str) -> Optional[int]:
         """Disconnect from the producer at ``address``; its number (None if not connected)."""
@@ -169,6 +111,7 @@ class ProducerLinks:
                 link.close(linger_ms=0)
                 link.join(1.0)
                 p.link, p.status = None, None
+                self.attention.removed(i)
                 return i
         return None
 
@@ -203,6 +146,7 @@ class ProducerLinks:
             return False  # it left the pool, or is not connected
         p.last_sent = time.monotonic()
         self.control.count_sent(len(frame))
+        self.attention.at(i, p.last_sent + HEARTBEAT_S)
         return True
 
     def give_back(self, i: int) -> None:
@@ -212,23 +156,45 @@ class ProducerLinks:
         p = self.producers[i]
         if not p.owed:
             p.owed_at = time.monotonic()
+            self.attention.at(i, p.owed_at + REPORT_WAIT_S)
         p.owed += 1
         if p.owed >= max(1, self.credit // 2):
             self._send_credit(i)
 
     def send_due(self, now: float, force: bool = False) -> None:
         """Send consumed records and credit that waited ``REPORT_WAIT_S`` (``force``: all of them, e.g. when the
-        input stops), and heartbeats where nothing went out for ``HEARTBEAT_S``."""
-        for i in self.live():
+        input stops), and heartbeats where nothing went out for ``HEARTBEAT_S``: only to the producers whose time
+        came (``attention``), unless ``force``."""
+        while self._reported:
+            i = self._reported.popleft()
+            self.attention.at(i, self.producers[i].reported_at + REPORT_WAIT_S)
+        for i in self.live() if force else self.attention.due(now):
             p = self.producers[i]
-            if p.session == 0:
-                continue  # no hello yet
+            if p.session == 0 or p.link is None:
+                continue  # no hello yet (the hello's send sets its time), or gone
             # Reports and credit wait for each other up to REPORT_WAIT_S (unless forced); a heartbeat goes anyway.
             with self._lock:
                 reports_due = bool(p.reports) and (force or now - p.reported_at >= REPORT_WAIT_S)
             credit_due = p.owed > 0 and (force or now - p.owed_at >= REPORT_WAIT_S)
             if reports_due or credit_due or now - p.last_sent >= HEARTBEAT_S:
                 self._send_credit(i)
+            with self._lock:
+                report_at = p.reported_at + REPORT_WAIT_S if p.reports else float("inf")
+            when = min(p.last_sent + HEARTBEAT_S, p.owed_at + REPORT_WAIT_S if p.owed else report_at, report_at)
+            self.attention.at(i, max(when, now + REPORT_WAIT_S / 10))  # a send that failed: tried again soon
+
+    def consumed(self, i: int, epochs: np.ndarray, indices: np.ndarray) -> None:
+        """A step consumed these records of producer ``i`` (any thread, under the lock): reported with the next
+        message to it; the first since the last message sets its time to send (``send_due``)."""
+        p = self.producers[i]
+        if not p.reports:
+            self._reported.append(i)
+        p.consumed(epochs, indices)
+
+    def changed(self, active: bool) -> list[int]:
+        """The connected producers to look at this turn for connection events, describes and hellos
+        (``attention``); every one on the first turn ``active`` (the ledger activated: hellos are due)."""
+        return [i for i in self.attention.changed(active) if self.producers[i].link is not None]
 
     def _send_credit(self, i: int) -> None:
         """Send the credit owed to producer ``i`` and the records consumed since the last message (either may be
@@ -250,8 +216,13 @@ class ProducerLinks:
 
     def finished(self) -> bool:
         """Every producer connected said it finished its epochs."""
-        live = [p.status for p in self.producers if p.link is not None]
-        return bool(live) and all(status is not None and status.finished for status in live)
+        live = False  # stops at the first producer not finished: asked every turn, of 1,024 producers
+        for p in self.producers:
+            if p.link is not None:
+                if p.status is None or not p.status.finished:
+                    return False
+                live = True
+        return live
 
     def spec(self) -> Optional[list[tuple[str, str, list[int]]]]:
         """The batch spec a producer described (the first that did), or None yet."""

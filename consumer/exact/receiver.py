@@ -98,6 +98,7 @@ class ExactReceiver:
         # Failed handshakes over every link, taken again only when a link's connection changed (``_watch``): the
         # core asks for them with every batch delivered, and a sum over 1,024 links per batch was most of its CPU.
         self._failures = self.control_plane.failures()
+        self._mismatches = self._link_mismatches()  # the same for mode refusals, which the core asks every turn
 
     def _empty(self, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
         """Memory a direct link reads a batch array into: the sink's, once the core runs."""
@@ -188,6 +189,7 @@ class ExactReceiver:
         if self.control_plane.watch() or changed:
             t = self.control_plane
             self._failures = count, _, reason = t.failures()
+            self._mismatches = self._link_mismatches()
             core.stats.set_connections(t.connected(), count, reason, sum(link.health.reconnects for link in t.live_links()))
 
     def _log_waiting(self, status: Any) -> None:
@@ -209,6 +211,10 @@ class ExactReceiver:
         return self.control_plane.waiting_report()
 
     def mode_mismatches(self) -> dict[str, int]:
+        """Handshakes refused for a mode mismatch, per endpoint, as of the last connection change (any thread)."""
+        return self._mismatches
+
+    def _link_mismatches(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for link in self.control_plane.live_links():
             out.update(link.health.mismatches())

@@ -52,7 +52,7 @@ class InputDiagnosis:
         mismatches = self.receiver.mode_mismatches()
         # Counted per endpoint as the transport names it (libzmq may spell an address its own way).
         endpoints = self.pool.endpoints
-        if endpoints and sum(mismatches.get(e, 0) >= refusals for e in endpoints) >= len(endpoints):
+        if endpoints and mismatches and sum(mismatches.get(e, 0) >= refusals for e in endpoints) >= len(endpoints):
             return InputModeError(f"every producer at {self.sources} refused the connection {refusals} times in a "
                                   f"row: {self.receiver.failures()[2]}")
         return None
