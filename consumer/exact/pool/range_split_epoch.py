@@ -61,8 +61,9 @@ class SplitCut:
 
     def __init__(self, order: LazyOrder, epoch: int, records: int, split: int) -> None:
         self.split = split
-        self.window_start = np.asarray(order.window_starts(epoch), np.int64)  # int64 [windows]
-        self.window_end = np.append(self.window_start[1:], records)
+        bounds = order.plan(epoch).bounds  # int64 [windows + 1], the order's own (read-only): views, not copies
+        assert bounds[-1] == records, "the order's dataset is not the pool's"
+        self.window_start, self.window_end = bounds[:-1], bounds[1:]
         per_window = -(-(self.window_end - self.window_start) // split)
         self.first_split = np.concatenate([[0], np.cumsum(per_window)]).astype(np.int64)  # int64 [windows + 1]
         self.split_count = int(self.first_split[-1])
