@@ -59,7 +59,7 @@ def describe(data: bytes) -> list[str]:
                  + (" (merge it with the other ranks' states to resume on another number)" if saved.share[1] > 1
                     else "")]
     for key, progress in sorted(saved.state.streams.items()):
-        opened = ", ".join(f"epoch {e}: {int(b.sum())}/{progress.size}" for e, b in sorted(progress.open.items()))
+        opened = ", ".join(f"epoch {e}: {progress.consumed_in(e)}/{progress.size}" for e in sorted(progress.open))
         split = f", split {saved.splits[key]}" if key in saved.splits else ""
         lines.append(f"  {key}{split}: {progress.completed} epoch(s) complete" + (f"; {opened}" if opened else ""))
     return lines

@@ -102,3 +102,15 @@ def test_a_pool_of_10_to_the_10_records_merges_mid_epoch_into_a_state_of_kilobyt
     assert merged.count() == sum(s.state.streams[pool].open[0].count() for s in states)
     taken = state_for_share(parse_state(job_bytes), (1, 3)).state.streams[pool]
     assert taken.open[0] == merged
+
+
+def test_stoker_state_info_describes_an_order_2_state_without_a_record_each(tmp_path):
+    from conftest import stoker_cli
+
+    pool = "splits:10000000000:3:10000x1:o2"
+    consumed = PositionRanges.from_ranges(np.array([0, 10**6]), np.array([500_000, 2 * 10**6]), 10**10)
+    saved = SavedState("t0", InputState({pool: RangeProgress(10**10, 2, {2: consumed})}), (0, 1), {pool: 4096})
+    (tmp_path / "state").write_bytes(pack_state(saved))
+    out = stoker_cli("state", "info", str(tmp_path / "state"))
+    assert out.returncode == 0, out.stderr
+    assert f"{pool}, split 4096: 2 epoch(s) complete; epoch 2: 1500000/10000000000" in out.stdout
