@@ -192,8 +192,10 @@ class PoolWork:
 
     def summary(self) -> str:
         with self._lock:
+            epochs = list(self.scheduler.open.values())
+            unit = epochs[0].LEFT_UNIT if epochs else "record"  # what ``left`` counts: records, or splits (order 2)
             return (f"elastic pool: epochs open {sorted(self.scheduler.open)}, "
-                    f"{sum(e.left for e in self.scheduler.open.values())} record(s) of them not consumed")
+                    f"{sum(e.left for e in epochs)} {unit}(s) of them not consumed")
 
     def counters(self) -> tuple[int, int, int, int]:
         """``(splits re-served from stuck producers, backup splits, wasted records, producers taken for stuck)``."""

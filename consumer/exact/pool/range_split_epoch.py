@@ -98,6 +98,8 @@ class RangeSplitEpoch:
     """See the module doc. ``order``: the pool's lazy order; ``consumed``: what the input state says the steps took
     already (positions of epoch ``epoch``); ``split``: positions per split; ``rank`` of ``world``: this share."""
 
+    LEFT_UNIT = "split"  #: what ``left`` counts: splits of the share not all done (records would need a count each)
+
     def __init__(self, order: LazyOrder, epoch: int, records: int, consumed: PositionRanges, split: int,
                  rank: int = 0, world: int = 1) -> None:
         self.order, self.epoch, self.records = order, epoch, records

@@ -75,6 +75,8 @@ class SplitEpoch:
     state says the steps took already (a restored checkpoint); ``block``, ``window``: the order's shard layout
     (``split_starts``)."""
 
+    LEFT_UNIT = "record"  #: what ``left`` counts
+
     __slots__ = ("order", "position", "arrived", "done", "left", "split_left", "cursor", "returned", "split",
                  "rank", "world", "starts", "split_of", "split_shard", "handed", "pending", "by_shard", "shard_rank")
 
