@@ -31,6 +31,10 @@ def parse_config(argv: Optional[Sequence[str]] = None) -> tuple[FleetConfig, Opt
     parser.add_argument("--image-size", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--exact", action="store_true", help="exact mode: each endpoint a fixed shard I/OF")
+    parser.add_argument("--pool", action="store_true", help="exact mode: every endpoint a producer of one elastic "
+                        "pool (--shard auto) over all records x OF")
+    parser.add_argument("--epoch-order", type=int, default=0, choices=(0, 1, 2),
+                        help="a pool's epoch order (default 0: as a daemon chooses)")
     parser.add_argument("--epochs", type=int, help="exact epochs to serve, then stop serving (default: endless)")
     parser.add_argument("--status-file", help="JSON lines for programs, as a daemon's (serve/status_file.py)")
     parser.add_argument("--parent-pid", type=int, help="stop when this process is gone")
@@ -39,8 +43,9 @@ def parse_config(argv: Optional[Sequence[str]] = None) -> tuple[FleetConfig, Opt
         config = FleetConfig(first=args.first, count=args.count, of=args.of or args.first + args.count,
                              host=args.host, base_port=args.base_port, records=args.records,
                              batch_size=args.batch_size, image_size=args.image_size, seed=args.seed,
-                             status_file=args.status_file, exact=args.exact or args.epochs is not None,
-                             epochs=args.epochs)
+                             status_file=args.status_file,
+                             exact=args.exact or args.pool or args.epochs is not None, epochs=args.epochs,
+                             pool=args.pool, epoch_order=args.epoch_order)
     except ValueError as exc:
         parser.error(str(exc))
     return config, args.parent_pid

@@ -4,11 +4,12 @@
                     <--------[grant, slot]---- ROUTER <----------
 
 Everything after the daemon's seam is the daemon's own: the serving policy the daemon would choose (``policy_for``:
-``PlainPolicy``, or in exact mode ``FixedShardPolicy``) makes the forwarder (``SlotForwarder``, or ``ExactForwarder``)
-over the endpoint's slots (``SlotLayout``, ``sndhwm + 1`` of them), a PUSH (exact: ROUTER) bound on TCP with the
-daemon's socket options, its producer id (``default_producer_id``) and its stream (shard ``I/N`` of the fleet's
-synthetic dataset). Only the worker process is replaced (synthetic_worker.py). The endpoint owns no thread: the
-fleet's loop drives it (fleet.py).
+``PlainPolicy``; in exact mode ``FixedShardPolicy``, or ``PoolPolicy`` for ``--shard auto``) makes the forwarder
+(``SlotForwarder``, or ``ExactForwarder``) over the endpoint's slots (``SlotLayout``, ``sndhwm + 1`` of them), a PUSH
+(exact: ROUTER) bound on TCP with the daemon's socket options, its producer id (``default_producer_id``) and its
+stream (shard ``I/N`` of the fleet's synthetic dataset, or a pool's ``splits:...`` of all of it, in the order
+``pool_order`` settles). Only the worker process is replaced (synthetic_worker.py). The endpoint owns no thread:
+the fleet's loop drives it (fleet.py).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from stoker.producer.fleet.fleet_config import FleetConfig
 from stoker.producer.fleet.synthetic_worker import SyntheticWorker, synthetic_arrays
 from stoker.producer.serve.batch_slots import SlotLayout
 from stoker.producer.serve.daemon import BindError, default_producer_id
+from stoker.producer.serve.producer_config import pool_order
 from stoker.producer.serve.forwarder import SlotForwarder
 from stoker.producer.serve.policies.choice import policy_for
 
@@ -48,8 +50,9 @@ class FleetEndpoint:
             raise BindError(f"cannot bind {settings.bind}: {exc.strerror}; pick free ports (--base-port) or 0 for "
                             "any") from None
         self.endpoint = self.out.getsockopt(zmq.LAST_ENDPOINT).decode()
-        self.producer_id = default_producer_id(self.endpoint, self.shard)
-        self.key = StreamKey(self.shard.index, self.shard.count, config.records * self.shard.count, config.seed)
+        self.producer_id = default_producer_id(self.endpoint, self.shard)  # a pool's: HOST:PORT#auto~INSTANCE
+        self.key = StreamKey(self.shard.index, self.shard.count, config.dataset_records, settings.seed or 0,
+                             splits=self.shard.auto, order_version=pool_order(settings, config.dataset_records))
         self.control = ctx.socket(zmq.ROUTER)
         self.control.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.control.setsockopt(zmq.LINGER, 0)

@@ -18,6 +18,9 @@ class FleetConfig:
 
     ``exact``: each endpoint serves its fixed shard in exact mode (``--exact``; ``epochs`` as ``--epochs``),
     through the daemon's own choice of policy (``policy_for``: ``FixedShardPolicy``) and ``ExactForwarder``.
+    ``pool``: each endpoint is a producer of one elastic pool (``--shard auto``, exact by construction) over the
+    whole synthetic dataset, serving the splits its trainers hand it (``PoolPolicy``) in ``epoch_order`` (as
+    ``--epoch-order``: 1 or 2; 0 chooses as a daemon does).
     ``base_port``: endpoint ``i`` binds ``host:base_port + i``; 0: any free port (the status file says which).
     """
 
@@ -36,6 +39,8 @@ class FleetConfig:
     exact: bool = False
     epochs: Optional[int] = None
     trainer_timeout: float = 10.0
+    pool: bool = False
+    epoch_order: int = 0
 
     def __post_init__(self) -> None:
         if not (self.count >= 1 and self.of >= 1 and 0 <= self.first and self.first + self.count <= self.of):
@@ -45,6 +50,13 @@ class FleetConfig:
             raise ValueError("records, batch size, image size, classes and sndhwm must each be >= 1")
         if not 0 <= self.base_port <= 65535 - self.of:
             raise ValueError(f"--base-port {self.base_port} leaves no room for {self.of} ports below 65536")
+        if self.epoch_order and not self.pool:
+            raise ValueError("--epoch-order chooses an elastic pool's order: add --pool (fixed shards serve order 1)")
+
+    @property
+    def dataset_records(self) -> int:
+        """The synthetic dataset's records: ``records`` per endpoint (a pool's endpoints share all of them)."""
+        return self.records * self.of
 
     def bind(self, shard: int) -> str:
         return f"tcp://{self.host}:{self.base_port + shard if self.base_port else '*'}"
@@ -52,6 +64,7 @@ class FleetConfig:
     def producer_config(self, shard: int) -> ProducerConfig:
         """Endpoint ``shard``'s settings as a daemon's, settled (``settled``), for the daemon's choice of policy."""
         return settled(ProducerConfig(SYNTHETIC_DATASET, bind=self.bind(shard), batch_size=self.batch_size,
-                                      image_size=self.image_size, shard=ShardSpec(shard, self.of), seed=self.seed,
-                                      sndhwm=self.sndhwm, exact=self.exact, epochs=self.epochs,
-                                      trainer_timeout=self.trainer_timeout))
+                                      image_size=self.image_size,
+                                      shard=ShardSpec(auto=True) if self.pool else ShardSpec(shard, self.of),
+                                      seed=self.seed, sndhwm=self.sndhwm, exact=self.exact, epochs=self.epochs,
+                                      trainer_timeout=self.trainer_timeout, epoch_order=self.epoch_order))

@@ -11,6 +11,7 @@ import pytest
 
 from stoker.consumer import BatchStream
 from stoker.consumer.transport.connection_loop import MAX_THREADS
+from stoker.consumer.exact.state import parse_state
 from stoker.producer.fleet.fleet import FleetConfig
 from stoker.producer.fleet.launcher import FleetProcesses
 from stoker.producer.fleet.synthetic_worker import expected_pixels
@@ -73,3 +74,20 @@ def test_a_fleet_refuses_endpoints_outside_it_and_a_launcher_names_a_process_tha
         FleetConfig(first=3, count=2, of=4)
     with pytest.raises(RuntimeError, match="records, batch size"):
         FleetProcesses(2, 1, ["--records", "0"])
+
+
+@pytest.mark.parametrize("order", [1, 2])
+def test_a_pool_fleet_of_16_endpoints_serves_one_trainer_one_epoch_each_record_exactly_once(order):
+    flags = ["--records", str(RECORDS), "--batch-size", str(BATCH), "--pool", "--epoch-order", str(order),
+             "--epochs", "1"]
+    with FleetProcesses(16, PROCESSES, flags) as fleet:
+        assert {line["mode"] for line in fleet.serving} == {"pool"}
+        assert {line["shard"] for line in fleet.serving} == {"auto"}
+        rows = []
+        with BatchStream(fleet.addresses, exact=True, recv_timeout=60) as stream:
+            for batch in stream:  # ends when the trainer's splits of the one epoch are all consumed
+                assert (batch["images"] == expected_pixels(batch["index"])[:, None, None, None]).all()
+                rows.extend(zip(batch["epoch"].tolist(), batch["index"].tolist()))
+            keys = list(parse_state(stream.save_state()).state.streams)
+    assert len(keys) == 1 and keys[0].startswith("splits:") and keys[0].endswith(":o2") == (order == 2), keys
+    assert_exactly_once(rows, set(range(16 * RECORDS)))
