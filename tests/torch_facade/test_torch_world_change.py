@@ -3,7 +3,9 @@ torchrun on an elastic pool, 2 ranks, SIGKILLed after its second checkpoint; res
 again; resumed on 1 rank to the end of the run. Each checkpoint folder holds the records each rank consumed since
 the one before (written with it), so the records the job trained on, counting from each resumed checkpoint, are
 the complete checkpoints' plus the last run's: each record of each epoch exactly once, none twice, none missing.
-The kills are the job's own (``--preempt-at-step``), at a step, not at a time."""
+The kills are the job's own (``--preempt-at-step``), at a step, not at a time. It runs in both epoch orders: in
+order 2 (issue 41) the job state holds ranges of epoch positions (input state version 2), and resuming on another
+number of ranks merges those ranges through DCP's load of the ranks' states."""
 
 from __future__ import annotations
 
@@ -44,11 +46,12 @@ def _job(tmp_path: Path, addresses: list[str], ranks: int, preempt_at: int = 0) 
     return out
 
 
-def test_a_job_preempted_twice_and_resumed_on_2_then_3_then_1_ranks_trains_each_record_once(tmp_path):
+@pytest.mark.parametrize("order", ["1", "2"])
+def test_a_job_preempted_twice_and_resumed_on_2_then_3_then_1_ranks_trains_each_record_once(tmp_path, order):
     data = tmp_path / "ds"
     build_synthetic(data, RECORDS, seed=2, num_classes=4, progress=False)
     flags = ["--workers", "1", "--batch-size", str(BATCH), "--image-size", "16", "--seed", "7", "--shard", "auto",
-             "--epochs", str(EPOCHS), "--trainer-timeout", "3"]
+             "--epochs", str(EPOCHS), "--trainer-timeout", "3", "--epoch-order", order]
     producers = [ProducerProcess(data, extra_args=flags) for _ in range(2)]
     try:
         addresses = [p.endpoint for p in producers]
