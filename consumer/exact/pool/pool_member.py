@@ -18,7 +18,7 @@ Not thread-safe: the scheduler's caller holds the control plane's lock.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Iterator, Optional
+from typing import Iterable, Iterator, Optional
 
 import numpy as np
 
@@ -39,14 +39,39 @@ class ProducerPace:
 
 class ShardCache:
     """The shards one producer is modelled to cache (``shard_affinity``): at most ``capacity``, least recently
-    used first in ``lru``; ``held``: the same as a bool per shard of the layout."""
+    used first in ``lru``. O(capacity), never O(shards): a pool of 10^6 shards and 1,024 producers held a bool per
+    shard for each producer (1 GB)."""
 
-    __slots__ = ("capacity", "lru", "held")
+    __slots__ = ("capacity", "lru")
 
-    def __init__(self, capacity: int, shards: int) -> None:
+    def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self.lru: OrderedDict[int, None] = OrderedDict()
-        self.held = np.zeros(shards, bool)
+
+
+class ShardChoice:
+    """The shards a pick by shard prefers (``take_pending``): ``numbers`` (sorted, unique), or every shard but them
+    (``exclude``). O(numbers): a pick never builds anything per shard of the dataset."""
+
+    __slots__ = ("numbers", "exclude")
+
+    def __init__(self, numbers: Iterable[int], exclude: bool = False) -> None:
+        self.numbers = np.unique(np.fromiter(numbers, np.int64))
+        self.exclude = exclude
+
+    def holds(self, shards: np.ndarray) -> np.ndarray:
+        """bool per shard of ``shards``: whether it is one of the chosen."""
+        shards = np.asarray(shards, np.int64)
+        if not len(self.numbers):
+            return np.full(shards.shape, self.exclude)
+        at = np.minimum(np.searchsorted(self.numbers, shards), len(self.numbers) - 1)
+        return (self.numbers[at] == shards) != self.exclude
+
+    def mask(self, shards: int) -> np.ndarray:
+        """bool per shard of a layout of ``shards``: for epoch order 1, whose epochs are O(records) anyway."""
+        chosen = np.zeros(shards, bool)
+        chosen[self.numbers[self.numbers < shards]] = True
+        return ~chosen if self.exclude else chosen
 
 
 class PoolMember:

@@ -19,10 +19,8 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, Optional, Sequence
 
-import numpy as np
-
-from stoker.consumer.exact.pool.pool_member import PoolMembers, ShardCache
-from stoker.consumer.exact.pool.split_epoch import SplitEpoch
+from stoker.consumer.exact.pool.pool_member import PoolMembers, ShardCache, ShardChoice
+from stoker.consumer.exact.pool.range_split_epoch import PoolEpoch
 
 
 class ShardHoldings:
@@ -31,7 +29,8 @@ class ShardHoldings:
 
     def __init__(self, shards: int, members: PoolMembers) -> None:
         self.shards = shards
-        self.holders = np.zeros(shards, np.int32)  # bounded producers modelled to hold each shard
+        #: shard -> bounded producers modelled to hold it (held shards only: O(producers x capacity), not O(shards))
+        self.holders: dict[int, int] = {}
         self._members = members
         self._bounded = 0  # producers whose cache is bounded
 
@@ -50,7 +49,7 @@ class ShardHoldings:
         self.forget(producer)
         if capacity is None:
             return
-        self._members.of(producer).cache = ShardCache(max(1, capacity), self.shards)
+        self._members.of(producer).cache = ShardCache(max(1, capacity))
         self._bounded += 1
         for shard in held:
             if 0 <= shard < self.shards:
@@ -67,12 +66,17 @@ class ShardHoldings:
             lru.move_to_end(shard)
             return
         lru[shard] = None
-        cache.held[shard] = True
-        self.holders[shard] += 1
+        self.holders[shard] = self.holders.get(shard, 0) + 1
         while len(lru) > cache.capacity:
             old, _ = lru.popitem(last=False)
-            cache.held[old] = False
-            self.holders[old] -= 1
+            self._unheld(old)
+
+    def _unheld(self, shard: int) -> None:
+        left = self.holders[shard] - 1
+        if left:
+            self.holders[shard] = left
+        else:
+            del self.holders[shard]
 
     def forget(self, producer: int) -> None:
         """Producer ``producer`` left (or restarted: it says what it holds when it joins again)."""
@@ -80,28 +84,29 @@ class ShardHoldings:
         if cache is None:
             return
         for shard in cache.lru:
-            self.holders[shard] -= 1
+            self._unheld(shard)
         self._members[producer].cache = None
         self._bounded -= 1
 
-    def pick(self, producer: int, epochs: Iterable[tuple[int, SplitEpoch]],
+    def pick(self, producer: int, epochs: Iterable[tuple[int, PoolEpoch]],
              free: Callable[[int, int], bool]) -> Optional[tuple[int, int]]:
         """The split ``(epoch, split)`` producer ``producer`` should take (module doc), or None. ``epochs``: the open
         ones, oldest first; ``free(e, s)``: whether split ``s`` of epoch ``e`` may be handed out."""
         epochs = list(epochs)
         cache = self._cache(producer)
-        held = cache.held if cache is not None else None
-        if held is not None:
+        if cache is not None:
+            held = ShardChoice(cache.lru)
             for e, epoch in epochs:
                 for s in epoch.returned:
-                    if held[epoch.split_shard[s]] and free(e, s):
+                    if epoch.shard_of_split(s) in cache.lru and free(e, s):
                         epoch.returned.remove(s)
                         return e, s
                 s = epoch.take_pending(held, lambda s, e=e: free(e, s))
                 if s is not None:
                     return e, s
+        nobody = ShardChoice(self.holders, exclude=True)  # O(shards held), however many shards the dataset has
         for e, epoch in epochs:
-            s = epoch.take_pending(self.holders == 0, lambda s, e=e: free(e, s))
+            s = epoch.take_pending(nobody, lambda s, e=e: free(e, s))
             if s is not None:
                 return e, s
         return None
