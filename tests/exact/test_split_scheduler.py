@@ -502,3 +502,22 @@ def test_a_producer_of_another_pool_is_refused_saying_endless_not_none_epochs(ca
     assert work.pooled() == [] and not producers[0].pooled
     assert "serves splits:103:8 (2 epochs) but this trainer's pool is splits:103:7 (endless)" in caplog.text
     assert "None" not in caplog.text
+
+
+def test_a_restored_order_2_epoch_hands_out_work_past_its_consumed_prefix_without_asking_each_split(monkeypatch):
+    """A 10^10-record pool restored with its first 10^9 positions consumed (about 244,000 splits): the first
+    top_up skips the prefix in one step. Asking each split in turn cost ~60 us a split, a minute and more."""
+    from stoker.consumer.exact.pool.range_split_epoch import RangeSplitEpoch
+    from stoker.protocol.epochs.position_ranges import PositionRanges
+
+    key = StreamKey.parse("splits:10000000000:7:10000x1:o2")
+    state = InputState()
+    progress = state.progress(str(key))
+    progress.open[0] = PositionRanges.from_ranges(np.array([0]), np.array([10**9]), 10**10)
+    asked = []
+    original = RangeSplitEpoch.unfinished
+    monkeypatch.setattr(RangeSplitEpoch, "unfinished", lambda self, s: asked.append(s) or original(self, s))
+    sched = SplitScheduler(key, progress, _completes(state, key), 1, 4096)
+    items = sched.top_up(0)
+    assert items and all(item.start >= 10**9 - 4096 for item in items)
+    assert len(asked) < 100

@@ -147,6 +147,15 @@ class RangeSplitEpoch:
         start, end = self.bounds(s)
         return end - start - len(self.arrived.within(start, end))
 
+    def skip_arrived(self) -> int:
+        """Move the cursor past the splits that arrived whole (a restored checkpoint's consumed prefix: a million
+        splits at 10^10 records) in one step, and return it: asking each in turn cost 60 us a split."""
+        if self.cursor < self.split_count:
+            first = self.arrived.first_missing(self.bounds(self.cursor)[0])
+            self.cursor = self.split_count if first >= self.records else max(
+                self.cursor, int(self.split_of(np.array([first], np.int64))[0]))
+        return self.cursor
+
     def mark_handed(self, s: int) -> None:
         """Split ``s`` is handed out in the first pass."""
         self.handed.add_range(s, s + 1)

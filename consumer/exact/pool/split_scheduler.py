@@ -159,7 +159,7 @@ class SplitScheduler:
                 s = epoch.returned.popleft()
                 if self._free(e, s):
                     return e, s
-            while epoch.cursor < epoch.split_count:
+            while epoch.skip_arrived() < epoch.split_count:
                 s = epoch.cursor
                 epoch.cursor += 1
                 if self._mine(s) and self._free(e, s):
