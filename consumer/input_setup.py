@@ -19,11 +19,12 @@ from stoker.protocol import DEFAULT_MAX_MESSAGE_BYTES
 from stoker.protocol.curve import CurveClientKeys
 
 from stoker.consumer.exact.ledger import ConsumedLedger
+from stoker.consumer.exact.pool.partition import partition
 from stoker.consumer.exact.receiver import ExactReceiver
 from stoker.consumer.receive.contract import Receiver
 from stoker.consumer.receive.core import ReceiveCore
-from stoker.consumer.receive.options import (DEFAULT_REFRESH_S, STALL_AFTER_S, STALL_LIMIT_S, AddressSource,
-                                             ReceiveOptions, SpecArg, check_source, declared_spec)
+from stoker.consumer.receive.options import (DEFAULT_REFRESH_S, STALL_AFTER_S, STALL_LIMIT_S, Addresses,
+                                             AddressSource, ReceiveOptions, SpecArg, check_source, declared_spec)
 from stoker.consumer.transport.discovery import ProducerPool
 from stoker.consumer.transport.libzmq_receiver import LibzmqReceiver
 from stoker.consumer.transport.zmtp_receiver import ZMTPReceiver
@@ -54,6 +55,7 @@ class InputOptions:
     share: tuple[int, int] = (0, 1)
     stall_after: Optional[float] = STALL_AFTER_S
     stall_limit: Optional[float] = STALL_LIMIT_S
+    producers_per_trainer: Optional[int] = None
 
     def __post_init__(self) -> None:
         if self.queue_capacity < 1:
@@ -79,12 +81,23 @@ class InputOptions:
         if ledger is None and (self.resume_state is not None or self.trainer_id is not None):
             raise ValueError("resume_state and trainer_id belong to exact mode: pass exact=True (and start the "
                              "producers with --exact)")
-        return ReceiveOptions(check_source(self.addresses),
+        return ReceiveOptions(self._addresses(),
                               declared_spec(self.spec, self.batch_size, self.image_shape, self.exact),
                               receive=self.receive, recv_timeout=self.recv_timeout, rcvhwm=self.rcvhwm,
                               max_message_bytes=self.max_message_bytes, curve=self.curve, ledger=ledger,
                               discover_every=self.discover_every, share=self.share, stall_after=self.stall_after,
                               stall_limit=self.stall_limit)
+
+
+    def _addresses(self) -> Addresses:
+        """The addresses this trainer reads: all given, or its partition of them (``producers_per_trainer``)."""
+        addresses = check_source(self.addresses)
+        if self.producers_per_trainer is None:
+            return addresses
+        if callable(addresses):
+            raise ValueError("producers_per_trainer partitions a list of addresses, the same list for every trainer; "
+                             "a discovery callable's list changes as producers come and go: give the list")
+        return partition(addresses, *self.share, per_trainer=self.producers_per_trainer)
 
 
 def open_core(options: ReceiveOptions) -> ReceiveCore:

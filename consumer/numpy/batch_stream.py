@@ -57,7 +57,8 @@ class BatchStream(InputBase):
     (5 s: names are re-resolved, so the stream follows a growing and shrinking producer pool); ``share``
     (``(rank, world)`` of an elastic pool's splits, exact mode); ``stall_after`` (10 s: a producer holding work
     that sends nothing new for this long is stuck, and an elastic pool gives its work to the others) and
-    ``stall_limit`` (300 s: fixed shards, a producer stuck this long fails the input).
+    ``stall_limit`` (300 s: fixed shards, a producer stuck this long fails the input); ``producers_per_trainer``
+    (None: read every address; ``k``: a partitioned pool, this trainer reads only its ``k`` of them by ``share``).
     """
 
     def __init__(self, addresses: Sequence[str] | str, batch_size: Optional[int] = None,
@@ -66,7 +67,7 @@ class BatchStream(InputBase):
                  curve: Optional[CurveClientKeys] = None, exact: bool = False, resume_state: Optional[bytes] = None,
                  trainer_id: Optional[str] = None, receive: str = "auto", discover_every: float = 5.0,
                  share: tuple[int, int] = (0, 1), stall_after: Optional[float] = 10.0,
-                 stall_limit: Optional[float] = 300.0) -> None:
+                 stall_limit: Optional[float] = 300.0, producers_per_trainer: Optional[int] = None) -> None:
         options = InputOptions.from_arguments(locals())
         self._open_input(options.receive_options())
         self._open_sink(QueueSink(options.queue_capacity))

@@ -62,6 +62,8 @@ class ZMQInput(InputBase, tf.train.experimental.PythonState):
         stall_limit: exact mode with fixed shards (default 300 s): a producer stuck this long
             fails the input with an error naming it (no other producer can serve its shard;
             warnings come before, at a growing interval). None: warn only.
+        producers_per_trainer: a partitioned pool (default None: read every address): this trainer reads
+            only ``partition(addresses, *share, k)`` (consumer/exact/pool/partition.py), ``k`` of them.
         batch_size, image_shape: the ``imagenet`` pipeline's batches (images uint8
             ``[batch_size, *image_shape]``, labels int32): give either (the other defaults to 64
             or ``(224, 224, 3)``) as a shortcut for its ``spec``.
@@ -146,6 +148,7 @@ class ZMQInput(InputBase, tf.train.experimental.PythonState):
         share: tuple[int, int] = (0, 1),
         stall_after: Optional[float] = 10.0,
         stall_limit: Optional[float] = 300.0,
+        producers_per_trainer: Optional[int] = None,
     ) -> None:
         shared = InputOptions.from_arguments(locals())
         if nr_stage < 1:

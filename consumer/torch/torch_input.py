@@ -99,7 +99,8 @@ class TorchInput(InputBase):
     ``rcvhwm`` (4); ``max_message_bytes`` (512 MiB); ``curve``; ``exact``, ``resume_state``, ``trainer_id``;
     ``receive`` (``"auto"``); ``discover_every`` (5 s); ``share`` (``(rank, world)``; default None: from
     ``torch.distributed`` in exact mode when it is initialised, else ``(0, 1)``); ``stall_after`` (10 s),
-    ``stall_limit`` (300 s). PyTorch's own, by keyword:
+    ``stall_limit`` (300 s), ``producers_per_trainer`` (None: every address; ``k``: this rank's ``k`` by its share,
+    a partitioned pool). PyTorch's own, by keyword:
 
     - ``device``: ``"cpu"`` (default) or ``"cuda:N"``, where batches are handed out.
     - ``prefetch``: batches staged on the device ahead of the step (default 2); their copies overlap it.
@@ -125,7 +126,8 @@ class TorchInput(InputBase):
                  curve: Optional[CurveClientKeys] = None, exact: bool = False, resume_state: Optional[bytes] = None,
                  trainer_id: Optional[str] = None, receive: str = "auto", discover_every: float = 5.0,
                  share: Optional[tuple[int, int]] = None, stall_after: Optional[float] = 10.0,
-                 stall_limit: Optional[float] = 300.0, *, device: str | torch.device = "cpu", prefetch: int = 2,
+                 stall_limit: Optional[float] = 300.0, producers_per_trainer: Optional[int] = None, *,
+                 device: str | torch.device = "cpu", prefetch: int = 2,
                  channels_last: bool = False, dtypes: Optional[Mapping[str, torch.dtype]] = None,
                  pin_memory: Optional[bool] = None, consumed_when: str = "next") -> None:
         self.share = default_share(share, exact)

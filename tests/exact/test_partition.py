@@ -10,6 +10,7 @@ from hypothesis import given, settings, strategies as st
 
 from stoker.consumer import BatchStream
 from stoker.consumer.exact.pool.partition import partition, readers
+from stoker.consumer.input_setup import InputOptions
 from stoker.producer.fleet.launcher import FleetProcesses
 from stoker.producer.fleet.synthetic_worker import expected_pixels
 
@@ -57,9 +58,21 @@ def test_a_partition_that_cannot_hold_is_refused_by_name():
     assert partition(names, 1, 2, per_trainer=5) == names[5:] + names[:2]  # wraps round: producers 5..7, 0, 1
 
 
-def _trainer(addresses: list[str], rank: int, rows: list, seen: set, errors: list) -> None:
+def test_the_facades_option_reads_the_partition_and_refuses_what_cannot_hold():
+    names = [f"tcp://h:{5000 + i}" for i in range(8)]
+    options = InputOptions(names, exact=True, share=(1, 4), producers_per_trainer=3)
+    assert options.receive_options().addresses == partition(names, 1, 4, per_trainer=3) == names[3:6]
+    assert InputOptions(names, exact=True, share=(1, 4)).receive_options().addresses == names  # default: all
+    with pytest.raises(ValueError, match="leaving 4 unread"):
+        InputOptions(names, exact=True, share=(0, 2), producers_per_trainer=2).receive_options()
+    with pytest.raises(ValueError, match="partitions a list of addresses"):
+        InputOptions(lambda: names, exact=True, share=(0, 2), producers_per_trainer=4).receive_options()
+
+
+def _trainer(addresses: list[str], rank: int, per_trainer: int, rows: list, seen: set, errors: list) -> None:
     try:
-        with BatchStream(addresses, exact=True, share=(rank, TRAINERS), recv_timeout=60) as stream:
+        with BatchStream(addresses, exact=True, share=(rank, TRAINERS), producers_per_trainer=per_trainer,
+                         recv_timeout=60) as stream:
             for batch in stream:  # ends when this trainer's share of the epoch is all consumed
                 assert (batch["images"] == expected_pixels(batch["index"])[:, None, None, None]).all()
                 rows.extend(zip(batch["epoch"].tolist(), batch["index"].tolist()))
@@ -71,7 +84,7 @@ def _trainer(addresses: list[str], rank: int, rows: list, seen: set, errors: lis
 @pytest.mark.parametrize("order, per_trainer", [(2, 4), (1, 4), (2, 6)])
 def test_four_trainers_each_reading_k_of_16_pool_producers_get_every_record_once_across_the_job(order, per_trainer):
     """Real BatchStreams (one per trainer, each in its own thread, each its own sockets) of one job (share r/4),
-    each connected to its partition only. k=4: the partitions are disjoint; k=6: some producers serve two
+    each given every address and ``producers_per_trainer=k``, so connected to its partition only. k=4: the partitions are disjoint; k=6: some producers serve two
     trainers, each its own splits."""
     flags = ["--records", str(RECORDS), "--batch-size", str(BATCH), "--pool", "--epoch-order", str(order),
              "--epochs", "1"]
@@ -81,7 +94,8 @@ def test_four_trainers_each_reading_k_of_16_pool_producers_get_every_record_once
         rows: list[list] = [[] for _ in range(TRAINERS)]
         seen: list[set] = [set() for _ in range(TRAINERS)]
         errors: list[BaseException] = []
-        threads = [threading.Thread(target=_trainer, args=(reads[r], r, rows[r], seen[r], errors))
+        threads = [threading.Thread(target=_trainer,
+                                    args=(fleet.addresses, r, per_trainer, rows[r], seen[r], errors))
                    for r in range(TRAINERS)]
         for thread in threads:
             thread.start()
