@@ -3,9 +3,10 @@
 A ``ConnectionLoop`` owns at most ``max_threads`` threads, named ``{name}-{k}``: one more per connection
 added until the bound, then each new connection goes to the thread serving fewest. Each thread is a
 ``selectors.DefaultSelector`` (epoll: no limit at descriptor 1024) loop over its ``LoopConnection``s
-(``loop_connection``): it serves the connections the selector finds ready, then, every ``poll_s``, their
-timers (connects, backoff, stalls, handshake deadlines) and whether each is leaving; a connection that
-asks (``wake``: sends waiting, room again, leaving) is looked at on the next turn. ``close`` stops every thread
+(``loop_connection``): it serves the connections the selector finds ready, those whose timer came (connects,
+backoff, stalls, handshake deadlines: a heap of each connection's ``next_tick``, so a turn costs the
+connections due, not all of them) and those that asked (``wake``: sends waiting, room again, leaving: a
+peer that is leaving wakes its connection, which is closed on the next turn). ``close`` stops every thread
 within about ``poll_s`` (each closes its connections and tells their peers, ``Peer.closed``). An
 unexpected failure in a connection's peer goes to ``on_error`` and that connection starts again; the
 thread keeps serving the others. ``reserve_descriptors`` raises the limit on open files to what many
@@ -15,6 +16,8 @@ connections need, or says how.
 from __future__ import annotations
 
 import errno
+import heapq
+import itertools
 import logging
 import resource
 import selectors
@@ -105,7 +108,9 @@ class _LoopThread(threading.Thread):
         self._lock = threading.Lock()
         self._incoming: list[LoopConnection] = []
         self._asked: set[LoopConnection] = set()  # connections that asked to be looked at (``wake``)
-        self._connections: list[LoopConnection] = []
+        self._connections: set[LoopConnection] = set()
+        self._timers: list[tuple[float, int, LoopConnection]] = []  # (when, tie-break, connection): a heap
+        self._order = itertools.count()
         self.count = 0  # connections given to this thread and not closed
 
     def add(self, connection: LoopConnection) -> None:
@@ -127,44 +132,55 @@ class _LoopThread(threading.Thread):
 
     def run(self) -> None:
         try:
-            next_tick = 0.0
             while not self._stopping.is_set():
                 with self._lock:
                     incoming, self._incoming = self._incoming, []
                     asked, self._asked = self._asked, set()
-                self._connections += incoming
+                self._connections.update(incoming)
                 now = time.monotonic()
-                if incoming or now >= next_tick:
-                    self._tick_all(now)
-                    next_tick = now + self._poll_s
-                else:
-                    for connection in asked:
-                        if connection.peer.leaving() and connection in self._connections:
-                            self._connections.remove(connection)  # closed now, not at the next tick: a peer that
-                            self._close(connection)  # left may be waited for (a pool's producer, one at a time)
-                        else:
-                            self._serve(connection, lambda c: c.tick(now))
-                for key, mask in self._selector.select(max(0.0, next_tick - time.monotonic())):
+                for connection in [*incoming, *asked, *self._due(now)]:
+                    self._turn(connection, now)
+                wait = self._timers[0][0] - time.monotonic() if self._timers else self._poll_s
+                for key, mask in self._selector.select(min(self._poll_s, max(0.0, wait))):
                     if key.data is None:
                         self._drain_wake()
                     else:
                         self._serve(key.data, lambda c: c.ready(mask))
         finally:
-            for connection in self._connections + self._incoming:
+            for connection in [*self._connections, *self._incoming]:
                 self._close(connection)
             self._selector.close()
             self._wake_r.close()
             self._wake_w.close()
 
-    def _tick_all(self, now: float) -> None:
-        kept = []
-        for connection in self._connections:
-            if connection.peer.leaving() or connection.state == "closed":
-                self._close(connection)
-                continue
-            self._serve(connection, lambda c: c.tick(now))
-            kept.append(connection)
-        self._connections = kept
+    def _due(self, now: float) -> list[LoopConnection]:
+        """The connections whose timer came by ``now`` (each once; an entry superseded by an earlier one is
+        dropped)."""
+        timers, out = self._timers, []
+        while timers and timers[0][0] <= now:
+            when, _, connection = heapq.heappop(timers)
+            if connection.tick_at == when:
+                connection.tick_at = float("inf")
+                out.append(connection)
+        return out
+
+    def _turn(self, connection: LoopConnection, now: float) -> None:
+        """A new, woken or due connection: closed if its peer is leaving (now, not at a later tick: a peer that left
+        may be waited for, a pool's producer one at a time) or it closed itself, else its timers ticked."""
+        if connection not in self._connections:
+            return  # closed on this turn already
+        if connection.peer.leaving() or connection.state == "closed":
+            self._connections.discard(connection)
+            self._close(connection)
+            return
+        self._serve(connection, lambda c: c.tick(now))
+
+    def _schedule(self, connection: LoopConnection) -> None:
+        """Put ``connection``'s next timer in the heap if it is earlier than the one there."""
+        when = connection.next_tick(time.monotonic())
+        if when < connection.tick_at:
+            connection.tick_at = when
+            heapq.heappush(self._timers, (when, next(self._order), connection))
 
     def _serve(self, connection: LoopConnection, step: Callable[[LoopConnection], None]) -> None:
         """One step of one connection, then what its selector registration should be; an unexpected failure
@@ -177,6 +193,7 @@ class _LoopThread(threading.Thread):
             log.exception("receive loop: the connection to %s failed", connection.endpoint)
             self._on_error(connection.endpoint, exc)
             connection.reset()
+        self._schedule(connection)
         wanted, sock = connection.wanted(), connection.sock
         if wanted == connection.events or sock is None:
             return

@@ -92,6 +92,7 @@ class LoopConnection:
         self._out_since = 0.0
         self._out_lock = threading.Lock()
         self.events = 0  # what the loop's selector waits for on ``sock``
+        self.tick_at = float("inf")  # the earliest time the loop's heap of timers holds for this connection
         self.wake: Callable[[], None] = lambda: None  # set by the loop: look at this connection now (sends, room)
         self.forget: Callable[[socket.socket], None] = lambda sock: None  # set by the loop: unregister before close
 
@@ -167,6 +168,23 @@ class LoopConnection:
             return
         if self.state == "open" and self._steps is None and self.peer.has_room():
             self._next_message()
+
+    def next_tick(self, now: float) -> float:
+        """When ``tick`` next has work (the loop's heap of timers ticks it then, or earlier; inf: only an event, a
+        read or a ``wake``, brings work): a connect or handshake deadline, a stall bound, the retry, or, while a
+        message waits for room, ``poll_s`` from now (its peer's ``wake`` is sooner)."""
+        if self.state == "closed":
+            return now  # closed by its own failure (a closed sink): the loop forgets it on its next turn
+        if self.state == "waiting":
+            return self.retry_at
+        at = self._deadline if self.state in ("connecting", "handshake") else float("inf")
+        if self._steps is not None and self.reader.in_message:
+            at = min(at, self._progress_at + self._stall_s)
+        if self._out:
+            at = min(at, self._out_since + self._stall_s)
+        if self.state == "open" and self._steps is None:
+            at = min(at, now + self._poll_s)
+        return at
 
     def _connect(self, now: float) -> None:
         try:

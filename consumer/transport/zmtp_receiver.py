@@ -162,6 +162,7 @@ class ZMTPReceiver:
         self._loop: Optional[ConnectionLoop] = None
         self._deliveries: Optional[_Deliveries] = None
         self._leave: dict[str, threading.Event] = {}  # endpoint -> set when it left the pool
+        self._wakes: dict[str, Callable[[], None]] = {}  # endpoint -> its connection's wake
         self._started = False
         self._lock = threading.Lock()
         self._health = ConnectionHealth()
@@ -208,7 +209,9 @@ class ZMTPReceiver:
         peer = PlainPeer(address, self._spec, self.limits, context, leave, self._connection_callback(context),
                          self._deliveries)
         assert self._loop is not None
-        self._loop.add(LoopConnection(peer, POLL_S))
+        connection = LoopConnection(peer, POLL_S)
+        self._loop.add(connection)
+        self._wakes[address] = connection.wake  # set by the loop: a leaving peer is closed on its next turn
 
     def _follow_pool(self, context: ReceiveContext) -> None:
         def join(address: str) -> None:
@@ -221,6 +224,7 @@ class ZMTPReceiver:
         leave = self._leave.pop(address, None)
         if leave is not None:
             leave.set()  # its thread drops the batch it may be reading and closes the connection
+            self._wakes.pop(address, lambda: None)()  # now: the loop has no sweep over every connection to notice it
 
     def _connection_callback(self, context: ReceiveContext):  # type: ignore[no-untyped-def]
         def on_connection(endpoint: str, connected: bool, reason: str, handshake_failed: bool,
