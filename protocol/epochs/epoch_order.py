@@ -280,8 +280,18 @@ class LazyOrder:
         """Where each position's record lies in concatenation space."""
         window = np.searchsorted(plan.bounds, positions, side="right") - 1
         start = plan.bounds[window]
-        local = keyed_bijection(positions - start, plan.bounds[window + 1] - start, self._window_keys(plan, window))
-        return start + local.astype(np.int64)
+        return start + self._scrambled(plan, window, positions - start, inverse=False).astype(np.int64)
+
+    def _scrambled(self, plan: EpochPlan, window: np.ndarray, local: np.ndarray, inverse: bool) -> np.ndarray:
+        """Each offset ``local`` through its window's bijection (or its inverse). The round keys are made once per
+        distinct window, not per value: a split, a batch, lies in one window (the common case costs one key set)."""
+        if len(window) and (window == window[0]).all():
+            w = int(window[0])
+            return keyed_bijection(local, int(plan.bounds[w + 1] - plan.bounds[w]),
+                                   self._window_keys(plan, window[:1])[:, 0], inverse=inverse)
+        distinct, which = np.unique(window, return_inverse=True)
+        keys = self._window_keys(plan, distinct)[:, which]
+        return keyed_bijection(local, plan.bounds[window + 1] - plan.bounds[window], keys, inverse=inverse)
 
     def window_starts(self, epoch: int) -> np.ndarray:
         """int64 ``[windows]``: the position where each window begins (ascending, the first 0)."""
@@ -320,9 +330,7 @@ class LazyOrder:
         concatenated = plan.cum[rank] + records - self.table.offsets[shard]
         window = rank // self._window_shards
         start = plan.bounds[window]
-        local = keyed_bijection(concatenated - start, plan.bounds[window + 1] - start,
-                                self._window_keys(plan, window), inverse=True)
-        return start + local.astype(np.int64)
+        return start + self._scrambled(plan, window, concatenated - start, inverse=True).astype(np.int64)
 
 
 def full_order(order: LazyOrder, epoch: int) -> np.ndarray:
