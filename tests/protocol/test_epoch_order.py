@@ -262,3 +262,17 @@ def test_out_of_range_arguments_are_refused():
 def test_keyed_bijection_refuses_a_value_outside_its_domain_instead_of_walking_for_ever():
     with pytest.raises(ValueError, match="below their domain size"):
         keyed_bijection(np.array([3, 5]), 5, round_keys(1, 0, 0)[:, 0])
+
+
+def test_positions_of_recent_batches_are_kept_read_only_and_bounded():
+    from stoker.protocol.epochs.epoch_order import MEMO_BATCHES
+
+    order = LazyOrder(ShardTable.uniform(10**6, 1000), 3, 2)
+    batch = order.records(0, 500, 756)
+    first = order.positions(0, batch)
+    assert order.positions(0, batch) is first and not first.flags.writeable  # asked again: the same answer
+    assert np.array_equal(first, np.arange(500, 756))
+    assert order.positions(1, batch) is not first  # another epoch is another question
+    for start in range(0, 256 * (MEMO_BATCHES + 8), 256):
+        order.positions(0, order.records(0, start, start + 256))
+    assert len(order._memo) == MEMO_BATCHES
