@@ -96,7 +96,7 @@ class InputState:
         epochs, indices = np.asarray(epochs, np.int64), np.asarray(indices, np.int64)
         for epoch, rows in rows_by_epoch(epochs):
             if stream.order_version == 2:  # kept as epoch positions
-                progress.mark(epoch, stream.lazy_order().positions(epoch, indices[rows]))
+                progress.mark(epoch, stream.positions(epoch, indices[rows]))
             else:
                 progress.mark(epoch, stream.local(indices[rows]))
 

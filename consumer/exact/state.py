@@ -239,7 +239,7 @@ def _covered_ranges(key: StreamKey, saved: SavedState, progress: Optional[Progre
         found = progress.open.get(epoch)
         return found if found is not None else PositionRanges(key.size)
     rank, world = saved.share
-    if world == 1 or epoch < saved.job_completed.get(str(key), 0):
+    if not key.splits or world == 1 or epoch < saved.job_completed.get(str(key), 0):  # as in _covered
         return PositionRanges.from_ranges(np.array([0]), np.array([key.size]), key.size)
     split = saved.splits.get(str(key))
     if split is None:
@@ -249,7 +249,8 @@ def _covered_ranges(key: StreamKey, saved: SavedState, progress: Optional[Progre
 
 
 def _merge_ranges(key: StreamKey, ranks: Sequence[SavedState], progress: list, low: int, high: int) -> RangeProgress:
-    """``_merge_stream`` of a pool in epoch order 2: unions of ranges, nothing per record."""
+    """``_merge_stream`` in epoch order 2 (a pool, or fixed shards: their completed epochs full, open ones unioned):
+    unions of ranges, nothing per record."""
     union = {}
     for e in range(low, high):
         union[e] = PositionRanges(key.size)

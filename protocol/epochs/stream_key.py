@@ -5,8 +5,9 @@ the shard's records are ``I, I+N, I+2N, ...``, numbered ``k = 0, 1, 2, ...`` wit
 key is ``"splits:count:seed"``. Either ends in ``":BxW"`` for a dataset stored in shards of ``B`` records: a fixed
 shard ``I/N`` is then the dataset's shards ``j % N == I``, whole, and epochs are two-level shuffles. A key ending in
 ``":o2"`` is in *epoch order 2* (``epoch_order.LazyOrder``: computed for just the positions at hand, any size up to
-``MAX_RECORDS``); without it, in *epoch order 1* (``epoch_order`` below: a whole permutation, at most
-``MAX_MATERIALISED_RECORDS`` records). docs/protocol.md defines both.
+``MAX_RECORDS``; a fixed shard's order 2 orders its own records ``k``); without it, in *epoch order 1*
+(``epoch_order`` below: a whole permutation, at most ``MAX_MATERIALISED_RECORDS`` records). docs/protocol.md
+defines both.
 """
 
 from __future__ import annotations
@@ -115,9 +116,6 @@ class StreamKey:
         if order not in ORDER_VERSIONS:
             raise ValueError(f"stream key {text!r} names epoch order {order}; this Stoker computes orders "
                              f"{ORDER_VERSIONS}: upgrade the trainer to match the producers")
-        if order == 2 and not match:
-            raise ValueError(f"stream key {text!r}: epoch order 2 serves elastic pools (splits:...) only so far; run "
-                             "fixed shards in order 1 (producers' --epoch-order 1) or an elastic pool (--shard auto)")
         groups = groups[:-1]
         block, window = (int(groups[-2]), int(groups[-1])) if groups[-2] is not None else (0, 1)
         if groups[-2] is not None and not (1 <= block <= MAX_RECORDS and 1 <= window <= MAX_WINDOW):
@@ -131,7 +129,7 @@ class StreamKey:
         index, count, records, seed = (int(g) for g in groups[:4])
         if count < 1 or not 0 <= index < count or not 0 <= records <= MAX_RECORDS:
             raise ValueError(f"stream key {text!r} names an invalid shard (I/N with 0 <= I < N, 0 to 2**40 records)")
-        return cls(index, count, records, seed, block=block, window=window)
+        return cls(index, count, records, seed, block=block, window=window, order_version=order)
 
     @staticmethod
     def names_pool(text: str) -> bool:
@@ -154,10 +152,24 @@ class StreamKey:
         return not self.splits and self.count > 1
 
     def lazy_order(self) -> LazyOrder:
-        """Epoch order 2 of this pool (the same object for equal keys: its per-epoch plans are cached)."""
+        """Epoch order 2 of this stream over its own records ``k`` (the same object for equal keys: its per-epoch
+        plans are cached). A pool's ``k`` are the dataset's records; a fixed shard's are its dataset shards
+        ``j % N == I`` in ascending ``j`` laid end to end (``local``/``records_of``), so its table is ``size``
+        records in blocks of ``block`` (only its last shard, the dataset's last, may be short); an unlaid fixed
+        shard is one block. ValueError in epoch order 1, or for a stream of no records."""
         if self.order_version != 2:
             raise ValueError(f"stream {self} is in epoch order 1: it has no lazy order")
-        return _lazy_order(self.records, self.block, self.window, self.seed)
+        return _lazy_order(self.size, self.block, self.window, self.seed)
+
+    def positions(self, epoch: int, indices: np.ndarray) -> np.ndarray:
+        """Epoch order 2: the epoch positions of dataset records ``indices`` in this stream (ValueError for records
+        of other streams): what a trainer's state keeps (``RangeProgress``)."""
+        indices = np.asarray(indices, np.int64)
+        return self.lazy_order().positions(epoch, self.local(indices) if self._strided() else indices)
+
+    def records_at(self, epoch: int, start: int, stop: int) -> np.ndarray:
+        """Epoch order 2: the dataset records at positions ``[start, stop)`` of epoch ``epoch``; O(stop - start)."""
+        return self.records_of(self.lazy_order().records(epoch, start, stop))
 
     def check_materialisable(self) -> None:
         """TooManyRecordsError unless this stream's dataset fits epoch order 1 (one entry per record)."""
@@ -165,22 +177,41 @@ class StreamKey:
 
     def stream_records(self) -> np.ndarray:
         """int64 [size]: the dataset's records this stream serves, ascending (position ``k`` -> record).
-        TooManyRecordsError, before allocating, beyond ``MAX_MATERIALISED_RECORDS`` (``order`` too); ValueError in
-        epoch order 2, which is never materialised."""
-        if self.order_version != 1:
-            raise ValueError(f"stream {self} is in epoch order 2: use lazy_order(), never a whole order")
-        self.check_materialisable()
-        if not self._strided():
-            return np.arange(self.records, dtype=np.int64)
-        if not self.block:
-            return np.arange(self.index, self.records, self.count, dtype=np.int64)
-        blocks = np.arange(self.index, self.shards, self.count, dtype=np.int64)
-        records = (blocks[:, None] * self.block + np.arange(self.block, dtype=np.int64)[None, :]).ravel()
-        return records[records < self.records]
+        TooManyRecordsError, before allocating, beyond ``MAX_MATERIALISED_RECORDS`` (``order`` too): the dataset's
+        records in epoch order 1, the stream's in order 2; ValueError for a pool in order 2 (never materialised)."""
+        self.check_whole_order()
+        return self.records_of(np.arange(self.size, dtype=np.int64))
+
+    def check_whole_order(self) -> None:
+        """Raise unless this stream's epoch order may be materialised, one entry per record (``order``, a fixed
+        shard's per-record bookkeeping): TooManyRecordsError beyond ``MAX_MATERIALISED_RECORDS`` (the dataset's
+        records in order 1, the stream's own in order 2); ValueError for a pool in order 2."""
+        if self.order_version == 1:
+            self.check_materialisable()
+        elif self.splits:
+            raise ValueError(f"stream {self} is an elastic pool in epoch order 2: use lazy_order(), never a whole "
+                             "order")
+        else:  # a fixed shard's producer keeps per-record arrays over its own stream, never the dataset's
+            check_materialisable(self.size, f"fixed shard {self}")
 
     def order(self, epoch: int) -> np.ndarray:
-        """The stream's records in epoch ``epoch``'s order (``epoch_order``; a pool's: the whole dataset's)."""
+        """The stream's records in epoch ``epoch``'s order (``epoch_order``; a pool's: the whole dataset's). In
+        epoch order 2, a fixed shard's ``lazy_order`` materialised: O(size), TooManyRecordsError beyond
+        ``MAX_MATERIALISED_RECORDS`` records of the stream; a pool's is refused (ValueError)."""
+        if self.order_version == 2:
+            self.check_whole_order()
+            return self.records_at(epoch, 0, self.size)
         return epoch_order(self.stream_records(), self.seed, epoch, block=self.block, window=self.window)
+
+    def records_of(self, local: np.ndarray) -> np.ndarray:
+        """Positions ``k`` within the stream -> dataset record indices (the inverse of ``local``); ``k`` are not
+        checked against ``size``."""
+        local = np.asarray(local, np.int64)
+        if not self._strided():
+            return local.copy()
+        if self.block:
+            return (local // self.block * self.count + self.index) * self.block + local % self.block
+        return local * self.count + self.index
 
     @property
     def size(self) -> int:
@@ -215,8 +246,9 @@ class StreamKey:
         return (indices - self.index) // self.count
 
 
-@lru_cache(maxsize=16)
+@lru_cache(maxsize=256)
 def _lazy_order(records: int, block: int, window: int, seed: int) -> LazyOrder:
-    """One ``LazyOrder`` per pool (its plans are what is worth sharing between the scheduler and the state)."""
+    """One ``LazyOrder`` per stream (its plans are what is worth sharing between the scheduler and the state). 256: a
+    trainer reading many fixed shards marks each batch's; their plans together are O(the dataset's shards)."""
     table = ShardTable.uniform(records, block or records)
     return LazyOrder(table, seed, window if block else 1)

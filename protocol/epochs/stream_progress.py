@@ -20,8 +20,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from stoker.protocol.epochs.epoch_order import LazyOrder
 from stoker.protocol.epochs.position_ranges import PositionRanges
 from stoker.protocol.epochs.stream_key import check_materialisable
+
+#: Positions turned into records at a time by ``consumed_records``: its temporaries stay this small at any size.
+RECORDS_CHUNK = 1 << 20
 
 
 @dataclass
@@ -134,3 +138,35 @@ class RangeProgress:
     def count(self) -> int:
         """Positions consumed in open epochs."""
         return sum(r.count() for r in self.open.values())
+
+
+def consumed_records(ranges: PositionRanges, order: LazyOrder, epoch: int) -> np.ndarray:
+    """bool ``[records]`` over a stream's records ``k``: those at the positions in ``ranges`` of ``epoch``
+    (``order`` the stream's ``StreamKey.lazy_order()``). What a fixed shard's producer keeps per open epoch, made
+    from a hello's ranges (epoch order 2): O(the stream's records) for the bitmap, ``RECORDS_CHUNK`` at a time
+    for the rest, never the epoch's whole order. TooManyRecordsError beyond ``MAX_MATERIALISED_RECORDS``;
+    ValueError when ``ranges`` are not over the stream's positions."""
+    size = order.table.records
+    if ranges.limit != size:
+        raise ValueError(f"consumed positions over [0, {ranges.limit}) do not belong to a stream of {size} records")
+    check_materialisable(size, "a fixed shard's consumed records of an open epoch")
+    bitmap = np.zeros(size, bool)
+    starts, ends = _pieces(ranges.starts, ranges.ends)
+    group = (np.cumsum(ends - starts) - 1) // RECORDS_CHUNK  # pieces of about RECORDS_CHUNK positions together
+    bounds = np.flatnonzero(np.diff(group)) + 1
+    for lo, hi in zip(np.concatenate(([0], bounds)).tolist(), np.concatenate((bounds, [len(starts)])).tolist()):
+        lengths = ends[lo:hi] - starts[lo:hi]
+        first = np.cumsum(lengths) - lengths  # where each piece begins among the group's positions
+        positions = np.repeat(starts[lo:hi] - first, lengths) + np.arange(int(lengths.sum()), dtype=np.int64)
+        bitmap[order.at(epoch, positions)] = True
+    return bitmap
+
+
+def _pieces(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Ranges cut into pieces of at most ``RECORDS_CHUNK`` positions (one long run, too, is expanded a chunk at a
+    time)."""
+    pieces = -(-(ends - starts) // RECORDS_CHUNK)
+    of = np.repeat(np.arange(len(starts)), pieces)
+    nth = np.arange(len(of)) - np.repeat(np.cumsum(pieces) - pieces, pieces)
+    piece_starts = starts[of] + nth * RECORDS_CHUNK
+    return piece_starts, np.minimum(piece_starts + RECORDS_CHUNK, ends[of])
