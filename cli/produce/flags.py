@@ -38,11 +38,12 @@ def _add_dataset_source(p: argparse.ArgumentParser) -> None:
                    "more; 0: one shuffle of the whole dataset and fixed shards of every N-th record (as before "
                    "sharded datasets). The same on every producer of a job")
     p.add_argument("--epoch-order", choices=("auto", "1", "2"), default="auto",
-                   help="an elastic pool's epoch order (docs/protocol.md): 1 materialises a permutation of every "
+                   help="the epoch order (docs/protocol.md): 1 materialises a permutation of every "
                    "record (datasets up to 10^8 records; what every Stoker before order 2 served, so their "
                    "checkpoints resume), 2 computes just the positions at hand and keeps trainers' state as ranges "
-                   "(any size to 2^40 records; trainers need Stoker with order 2). auto: 2 beyond 10^8 records, else "
-                   "1. The same on every producer of a job")
+                   "(any size to 2^40 records; trainers need Stoker with order 2; a fixed shard --shard I/N orders its "
+                   "own records, at most 10^8 of them, and is in order 2 only when asked). auto: 2 for an elastic "
+                   "pool beyond 10^8 records, else 1. The same on every producer of a job")
     p.add_argument("--shard-affinity", choices=("on", "off"), default="on",
                    help="--shard auto from object storage: tell the trainers which shards this host's cache holds, "
                    "so they hand it the splits of those shards and each host fetches mostly its own (default on); "

@@ -128,6 +128,8 @@ class ProducerDaemon:
         self.records = self.stream.size  # the shard's (a pool's: the dataset's)
         if self.stream.order_version == 1:  # before any epoch order is built
             check_materialisable(self.meta.count, f"dataset {config.lmdb_path}")
+        elif not self.stream.splits:  # a fixed shard keeps per-record arrays over its own records (shard_epoch.py)
+            self.stream.check_whole_order()
         check_shard_size(config, self.records)
         self.status = StatusFile(config.status_file)
         self._ctx = zmq.Context()

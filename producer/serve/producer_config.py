@@ -98,14 +98,12 @@ def check_shard_size(config: ProducerConfig, records: int) -> None:
 
 
 def pool_order(config: ProducerConfig, records: int) -> int:
-    """The epoch order this producer serves (``--epoch-order``): 2 beyond ``MAX_MATERIALISED_RECORDS`` when not
-    given; ValueError naming the fix for order 2 without an elastic pool, which is all it serves so far."""
+    """The epoch order this producer serves (``--epoch-order``); when not given, 2 for an elastic pool beyond
+    ``MAX_MATERIALISED_RECORDS``, else 1 (a fixed shard in order 2 is asked for by name: its own records must still
+    fit its per-record bookkeeping, which the daemon checks); ValueError for another order."""
     from stoker.protocol.input_state import MAX_MATERIALISED_RECORDS
 
     order = config.epoch_order or (2 if config.shard.auto and records > MAX_MATERIALISED_RECORDS else 1)
-    if order == 2 and not config.shard.auto:
-        raise ValueError("--epoch-order 2 serves elastic pools (--shard auto) only so far: serve fixed shards in "
-                         "order 1, or run an elastic pool")
     if order not in (1, 2):
         raise ValueError(f"--epoch-order must be 1 or 2, got {order}")
     return order

@@ -44,7 +44,9 @@ import numpy as np
 
 from stoker.protocol import ProtocolError
 from stoker.protocol.exact_messages import Credit, Hello, Records, Status, Work
-from stoker.protocol.input_state import StreamKey, rows_by_epoch
+from stoker.protocol.epochs.position_ranges import PositionRanges
+from stoker.protocol.epochs.stream_progress import consumed_records
+from stoker.protocol.input_state import Progress, StreamKey, rows_by_epoch
 
 from stoker.producer.serve.policies.serving_policy import Chunk
 from stoker.producer.serve.policies.exact_policy import TrainerFacingPolicy, no_storage_wait
@@ -69,7 +71,7 @@ class FixedShardPolicy(TrainerFacingPolicy):
         self.spec = list(spec or [])
         self.min_trainers = min_trainers  # serve nothing before this many trainers joined (synchronous jobs)
         self._joined: set[str] = set()
-        self.records = key.stream_records()
+        key.check_whole_order()  # its epochs are per-record arrays over the stream (shard_epoch.py)
         self.started = False
         self.completed = 0
         self.open: dict[int, ShardEpoch] = {}
@@ -88,7 +90,9 @@ class FixedShardPolicy(TrainerFacingPolicy):
 
     def _epoch(self, e: int) -> ShardEpoch:
         if e not in self.open:
-            self.open[e] = ShardEpoch.fresh(self.key.local(self.key.order(e)), len(self.records))
+            key = self.key  # order 2 orders the stream's own records k: no detour through the dataset's indices
+            order = key.lazy_order().records(e, 0, key.size) if key.order_version == 2 else key.local(key.order(e))
+            self.open[e] = ShardEpoch.fresh(order, key.size)
         return self.open[e]
 
     @property
@@ -120,11 +124,11 @@ class FixedShardPolicy(TrainerFacingPolicy):
             if epoch.lost:  # served again first, before the first pass goes on
                 lost = epoch.take_lost(n - len(indices))
                 epochs.extend([e] * len(lost))
-                indices.extend(int(self.records[k]) for k in lost)
+                indices.extend(self.key.records_of(np.asarray(lost, np.int64)).tolist())
             while not epoch.first_pass_done and len(indices) < n:
                 ks = epoch.take_first_pass(n - len(indices))
                 epochs.extend([e] * len(ks))
-                indices.extend(self.records[ks].tolist())
+                indices.extend(self.key.records_of(ks).tolist())
             if epoch.first_pass_done and self._may_open(e + 1) and e + 1 <= self.completed + EPOCHS_AHEAD:
                 self._epoch(e + 1)
             e += 1
@@ -222,7 +226,7 @@ class FixedShardPolicy(TrainerFacingPolicy):
             if e >= self.completed and self._may_open(e):
                 self._epoch(e)
         for e, epoch in self.open.items():
-            epoch.adopt_consumed(hello.trainer, progress.open.get(e) if progress is not None else None)
+            epoch.adopt_consumed(hello.trainer, self._reported(progress, e))
         for e, ks in self._held(hello.held.get(key, [])):
             if e in self.open:
                 epoch = self.open[e]
@@ -232,6 +236,15 @@ class FixedShardPolicy(TrainerFacingPolicy):
             self.reserved_total += epoch.requeue()
         self._close_done()
         self._status_changed = True
+
+    def _reported(self, progress: Optional[Progress], e: int) -> Optional[np.ndarray]:
+        """What a hello's progress says was consumed of epoch ``e``, as a bitmap over the stream's records ``k``
+        (None: nothing): order 1 sends that bitmap; order 2 ranges of epoch positions, turned into records
+        (``consumed_records``: O(the stream), never the dataset)."""
+        reported = progress.open.get(e) if progress is not None else None
+        if isinstance(reported, PositionRanges):
+            return consumed_records(reported, self.key.lazy_order(), e)
+        return reported
 
     def _held(self, records: Records) -> list[tuple[int, np.ndarray]]:
         out = []
