@@ -15,9 +15,10 @@ the default receive path) connected to the first N endpoints, over loopback. Bat
 
 Trials run in interleaved rounds (every fan-in once per round, the order reversed every other round); the table
 shows medians over rounds. Then the same in exact mode (fixed shards ``I/N``, endless), with the trainer's
-control bytes: per batch each way (credits, consumed-record reports, acks, work), and apart, liveness alone
-(heartbeats, statuses) as bytes/s per connection, counted over ``--idle`` seconds in which no batch is consumed;
-the per-batch figure has liveness at that rate taken off (derived, labelled so).
+control bytes: per batch each way (credits, consumed-record reports, acks, work), and apart, liveness (heartbeats
+sent, statuses received) as bytes/s per connection, each counted by kind where it is sent or read, over the timed
+batches (the queue is not full, so statuses are read as they come); and the heartbeats of ``--idle`` seconds in
+which no batch is consumed (a connection with no other traffic: the most heartbeats cost).
 Prints a table and writes JSON (default benchmarks/results/fan_in.json).
 Run:  python benchmarks/fan_in.py [--fan-in 1,16,64,256,1024] [--processes 2] [--rounds 3]
 """
@@ -50,17 +51,19 @@ def _receive_threads() -> int:
     return sum(t.name.startswith(RECEIVE_THREADS) for t in threading.enumerate())
 
 
-def _control(stream: Any) -> tuple[int, int]:
-    """Control bytes ``(sent, received)`` by the trainer so far (exact mode; 0 in plain mode)."""
+def _control(stream: Any) -> tuple[int, int, int, int]:
+    """Control bytes ``(sent, received, heartbeats sent, statuses received)`` by the trainer so far (exact mode; 0 in
+    plain mode): the first two include the last two."""
     stats = stream.stats
-    return stats.control_bytes_sent, stats.control_bytes_received
+    return stats.control_bytes_sent, stats.control_bytes_received, stats.liveness_bytes_sent, \
+        stats.liveness_bytes_received
 
 
 def trainer(addresses: list[str], warmup: int, batches: int, setup_timeout: float, exact: bool = False,
             idle_s: float = 0.0) -> dict[str, Any]:
     """One trainer process's figures, reading ``addresses`` through ``BatchStream``. ``idle_s`` (exact mode): after
-    the timed batches, take none for a second to let credit settle, then count the control bytes of ``idle_s``
-    seconds more: liveness alone (heartbeats, statuses), since no batch is consumed and no credit is due."""
+    the timed batches, take none for a second to let credit settle, then count the heartbeats of ``idle_s`` seconds
+    more (statuses are not read while the queue is full)."""
     from stoker.consumer.numpy.batch_stream import BatchStream
 
     started = time.perf_counter()
@@ -88,19 +91,18 @@ def trainer(addresses: list[str], warmup: int, batches: int, setup_timeout: floa
                "setup_s": setup_s, "receive_threads": threads, "batches": batches,
                "batches_per_s": batches / seconds, "cpu_ms_per_batch": 1000 * cpu / batches}
         if exact:
-            time.sleep(1.0)  # the queue fills, credit stops: from now on only liveness goes either way
-            idle0 = _control(stream)
-            time.sleep(idle_s)
-            idle = [after - before for after, before in zip(_control(stream), idle0)]
-            live = [b / idle_s / len(addresses) for b in idle]  # bytes/s per connection, each way
-            out.update({"liveness_sent_per_s_per_connection": live[0],
-                        "liveness_received_per_s_per_connection": live[1],
+            per_connection_s = seconds * len(addresses)
+            out.update({"liveness_sent_per_s_per_connection": control[2] / per_connection_s,  # heartbeats
+                        "liveness_received_per_s_per_connection": control[3] / per_connection_s,  # statuses
                         "control_sent_per_batch": control[0] / batches,
                         "control_received_per_batch": control[1] / batches,
-                        # what liveness would have sent meanwhile, taken off: credits, reports, work per batch
-                        "exact_sent_per_batch": max(0.0, control[0] - live[0] * len(addresses) * seconds) / batches,
-                        "exact_received_per_batch":
-                            max(0.0, control[1] - live[1] * len(addresses) * seconds) / batches})
+                        # counted by kind, not derived: credits, reports, work, hellos; and what else comes back
+                        "exact_sent_per_batch": (control[0] - control[2]) / batches,
+                        "exact_received_per_batch": (control[1] - control[3]) / batches})
+            time.sleep(1.0)  # the queue fills, credit stops: from now on only heartbeats go out
+            idle0 = _control(stream)
+            time.sleep(idle_s)
+            out["idle_heartbeats_per_s_per_connection"] = (_control(stream)[2] - idle0[2]) / idle_s / len(addresses)
     return out
 
 
@@ -126,7 +128,8 @@ def parse_args():
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of every fan-in")
     parser.add_argument("--warmup", type=int, default=200, help="batches taken before timing")
     parser.add_argument("--batches", type=int, default=3000, help="batches timed per trial")
-    parser.add_argument("--idle", type=float, default=3.0, help="exact mode: seconds of liveness alone counted")
+    parser.add_argument("--idle", type=float, default=3.0,
+                        help="exact mode: seconds with no batch consumed whose heartbeats are counted")
     add_out_argument(parser, "fan_in.json")
     parser.add_argument("--trainer", help=argparse.SUPPRESS)  # internal: be one trainer (a file of addresses)
     parser.add_argument("--exact", action="store_true", help=argparse.SUPPRESS)
@@ -172,7 +175,7 @@ def summary(n: int, mine: list[dict[str, Any]], trials: list[dict[str, Any]]) ->
            "batches_per_s": statistics.median(t["batches_per_s"] for t in mine)}
     for key in ("control_sent_per_batch", "control_received_per_batch", "exact_sent_per_batch",
                 "exact_received_per_batch", "liveness_sent_per_s_per_connection",
-                "liveness_received_per_s_per_connection"):
+                "liveness_received_per_s_per_connection", "idle_heartbeats_per_s_per_connection"):
         if key in mine[0]:
             row[key] = statistics.median(t[key] for t in mine)
     return row
@@ -186,8 +189,8 @@ def print_table(mode: str, part: dict[str, Any], result: dict[str, Any]) -> None
     exact = "exact_sent_per_batch" in rows[0]
     print(f"{'fan-in':>6} | {'recv threads':>12} | {'set-up s (max)':>14} | {'CPU ms/batch':>12} | "
           f"{'x fan-in 1':>10} | {'batches/s':>9}"
-          + (" | ctl B/batch sent, recv | live B/s/conn sent, recv" if exact else ""))
-    print("-" * (80 + 50 * exact))
+          + (" | ctl B/batch sent, recv | live B/s/conn sent, recv | idle hb B/s/conn" if exact else ""))
+    print("-" * (80 + 70 * exact))
     for r in rows:
         setup = f"{r['setup_s_median']:.2f} ({r['setup_s_max']:.2f})" if r["setup_s_max"] is not None else "not all"
         ratio = f"{r['cpu_ratio_to_1']:.2f}" if r["cpu_ratio_to_1"] is not None else "-"
@@ -196,12 +199,14 @@ def print_table(mode: str, part: dict[str, Any], result: dict[str, Any]) -> None
         if exact:
             line += (f" | {r['exact_sent_per_batch']:>9.0f}, {r['exact_received_per_batch']:>9.0f} | "
                      f"{r['liveness_sent_per_s_per_connection']:>11.1f}, "
-                     f"{r['liveness_received_per_s_per_connection']:>9.1f}")
+                     f"{r['liveness_received_per_s_per_connection']:>9.1f} | "
+                     f"{r['idle_heartbeats_per_s_per_connection']:>16.1f}")
         print(line)
     print("set-up: until every endpoint read delivered a batch; x fan-in 1: median of each round's ratio")
     if exact:
-        print("ctl B/batch: control bytes per batch (credits, reports, work, acks), liveness taken off at the rate "
-              "measured idle; live B/s/conn: heartbeats and statuses per connection while no batch is consumed")
+        print("ctl B/batch: control bytes per batch (credits, reports, work, hellos), liveness counted apart; live "
+              "B/s/conn: heartbeats sent and statuses read per connection over the timed batches; idle hb: "
+              "heartbeats per connection while nothing is consumed")
 
 
 def run(args) -> dict[str, Any]:

@@ -6,7 +6,8 @@ msgpack frame each:
 - ``hello``: who the trainer is (a stable id), its session (bumped on every hello;
   batches sent under an older session are dropped), how many batches it can take
   (credit), its whole input state (consumed records) and the records it holds
-  (received, not yet consumed), by stream.
+  (received, not yet consumed), by stream; and how often it wants a status that says nothing new
+  (``status_s``, absent from an older trainer: every second).
 - ``credit``: ``n`` more batches may come; the records consumed since the last
   message, by epoch. Sent after each batch is queued and as a heartbeat.
 - ``describe``: asks for the producer's status (with its batch spec) without joining.
@@ -21,7 +22,7 @@ msgpack frame each:
 
 Producer to trainer: batches (protocol v1 with ``stream`` and ``session`` header
 fields) and ``status``: the stream key, epochs completed, the run's length and
-whether the producer has finished, and whether it takes a goodbye. Every field is validated; anything else raises
+whether the producer has finished, whether it takes a goodbye, and its trainer timeout. Every field is validated; anything else raises
 ProtocolError naming it. Nothing is unpickled.
 """
 
@@ -50,6 +51,14 @@ class Hello:
     credit: int
     state: InputState
     held: dict[str, Records] = field(default_factory=dict)  # stream key -> records received, not consumed
+    #: how often the trainer wants a status that says nothing new (liveness; a change goes at once): ``STATUS_S``
+    #: from an older trainer, which sends none
+    status_s: float = 1.0
+
+
+#: A status that says nothing new goes at least this often, at most ``MAX_STATUS_S`` apart (a hello's ``status_s``).
+STATUS_S = 1.0
+MAX_STATUS_S = 30.0
 
 
 @dataclass
@@ -116,6 +125,9 @@ class Status:
     #: the error its workers wait on object storage for ("" when none waits; at most ``MAX_STORAGE_CHARS``): the
     #: trainer then names storage, not the producer, when its batches stop coming (absent from an older producer)
     storage: str = ""
+    #: seconds it waits for a silent trainer before it takes it for dead (--trainer-timeout): the trainer spaces its
+    #: heartbeats by it (None from an older producer: the trainer heartbeats as often as before)
+    trainer_timeout: Optional[float] = None
 
 
 #: Shards a status names as cached: a status travels in one frame of at most 4 KiB (``unpack_producer_frame``).
@@ -127,6 +139,12 @@ def _int(value: Any, what: str, low: int = 0, high: int = 2**31) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or not low <= value < high:
         raise ProtocolError(f"{what} must be an integer in [{low}, {high}), got {value!r}")
     return value
+
+
+def _seconds(value: Any, what: str, low: float, high: float) -> float:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not low <= value <= high:
+        raise ProtocolError(f"{what} must be seconds in [{low:g}, {high:g}], got {value!r}")
+    return float(value)
 
 
 def _records(value: Any, what: str) -> Records:
@@ -174,8 +192,8 @@ def _unpack(frame: Any) -> dict:
 def encode_hello(hello: Hello) -> bytes:
     return msgpack.packb({"t": "hello", "v": 1, "trainer": hello.trainer, "session": hello.session,
                           "credit": hello.credit, "state": hello.state.to_wire(),
-                          "held": {k: [[e, list(map(int, i))] for e, i in v] for k, v in hello.held.items()}},
-                         use_bin_type=True)
+                          "held": {k: [[e, list(map(int, i))] for e, i in v] for k, v in hello.held.items()},
+                          "status_s": float(hello.status_s)}, use_bin_type=True)
 
 
 def encode_credit(credit: Credit) -> bytes:
@@ -189,7 +207,9 @@ def encode_status(status: Status) -> bytes:
                           "spec": [[n, d, list(shape)] for n, d, shape in status.spec], "waiting": status.waiting,
                           "session": status.session, "stranger": status.stranger, "idle": status.idle,
                           "goodbye": status.goodbye, "skipped": status.skipped, **_cache_fields(status),
-                          **({"storage": status.storage[:MAX_STORAGE_CHARS]} if status.storage else {})},
+                          **({"storage": status.storage[:MAX_STORAGE_CHARS]} if status.storage else {}),
+                          **({"trainer_timeout": float(status.trainer_timeout)}
+                             if status.trainer_timeout is not None else {})},
                          use_bin_type=True)
 
 
@@ -249,7 +269,8 @@ def decode_trainer_message(frame: Any) -> Hello | Credit | Describe | Work | Goo
             raise ProtocolError("hello 'held' must map stream keys to records")
         held = {str(k): _records(v, "hello 'held'") for k, v in held_raw.items()}
         return Hello(trainer, _int(body.get("session"), "hello 'session'"), _int(body.get("credit"), "hello 'credit'",
-                                                                                  0, 1 << 16), state, held)
+                                                                                  0, 1 << 16), state, held,
+                     _seconds(body.get("status_s", STATUS_S), "hello 'status_s'", STATUS_S, MAX_STATUS_S))
     if kind == "credit":
         return Credit(_int(body.get("session"), "credit 'session'"), _int(body.get("n"), "credit 'n'", 0, 1 << 16),
                       _records(body.get("consumed", []), "credit 'consumed'"))
@@ -301,9 +322,12 @@ def decode_status(body: dict) -> Status:
     storage = body.get("storage", "")
     if not isinstance(storage, str) or len(storage) > MAX_STORAGE_CHARS:
         raise ProtocolError(f"status 'storage' must be a string of at most {MAX_STORAGE_CHARS} characters")
+    timeout = body.get("trainer_timeout")
+    if timeout is not None:
+        timeout = _seconds(timeout, "status 'trainer_timeout'", 0.001, 86400.0)
     return Status(stream, producer, _int(body.get("completed"), "status 'completed'"), epochs, finished, spec, waiting,
                   session, stranger, idle, goodbye, cache, held, _int(body.get("skipped", 0), "status 'skipped'", 0,
-                                                                      2**63), storage)
+                                                                      2**63), storage, timeout)
 
 
 def unpack_producer_frame(frame: Any) -> Optional[dict]:

@@ -12,13 +12,45 @@ A trainer reading 1,024 producers turns its loop hundreds of times a second; loo
   the trainer activated (``changed(active)``).
 
 The control plane's thread calls everything but ``flag`` (any thread).
+
+Liveness (docs/protocol.md "Liveness"): how often a connection with no other traffic carries a heartbeat
+(``heartbeat_every``, from the producer's trainer timeout) and how often this trainer asks a producer for a status
+that says nothing new (``status_every``, from the fan-in): both are the old figures (0.5 s, 1 s) for an older peer
+or a small job, and fewer where a thousand connections would make liveness most of the control traffic.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections import deque
-from typing import Iterable
+from typing import Iterable, Optional
+
+#: A heartbeat goes on a connection with no other traffic this long (an older producer: it says no trainer timeout)
+HEARTBEAT_S = 0.5
+#: ... and at most this long apart whatever the producer's trainer timeout
+MAX_HEARTBEAT_S = 2.0
+#: A producer's status that says nothing new: every second up to this many producers, then fewer
+STATUS_FAN_IN = 64
+#: ... at most this long apart (and at most a quarter of the stall bound: an idle producer's status excuses it)
+MAX_STATUS_S = 2.5
+
+
+def heartbeat_every(trainer_timeout: Optional[float]) -> float:
+    """Seconds between heartbeats on a connection with no other traffic, for a producer that takes a trainer silent
+    for ``trainer_timeout`` seconds for dead (None: an older producer, which does not say): eight a timeout, never
+    fewer than the old two a second for a short one, at most ``MAX_HEARTBEAT_S`` apart."""
+    if trainer_timeout is None:
+        return HEARTBEAT_S
+    return min(MAX_HEARTBEAT_S, max(HEARTBEAT_S, trainer_timeout / 8))
+
+
+def status_every(producers: int, stall_after: Optional[float]) -> float:
+    """Seconds between the statuses that say nothing new a trainer reading ``producers`` asks each producer for (a
+    hello's ``status_s``): one a second up to ``STATUS_FAN_IN`` producers, then growing with the fan-in, at most
+    ``MAX_STATUS_S`` and a quarter of ``stall_after`` (an idle producer is not taken for stuck while its status is
+    that fresh), never under a second (the old figure)."""
+    cap = MAX_STATUS_S if stall_after is None else min(MAX_STATUS_S, stall_after / 4)
+    return max(1.0, min(cap, producers / STATUS_FAN_IN))
 
 
 class Attention:

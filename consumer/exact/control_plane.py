@@ -16,9 +16,9 @@ with its link by ``ProducerLinks``, which also sends credit, reports and heartbe
   are served again by the new incarnation).
 - Each batch queued earns one credit back, sent in steps of half the window;
   consumed records (``record_consumed``) go to the producer they came from with
-  the next credit. Neither waits longer than ``REPORT_WAIT_S`` (0.1 s, ``producers``); a
-  heartbeat goes every 0.5 s without other traffic, also while the queue is
-  full, so a slow step is never taken for dead.
+  the next credit. Neither waits longer than ``REPORT_WAIT_S`` (0.1 s, ``producers``); heartbeats (without
+  other traffic, also while the queue is full: a slow step is never taken for dead) and the statuses a hello
+  asks for are spaced by the liveness rules (``attention``: 0.5-2 s, 1-2.5 s).
 - An elastic pool (producers ``--shard auto``) is handed out by this trainer (``pool_work``), through its
   ``PoolSeat`` (``pool_seat``, empty without a pool): its scheduler is made when the first pool producer
   reports, from what ``configure(spec)`` and the constructor gave; one reporting before ``configure`` joins then.
@@ -42,7 +42,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from stoker.protocol.batch_header import Batch
-from stoker.protocol.exact_messages import Hello, decode_status, encode_describe, encode_hello
+from stoker.protocol.exact_messages import Hello, decode_status, encode_describe
 from stoker.protocol.batch_spec import BatchSpec
 from stoker.protocol.input_state import StreamKey
 
@@ -78,7 +78,7 @@ class ExactControlPlane:
         self.ledger, self.credit, self.share, self.stall_after = ledger, credit, share, stall_after
         ledger.attach(self.record_consumed)
         self._lock = ledger.lock  # one lock for the ledger's records and what this control plane derives from them
-        self.links = links = ProducerLinks(connect, credit, self._lock)
+        self.links = links = ProducerLinks(connect, credit, self._lock, stall_after)
         #: by producer number (``stoker_source``), which stays its own after it leaves the pool
         self.producers: list[KnownProducer] = links.producers
         #: control messages sent and received, and their bytes (the receive thread writes them)
@@ -180,7 +180,7 @@ class ExactControlPlane:
             p.reports = []  # the hello's state includes them
         p.owed = 0  # and it gives the whole credit afresh
         p.batch_at = time.monotonic()
-        self.links.send(i, encode_hello(Hello(self.ledger.trainer_id, p.session, self.credit, state, held)))
+        self.links.hello(i, Hello(self.ledger.trainer_id, p.session, self.credit, state, held))
 
     def _restart(self, i: int) -> None:
         """A new session with producer ``i`` on its current connection (a connection made meanwhile gets its own)."""
@@ -219,7 +219,7 @@ class ExactControlPlane:
         p.heard_at = time.monotonic()
         body, nbytes = message
         status = decode_status(body)  # ProtocolError propagates: counted as a rejected message
-        self.control.count_received(nbytes)
+        self.control.count_status(nbytes)
         p.status = status
         why = hello_again(p, status) if self.active else ""
         if why:  # a stranger, or a producer serving another stream than our hello's (``hello_state``)

@@ -7,7 +7,9 @@ The loop connects (again every 0.1-1 s while refused, and after a drop), says RE
 then reads each message: a producer's status, or a batch held to the trainer's spec by its header
 and read straight into ``empty()`` memory, as plain direct receive does (``message_steps``), so
 TensorFlow takes it without a copy. Messages wait in an inbox for the control plane's thread
-(``receive``); a pipe is readable while any do, so one ``zmq.Poller`` waits on every link. The inbox
+(``receive``); a link whose inbox holds one is queued in a ``ReadyQueue`` (``ready_queue``) shared by every
+link of the input, whose one pipe a ``zmq.Poller`` waits on: a receive call costs the links ready, not
+the links (a dealer made without a queue has one of its own, ``pollable``). The inbox
 is bounded: at ``batch_room`` batches (credit keeps an honest producer below it) or ``status_room``
 other messages (statuses, errors) the connection stops reading, and TCP holds the producer back;
 ``receive`` wakes it once there is room again. A bad message is handed over as its ProtocolError
@@ -20,7 +22,6 @@ leave and lets the loop close the connection, which ``join`` waits for (within a
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections import deque
@@ -35,6 +36,7 @@ from stoker.consumer.transport.connection_loop import ConnectionLoop
 from stoker.consumer.transport.connections import ConnectionHealth
 from stoker.consumer.transport.direct_receive import EmptyArray, message_steps
 from stoker.consumer.transport.loop_connection import LoopConnection
+from stoker.consumer.transport.ready_queue import ReadyQueue
 from stoker.consumer.transport.zmtp import SocketTypeMismatch
 from stoker.consumer.transport.zmtp_reader import FrameReader, Steps
 
@@ -47,13 +49,14 @@ class DirectDealer:
     """One exact-mode producer over our ZMTP; see the module doc. ValueError for an address that is not
     tcp://host:port, or once ``loop`` is closed. ``spec()`` is the trainer's batch spec once known (batches before it
     are refused). ``loop``: what drives the connection (None: a loop of one thread, the dealer's own, which ``join``
-    closes)."""
+    closes). ``ready``: where the dealer queues itself while its inbox holds a message (None: a queue of its own,
+    whose pipe is ``pollable``)."""
 
     owned = True
 
     def __init__(self, address: str, spec: Callable[[], Optional[BatchSpec]], limits: DecodeLimits,
                  empty: EmptyArray, batch_room: int, status_room: int, poll_s: float = 0.1,
-                 loop: Optional[ConnectionLoop] = None) -> None:
+                 loop: Optional[ConnectionLoop] = None, ready: Optional[ReadyQueue] = None) -> None:
         tcp_address(address)
         self.address = self.endpoint = address
         self._spec, self._limits, self._empty = spec, limits, empty
@@ -67,9 +70,9 @@ class DirectDealer:
         self._inbox: deque[Message] = deque()
         self._batches = self._others = 0  # in the inbox: batches, and statuses or errors
         self._lock = threading.Lock()
-        self._ready, self._ready_w = os.pipe()  # holds a byte exactly while the inbox holds a message
-        os.set_blocking(self._ready, False)
-        os.set_blocking(self._ready_w, False)
+        self._own_queue = ready is None
+        #: holds this dealer exactly while its inbox holds a message
+        self.ready_queue = ready if ready is not None else ReadyQueue()
         self._leave = threading.Event()  # close() was called: the loop closes the connection
         self._gone = threading.Event()  # the loop closed it (``closed``): the pipe is closed too
         self._own_loop = loop is None
@@ -86,7 +89,7 @@ class DirectDealer:
 
     @property
     def pollable(self) -> int:
-        return self._ready
+        return self.ready_queue.pollable
 
     @property
     def connected(self) -> set[str]:
@@ -108,7 +111,7 @@ class DirectDealer:
             full = not self._has_room()
             message = self._inbox.popleft()
             if not self._inbox:
-                os.read(self._ready, 1)
+                self.ready_queue.drained(self)
             if isinstance(message, Batch):
                 self._batches -= 1
             else:
@@ -190,13 +193,14 @@ class DirectDealer:
         self._post(exc)  # counted by the control plane; out of sync, the connection drops it and connects again
 
     def closed(self) -> None:
-        """Gone for good: nothing reads or writes the pipe after this (the control plane polls a closed link no
-        more)."""
+        """Gone for good: out of the ready queue (the control plane reads a closed link no more; its own queue's
+        pipe is closed)."""
         with self._lock:
             self._up = None
             if not self._gone.is_set():
-                os.close(self._ready)
-                os.close(self._ready_w)
+                self.ready_queue.drained(self)
+                if self._own_queue:
+                    self.ready_queue.close()
             self._gone.set()
 
     def _post(self, message: Message) -> None:
@@ -206,8 +210,8 @@ class DirectDealer:
                 self._batches += 1
             else:
                 self._others += 1
-            if len(self._inbox) == 1:
-                os.write(self._ready_w, b"\0")
+            if len(self._inbox) == 1 and not self._gone.is_set():
+                self.ready_queue.ready(self)
 
 
 class _DealerPeer:

@@ -12,6 +12,7 @@ import numpy as np
 from stoker.protocol.exact_messages import Records, Status
 from stoker.protocol.input_state import rows_by_epoch
 
+from stoker.consumer.exact.attention import heartbeat_every
 from stoker.consumer.exact.links import Link
 
 
@@ -42,6 +43,12 @@ class KnownProducer:
         self.pooled = False  # it serves this trainer's elastic pool under the current session
         self.restarted = False  # taken for stuck in the pool and told to start afresh; not answered yet
         self.told_finished_in: Optional[int] = None  # the session it was told the pool's run is complete in
+
+    @property
+    def heartbeat_s(self) -> float:
+        """Seconds between heartbeats to it while nothing else goes (``attention.heartbeat_every``)."""
+        status = self.status
+        return heartbeat_every(status.trainer_timeout if status is not None else None)
 
     def name(self) -> str:
         """The producer as a person finds it: its id (from its status) and the address we connect to."""

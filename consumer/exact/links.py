@@ -10,8 +10,10 @@ over each message that arrived: a producer's status (its map) or a batch. Two ki
 - ``DirectDealer`` (``direct_dealer``): our ZMTP on a loop of a few threads shared by every
   producer, reading each batch straight into memory the sink then owns (no copy).
 
-Both are polled by one ``zmq.Poller`` (``pollable``), used by one thread (the control plane's),
-except that a ``DirectDealer``'s connection reads on its loop's thread.
+Both are polled by one ``zmq.Poller``, used by one thread (the control plane's), except that a
+``DirectDealer``'s connection reads on its loop's thread: a libzmq link's socket (``pollable``), or the one
+pipe of the ``ReadyQueue`` every direct link of the input shares (``ready_queue``), which says which hold a
+message.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@
   trainer's elastic pool (``pool_work``): serving it (``pooled``), told to start afresh as stuck
   (``restarted``), told the pool is finished (``told_finished_in``). What the pool's scheduler knows of
   it (splits, pace, cache) is its ``PoolMember`` (``pool/pool_member.py``), under the lock.
-- ``ProducerLinks``: the records in one list, the ``zmq.Poller`` over their links (ready producers
-  least recently read first), and what goes back to them besides hellos: credit, consumed records,
+- ``ProducerLinks``: the records in one list, the ``zmq.Poller`` over their links (a direct link's shared
+  ``ReadyQueue``'s one pipe, or each libzmq socket; ready producers least recently read first), and what goes back to them besides hellos: credit, consumed records,
   heartbeats (``control_plane``'s doc says when), and a goodbye when the trainer's input closes.
 
 The control plane's thread owns both; ``stream``, ``held`` and ``reports`` are also touched by the
@@ -22,45 +22,27 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
 from typing import Callable, Optional
 
 import numpy as np
 import zmq
 
 from stoker.protocol import ProtocolError
-from stoker.protocol.exact_messages import Credit, Goodbye, Records, decode_status, encode_credit, encode_goodbye
+from stoker.protocol.exact_messages import (Credit, Goodbye, Hello, Records, decode_status, encode_credit,
+                                            encode_goodbye, encode_hello)
 from stoker.protocol.input_state import rows_by_epoch
 
-from stoker.consumer.exact.attention import Attention
+from stoker.consumer.exact.attention import HEARTBEAT_S, Attention, status_every
+from stoker.consumer.exact.control_counts import ControlCounts  # its users import it from here too
 from stoker.consumer.exact.known_producer import KnownProducer  # its users import it from here too
 from stoker.consumer.exact.links import Link
+from stoker.consumer.transport.ready_queue import ReadyQueue
 
 __all__ = ["KnownProducer", "ProducerLinks", "ControlCounts", "merge_reports", "HEARTBEAT_S", "REPORT_WAIT_S"]
 
-HEARTBEAT_S = 0.5
 #: How long consumed records may wait for a credit to carry them before they go alone: a message per step
 #: would double the control traffic (and the wake-ups on both sides) for nothing.
 REPORT_WAIT_S = 0.1
-
-
-@dataclass
-class ControlCounts:
-    """Control messages (credit, reports, hellos, work, heartbeats; statuses) and their bytes, both ways: totals for
-    the input's stats. Written by the control plane's thread alone."""
-
-    sent: int = 0
-    bytes_sent: int = 0
-    received: int = 0
-    bytes_received: int = 0
-
-    def count_sent(self, nbytes: int) -> None:
-        self.sent += 1
-        self.bytes_sent += nbytes
-
-    def count_received(self, nbytes: int) -> None:
-        self.received += 1
-        self.bytes_received += nbytes
 
 
 def merge_reports(reports: list[tuple[np.ndarray, np.ndarray]]) -> Records:
@@ -76,13 +58,17 @@ class ProducerLinks:
     """The producers' connections by number (``producers``), and what this trainer sends back on them besides
     hellos: credit for queued batches, in steps of half the ``credit`` window; consumed records; heartbeats.
     ``connect(address)`` makes a link (ValueError for a bad address); ``lock``: the control plane's, which guards the
-    records' ``reports``. ``control``: control messages sent and received, and their bytes."""
+    records' ``reports``; ``stall_after``: the control plane's, which bounds how far apart a hello asks for statuses.
+    ``control``: control messages sent and received, and their bytes."""
 
-    def __init__(self, connect: Callable[[str], Link], credit: int, lock: threading.Lock) -> None:
-        self._connect, self.credit, self._lock = connect, credit, lock
+    def __init__(self, connect: Callable[[str], Link], credit: int, lock: threading.Lock,
+                 stall_after: Optional[float] = None) -> None:
+        self._connect, self.credit, self._lock, self._stall_after = connect, credit, lock, stall_after
         self.producers: list[KnownProducer] = []
         self._poller = zmq.Poller()  # the live sockets (made once: zmq.select would build one per call)
-        self._number: dict[object, int] = {}  # a link's pollable -> its number
+        self._number: dict[object, int] = {}  # a libzmq link's socket -> its number
+        self._direct: dict[Link, int] = {}  # a link queued in a ReadyQueue while it holds a message -> its number
+        self._queues: dict[ReadyQueue, int] = {}  # the ready queues polled (their pipes) -> links in each
         self.control = ControlCounts()
         #: who needs a look on a turn (sends due, connection events): a turn's cost does not grow with the fan-in
         self.attention = Attention()
@@ -93,8 +79,17 @@ class ProducerLinks:
         link = self._connect(address)
         with self._lock:
             self.producers.append(KnownProducer(address, link, time.monotonic()))
+            i = len(self.producers) - 1
+        queue: Optional[ReadyQueue] = getattr(link, "ready_queue", None)
+        if queue is None:
             self._poller.register(link.pollable, zmq.POLLIN)
-            self._number[link.pollable] = i = len(self.producers) - 1
+            self._number[link.pollable] = i
+        else:  # one pipe for every link sharing the queue: polled once, however many links
+            if queue not in self._queues:
+                self._poller.register(queue.pollable, zmq.POLLIN)
+                self._queues[queue] = 0
+            self._queues[queue] += 1
+            self._direct[link] = i
         notifies = hasattr(link, "on_change")  # a direct link says when its connection changed; libzmq's is asked
         if notifies:
             link.on_change = lambda: self.attention.flag(i)  # type: ignore[attr-defined]
@@ -106,8 +101,7 @@ class ProducerLinks:
         for i, p in enumerate(self.producers):
             link = p.link
             if p.address == address and link is not None:
-                self._poller.unregister(link.pollable)
-                del self._number[link.pollable]
+                self._forget(link)
                 link.close(linger_ms=0)
                 link.join(1.0)
                 p.link, p.status = None, None
@@ -115,21 +109,52 @@ class ProducerLinks:
                 return i
         return None
 
+    def _forget(self, link: Link) -> None:
+        """Poll ``link`` no more (it is closed next)."""
+        queue: Optional[ReadyQueue] = getattr(link, "ready_queue", None)
+        if queue is None:
+            self._poller.unregister(link.pollable)
+            del self._number[link.pollable]
+            return
+        del self._direct[link]
+        self._queues[queue] -= 1
+        if not self._queues[queue]:
+            self._poller.unregister(queue.pollable)
+            del self._queues[queue]
+
     def live(self) -> list[int]:
         """The numbers of the producers connected now (in the pool)."""
         return [i for i, p in enumerate(self.producers) if p.link is not None]
 
-    def poll(self, timeout_ms: int) -> list[int]:
+    def poll(self, timeout_ms: int, most: Optional[int] = None) -> list[int]:
         """The producers with a message waiting, after at most ``timeout_ms``, the one read longest ago first: a
         receiver with room for one batch per turn (a slow step) reads each producer in turn, never the first
-        registered alone (which starved the others and made them look stuck)."""
-        if not self._number:
+        registered alone (which starved the others and made them look stuck). ``most``: of the links sharing a
+        ready queue, at most this many (those left wait their turn), so a call costs what it returns, not the
+        fan-in; libzmq links are each polled (all of them ready, whatever ``most``)."""
+        if not self._number and not self._direct:
             time.sleep(timeout_ms / 1000)
             return []
-        ready = [self._number[sock] for sock, _ in self._poller.poll(timeout_ms)]
-        if len(ready) > 1:
-            ready.sort(key=self._read_turn)
-        return ready
+        ready = self._take(most)
+        if ready and not self._number:
+            return ready  # nothing else to poll: no wait, no system call
+        events = self._poller.poll(0 if ready else timeout_ms)
+        if not ready and self._queues:
+            ready = self._take(most)
+        polled = [self._number[sock] for sock, _ in events if sock in self._number]
+        if len(polled) > 1:
+            polled.sort(key=self._read_turn)
+        return ready + polled
+
+    def _take(self, most: Optional[int]) -> list[int]:
+        """Up to ``most`` direct links holding a message, from their ready queues (in turn: read longest ago first)."""
+        out: list[int] = []
+        for queue in self._queues:
+            for link in queue.take(most if most is None else most - len(out)):
+                i = self._direct.get(link)  # type: ignore[call-overload]
+                if i is not None:  # else a link removed, closing: its close takes it out of the queue
+                    out.append(i)
+        return out
 
     def _read_turn(self, i: int) -> int:
         return self.producers[i].read_turn
@@ -146,8 +171,14 @@ class ProducerLinks:
             return False  # it left the pool, or is not connected
         p.last_sent = time.monotonic()
         self.control.count_sent(len(frame))
-        self.attention.at(i, p.last_sent + HEARTBEAT_S)
+        self.attention.at(i, p.last_sent + p.heartbeat_s)
         return True
+
+    def hello(self, i: int, hello: Hello) -> bool:
+        """Send ``hello`` to producer ``i``, asking for statuses that say nothing new as often as this fan-in wants
+        (``attention.status_every``); whether it went out (``send``)."""
+        hello.status_s = status_every(len(self.producers), self._stall_after)
+        return self.send(i, encode_hello(hello))
 
     def give_back(self, i: int) -> None:
         """One credit back to producer ``i`` (a batch of it was queued or dropped). Credit goes in steps of half
@@ -164,7 +195,8 @@ class ProducerLinks:
     def send_due(self, now: float, force: bool = False) -> None:
         """Send consumed records and credit that waited ``REPORT_WAIT_S`` (``force``: all of them, e.g. when the
         input stops), and heartbeats where nothing went out for ``HEARTBEAT_S``: only to the producers whose time
-        came (``attention``), unless ``force``."""
+        came (``attention``), unless ``force``: heartbeats as often as the producer's trainer timeout asks
+        (``KnownProducer.heartbeat_s``)."""
         while self._reported:
             i = self._reported.popleft()
             self.attention.at(i, self.producers[i].reported_at + REPORT_WAIT_S)
@@ -176,11 +208,11 @@ class ProducerLinks:
             with self._lock:
                 reports_due = bool(p.reports) and (force or now - p.reported_at >= REPORT_WAIT_S)
             credit_due = p.owed > 0 and (force or now - p.owed_at >= REPORT_WAIT_S)
-            if reports_due or credit_due or now - p.last_sent >= HEARTBEAT_S:
+            if reports_due or credit_due or now - p.last_sent >= p.heartbeat_s:
                 self._send_credit(i)
             with self._lock:
                 report_at = p.reported_at + REPORT_WAIT_S if p.reports else float("inf")
-            when = min(p.last_sent + HEARTBEAT_S, p.owed_at + REPORT_WAIT_S if p.owed else report_at, report_at)
+            when = min(p.last_sent + p.heartbeat_s, p.owed_at + REPORT_WAIT_S if p.owed else report_at, report_at)
             self.attention.at(i, max(when, now + REPORT_WAIT_S / 10))  # a send that failed: tried again soon
 
     def consumed(self, i: int, epochs: np.ndarray, indices: np.ndarray) -> None:
@@ -203,7 +235,11 @@ class ProducerLinks:
         with self._lock:
             reports, p.reports = p.reports, []
         n, p.owed = p.owed, 0
-        if not self.send(i, encode_credit(Credit(p.session, n, merge_reports(reports)))):
+        frame = encode_credit(Credit(p.session, n, merge_reports(reports)))
+        if self.send(i, frame):
+            if not n and not reports:
+                self.control.heartbeat_bytes += len(frame)
+        else:
             # Kept for the next message (a connection that stays up with a full send pipe); a new connection's
             # hello resets both (it carries the whole state and credit).
             p.owed += n

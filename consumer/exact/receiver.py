@@ -26,6 +26,7 @@ from stoker.protocol import ProtocolError
 from stoker.protocol.batch_spec import BatchSpec
 
 from stoker.consumer.exact.direct_dealer import DirectDealer
+from stoker.consumer.transport.ready_queue import ReadyQueue
 from stoker.consumer.transport.connection_loop import MAX_THREADS, ConnectionLoop, reserve_descriptors
 from stoker.consumer.transport.discovery import ProducerPool
 from stoker.consumer.exact.links import Link, LibzmqDealer
@@ -70,19 +71,22 @@ class ExactReceiver:
         # Direct links: one loop drives every producer's connection on at most MAX_THREADS - 1 threads (the control
         # plane's is the last one), and the libzmq context opens no socket; libzmq links: three sockets per producer.
         self._loop = ConnectionLoop("stoker-exact-receive", POLL_S, _loop_failure, MAX_THREADS - 1) if direct else None
+        # Direct links: one wake-up pipe and ready queue for all of them, so a receive call costs the links ready.
+        self._ready = ReadyQueue() if direct else None
         self._ctx = libzmq_context(0 if direct else LIBZMQ_SOCKETS_PER_DEALER * len(pool.endpoints))
         self._built = False  # the control plane is made: later links are producers joining the pool
 
         def connect(address: str) -> Link:
-            # Open files: direct, a socket and the inbox's two pipe ends; libzmq, the connection and three mailboxes.
+            # Open files: direct, a socket (the ready queue's pipe is shared); libzmq, the connection and three
+            # mailboxes.
             try:
                 reserve_descriptors(len(self.control_plane.live()) + 1 if self._built else len(pool.endpoints),
-                                    3 if direct else 4)
+                                    1 if direct else 4)
             except OSError as exc:
                 raise ValueError(str(exc)) from None  # a joining producer's connection error, or the input's
             if self._loop is not None:
                 return DirectDealer(address, lambda: self._spec, limits, self._empty, rcvhwm + 1, STATUS_ROOM, POLL_S,
-                                    self._loop)
+                                    self._loop, self._ready)
             return LibzmqDealer(self._ctx, address, sockopts, limits, curve)
 
         try:
@@ -91,6 +95,7 @@ class ExactReceiver:
         except ValueError:
             if self._loop is not None:
                 self._loop.close()
+            self._close_ready()
             self._ctx.destroy(linger=0)
             raise
         self._built = True
@@ -141,7 +146,8 @@ class ExactReceiver:
         while True:
             self._watch(core)
             plane.flush()
-            core.stats.set_control(control.sent, control.bytes_sent, control.received, control.bytes_received)
+            core.stats.set_control(control.sent, control.bytes_sent, control.received, control.bytes_received,
+                                   control.heartbeat_bytes, control.status_bytes)
             core.stats.set_pool_work(*plane.pool_counters(), plane.stall_warnings)
             if plane.stall_error is not None:
                 core.fail(InputError(plane.stall_error))
@@ -159,7 +165,7 @@ class ExactReceiver:
                 plane.queue_full()
                 time.sleep(0.02)
                 continue
-            for i in plane.poll(int(POLL_S * 1000)):
+            for i in plane.poll(int(POLL_S * 1000), room):  # at most room links: the others wait their turn
                 try:
                     batch = plane.receive(i)
                     if batch is None:  # a status: the producer is alive, perhaps waiting for steps to report
@@ -224,7 +230,12 @@ class ExactReceiver:
         self.control_plane.close()  # each link closed: the loop's threads have nothing left to serve
         if self._loop is not None:
             self._loop.close()
+        self._close_ready()
         self._ctx.term()
+
+    def _close_ready(self) -> None:
+        if self._ready is not None:
+            self._ready.close()  # after the loop closed: no link queues itself any more
 
 
 def _loop_failure(endpoint: str, exc: Exception) -> None:

@@ -70,8 +70,9 @@ class ConnectionReports(Protocol):
                            drops: int = 1) -> bool:
         """One endpoint's news; True if it was connected before (a lost connection)."""
 
-    def set_control(self, sent: int, bytes_sent: int, received: int, bytes_received: int) -> None:
-        """Exact mode's control messages so far (totals)."""
+    def set_control(self, sent: int, bytes_sent: int, received: int, bytes_received: int,
+                    liveness_sent: int = 0, liveness_received: int = 0) -> None:
+        """Exact mode's control messages so far (totals); of their bytes, liveness's (heartbeats, statuses)."""
 
     def set_pool_work(self, reserved: int, backed_up: int, wasted: int, stuck: int, stall_warnings: int) -> None:
         """Exact mode's liveness counters so far (totals)."""

@@ -46,6 +46,9 @@ class InputStats:
     control_bytes_sent: int = 0
     control_received: int = 0
     control_bytes_received: int = 0
+    #: of those bytes, liveness: heartbeats sent (a credit message with no credit and no records), statuses received
+    liveness_bytes_sent: int = 0
+    liveness_bytes_received: int = 0
     #: the producer pool (``consumer/transport/discovery.py``): its addresses now; producers that joined (a connection
     #: came up, those at the start included) and left (a connection ended, or its address left the pool) since the
     #: start, counted alike for a static address list and for discovery: joined - left = connected now

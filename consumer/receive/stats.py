@@ -253,12 +253,14 @@ class ReceiveStats:
         with self._lock:
             return sorted(self._endpoint_errors.items())
 
-    def set_control(self, sent: int, bytes_sent: int, received: int, bytes_received: int) -> None:
-        """Exact mode's control messages so far (totals, from the receive thread)."""
+    def set_control(self, sent: int, bytes_sent: int, received: int, bytes_received: int,
+                    liveness_sent: int = 0, liveness_received: int = 0) -> None:
+        """Exact mode's control messages so far (totals, from the receive thread); of their bytes, liveness's."""
         with self._lock:
             s = self._stats
             s.control_sent, s.control_bytes_sent, s.control_received, s.control_bytes_received = \
                 sent, bytes_sent, received, bytes_received
+            s.liveness_bytes_sent, s.liveness_bytes_received = liveness_sent, liveness_received
 
     def set_pool_work(self, reserved: int, backed_up: int, wasted: int, stuck: int, stall_warnings: int) -> None:
         """Exact mode's liveness counters so far (totals, from the receive thread)."""

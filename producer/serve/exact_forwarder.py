@@ -12,8 +12,10 @@ policy chose); with nothing to serve it waits. Trainers' ``hello``, ``credit``, 
 messages arrive on the same socket; a malformed one, or work the policy refuses,
 is counted and logged (rate-limited), never fatal. A trainer that says goodbye is forgotten at once
 (INFO: it left); one that vanishes without it is a WARNING when found unreachable or silent. The policy's status
-goes to every trainer when the policy says it changed (an epoch completed, the run finished) and every second. All sockets are used by
-this thread only.
+goes to every trainer when the policy says it changed (an epoch completed, the run finished), and to each trainer
+that heard no status for the period its hello asked for (``status_s``: every second from an older trainer; a trainer
+reading many producers asks for fewer, docs/protocol.md "Liveness"); every status names this producer's trainer
+timeout, by which the trainer spaces its heartbeats. All sockets are used by this thread only.
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ import zmq
 
 from stoker.protocol import ProtocolError
 from stoker.protocol.batch_codec import with_session
-from stoker.protocol.exact_messages import (Credit, Describe, Goodbye, Hello, Status, Work, decode_trainer_message,
-                                            encode_status)
+from stoker.protocol.exact_messages import (STATUS_S, Credit, Describe, Goodbye, Hello, Status, Work,
+                                            decode_trainer_message, encode_status)
 
 from stoker.producer.serve.batch_slots import GRANT, Slot, SlotLayout, SlotState, encode_work, slot_frame
 from stoker.producer.serve.forwarder import IN_FLIGHT_POLL_MS, SlotForwarder
@@ -38,7 +40,8 @@ from stoker.producer.serve.policies.serving_policy import ExactPolicy
 log = logging.getLogger("stoker.producer")
 
 _WARN_EVERY_S = 60.0
-STATUS_EVERY_S = 1.0  # also a heartbeat: a trainer waiting on others' steps knows this producer is alive
+STATUS_EVERY_S = STATUS_S  # also a heartbeat: a trainer waiting on others' steps knows this producer is alive
+MAX_STATUS_CHECK_S = 1.0  # a trainer that joined meanwhile gets its first period's status no later than this
 IDLE_POLL_MS = 50  # nothing in flight: statuses and expiry need no finer clock than this
 _EXPIRE_EVERY_S = 0.1
 
@@ -55,7 +58,9 @@ class ExactForwarder(SlotForwarder):
         self.bad_messages = 0
         self.stale_rows = 0  # rows masked at sending: consumed or held since chosen (FixedShardPolicy.take_stale)
         self._last_bad_log = -_WARN_EVERY_S
-        self._last_status = 0.0
+        self._status_every: dict[bytes, float] = {}  # trainer -> the period its hello asked for (``status_s``)
+        self._status_at: dict[bytes, float] = {}  # trainer -> when it was last sent a status
+        self._next_status = 0.0  # no trainer's period ends before this
         self._unknown_told: dict[bytes, float] = {}
         self._expired_at = 0.0
 
@@ -141,6 +146,7 @@ class ExactForwarder(SlotForwarder):
             self._on_work(routing_id, body)
         elif isinstance(body, Hello):
             self.policy.on_hello(routing_id, body)
+            self._status_every[routing_id] = body.status_s
             status = self._status_to(routing_id)
             log.info("trainer %s (session %d) joined with credit %d; serving epoch %d", body.trainer, body.session,
                      body.credit, status.completed)
@@ -190,8 +196,14 @@ class ExactForwarder(SlotForwarder):
                 self._unknown_told.clear()
             self._status_to(routing_id, stranger=True)
 
-    def _status_to(self, routing_id: bytes, stranger: bool = False) -> Status:
+    def _status_to(self, routing_id: bytes, stranger: bool = False, spec: bool = True) -> Status:
+        """A status to one trainer; ``spec=False``: without the batch spec (the periodic and changed ones: a trainer
+        learns the spec from the answer to its describe or hello, which carries it)."""
         status = self.policy.status(routing_id, stranger)
+        status.trainer_timeout = self.policy.trainers.timeout
+        if not spec:
+            status.spec = []
+        self._status_at[routing_id] = time.monotonic()
         try:
             self.out.send_multipart([routing_id, encode_status(status)], flags=zmq.NOBLOCK)
         except zmq.ZMQError:
@@ -199,12 +211,22 @@ class ExactForwarder(SlotForwarder):
         return status
 
     def _broadcast_status(self) -> None:
+        """A status to every trainer when the policy changed, else to those whose period (``status_s``) ended."""
         now = time.monotonic()
-        if not self.policy.take_status_change() and now - self._last_status < STATUS_EVERY_S:
+        changed = self.policy.take_status_change()
+        if not changed and now < self._next_status:
             return
-        self._last_status = now
+        next_status = now + MAX_STATUS_CHECK_S
         for routing_id in self.policy.trainers:
-            self._status_to(routing_id)
+            every = self._status_every.get(routing_id, STATUS_EVERY_S)
+            if changed or now - self._status_at.get(routing_id, 0.0) >= every:
+                self._status_to(routing_id, spec=False)
+            next_status = min(next_status, self._status_at.get(routing_id, now) + every)
+        self._next_status = next_status
+        if len(self._status_at) > 2 * len(self.policy.trainers) + 64:  # trainers gone: forget them
+            live = set(self.policy.trainers)
+            self._status_at = {t: at for t, at in self._status_at.items() if t in live}
+            self._status_every = {t: s for t, s in self._status_every.items() if t in live}
 
     def _send_ready(self) -> None:
         """Send made batches in order, each to its trainer (any with credit, or the one it was made for)."""
