@@ -63,8 +63,10 @@ def _unpacked_sizes(raw_streams: dict) -> dict:
 
 def _ranges(key: str, epoch: int, packed: bytes, size: int, left: list[int]) -> PositionRanges:
     """An open epoch's consumed positions (epoch order 2), within what is ``left`` of ``MAX_STATE_RANGES``."""
+    if left[0] <= 0:
+        raise ValueError(f"stream {key} epoch {epoch}: the state holds more than {MAX_STATE_RANGES} ranges")
     try:
-        ranges = PositionRanges.from_wire(packed, size, max_ranges=max(1, left[0]))
+        ranges = PositionRanges.from_wire(packed, size, max_ranges=left[0])
     except ValueError as exc:
         raise ValueError(f"stream {key} epoch {epoch}: {exc} (at most {MAX_STATE_RANGES} ranges a state)") from None
     left[0] -= ranges.range_count

@@ -259,7 +259,9 @@ class LazyOrder:
         records are kept, looked up by the records' bytes."""
         records = _as_indices(records, self.table.records, "records").ravel()
         if len(records) > MEMO_RECORDS:
-            return self._positions(epoch, records)
+            found = self._positions(epoch, records)
+            found.setflags(write=False)  # read-only whatever the size, as the remembered ones are
+            return found
         key = (operator.index(epoch), records.tobytes())
         with self._lock:
             found = self._memo.get(key)

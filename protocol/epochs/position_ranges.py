@@ -217,8 +217,10 @@ class PositionRanges:
     @classmethod
     def from_ranges(cls, starts: np.ndarray, ends: np.ndarray, limit: int) -> PositionRanges:
         """The set of ranges ``[starts[i], ends[i])``, sorted by start (overlapping or adjacent allowed; empty
-        ones dropped). O(n). ValueError for ranges outside ``[0, limit)``."""
+        ones dropped). O(n). ValueError for ranges outside ``[0, limit)`` or ending before they start."""
         starts, ends = np.asarray(starts, np.int64), np.asarray(ends, np.int64)
+        if (ends < starts).any():
+            raise ValueError("a range ends before it starts")
         keep = ends > starts
         starts, ends = starts[keep], ends[keep]
         ranges = cls(limit)

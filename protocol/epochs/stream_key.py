@@ -18,7 +18,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from stoker.protocol.epochs.epoch_order import LazyOrder, ShardTable
+from stoker.protocol.epochs.epoch_order import MAX_SHARD_RECORDS, MAX_SHARDS, LazyOrder, ShardTable
 
 _KEY_RE = re.compile(r"^(\d+)/(\d+):(\d+):(-?\d+)(?::(\d+)x(\d+))?(?::o(\d+))?$")
 _SPLITS_RE = re.compile(r"^splits:(\d+):(-?\d+)(?::(\d+)x(\d+))?(?::o(\d+))?$")
@@ -103,6 +103,16 @@ class StreamKey:
     block: int = 0
     window: int = 1
     order_version: int = 1  #: 1: ``epoch_order``, materialised; 2: ``LazyOrder`` (the key ends in ``:o2``)
+
+    def __post_init__(self) -> None:
+        if self.order_version == 2 and self.size:  # what LazyOrder's table can hold, checked once, here
+            shard = self.block or self.size
+            if shard > MAX_SHARD_RECORDS or -(-self.size // shard) > MAX_SHARDS:
+                raise ValueError(
+                    f"stream {self}: epoch order 2 orders shards of at most {MAX_SHARD_RECORDS:,} records, at most "
+                    f"{MAX_SHARDS:,} of them; " + ("an unsharded dataset is one shard: store it sharded "
+                                                  "(stoker lmdb build --shard-size)" if not self.block else
+                                                  "use larger shards"))
 
     @classmethod
     def parse(cls, text: str) -> "StreamKey":

@@ -114,3 +114,26 @@ def test_stoker_state_info_describes_an_order_2_state_without_a_record_each(tmp_
     out = stoker_cli("state", "info", str(tmp_path / "state"))
     assert out.returncode == 0, out.stderr
     assert f"{pool}, split 4096: 2 epoch(s) complete; epoch 2: 1500000/10000000000" in out.stdout
+
+
+def test_a_rank_of_two_keeps_its_share_in_a_few_thousand_ranges_and_restores_it():
+    """Splits dealt one by one (s % world) made a rank's consumed positions one range per split: millions at 10^10
+    records, a checkpoint refused on restore. Dealt in share blocks, a share is at most SHARE_BLOCKS / world ranges."""
+    from stoker.consumer.exact.pool.range_split_epoch import SHARE_BLOCKS
+    from stoker.protocol.input_state import InputState
+
+    pool = "splits:10000000000:7:4096x1:o2"
+    split = split_records(10**10, 64, 2)
+    cut = SplitCut(StreamKey.parse(pool).lazy_order(), 0, 10**10, split)
+    assert cut.split_count > 4 * 10**6
+    share = cut.share(0, 2, 10**10)
+    assert share.range_count <= SHARE_BLOCKS // 2 and share.count() > 4 * 10**9
+    consumed = share.copy()
+    consumed.add(cut.bounds_of(np.array([cut.next_of(0, 1, 2)]))[0] + np.arange(0, 50, 7))  # not ours: ignored here
+    state = InputState({pool: RangeProgress(10**10, 0, {0: consumed})})
+    back = InputState.from_bytes(state.to_bytes())
+    assert back.streams[pool].open[0] == consumed
+    epoch = RangeSplitEpoch(StreamKey.parse(pool).lazy_order(), 0, 10**10, consumed, split, 0, 2)
+    assert epoch.left == 0  # every split of rank 0's share is done: the epoch completes for it
+    other = RangeSplitEpoch(StreamKey.parse(pool).lazy_order(), 0, 10**10, consumed, split, 1, 2)
+    assert other.left == sum(len(s) for s in cut.share_splits(1, 2)) and other.is_mine(cut.next_of(0, 1, 2))

@@ -163,3 +163,35 @@ def test_streams_times_their_sizes_cannot_multiply_into_a_huge_allocation():
 def test_a_state_whose_stream_key_is_not_a_string_is_refused_as_a_value_error():
     with pytest.raises(ValueError, match="stream key 7 is not a string"):
         InputState.from_wire(_state({7: {"completed": 0, "open": {}}}))
+
+
+def test_an_order_2_key_its_lazy_order_cannot_hold_is_refused_when_parsed_or_made():
+    """One shard of 2**33 records (no layout) was accepted, and the first work message then failed in LazyOrder,
+    on the producer's forwarder thread and in the trainer's control plane. Now the key itself is refused."""
+    with pytest.raises(ValueError, match="epoch order 2 orders shards of at most 4,294,967,295 records"):
+        StreamKey.parse(f"splits:{2**33}:1:o2")
+    with pytest.raises(ValueError, match="at most 16,777,216 of them"):
+        StreamKey(0, 1, 2**40, 1, splits=True, block=1000, window=1, order_version=2)
+    assert StreamKey.parse(f"splits:{2**33}:1:1000x1:o2").lazy_order().table.shards == 2**33 // 1000 + 1
+    assert StreamKey.parse(f"splits:{2**33}:1").order_version == 1  # order 1 refuses elsewhere, by its own limit
+
+
+def test_the_ranges_of_all_open_epochs_together_are_bounded(monkeypatch):
+    """The budget of ranges is the state's, all epochs together: once spent, another epoch's ranges are refused (it
+    let one more range per epoch through before)."""
+    import numpy as np
+
+    from stoker.protocol import input_state
+    from stoker.protocol.epochs.position_ranges import PositionRanges
+
+    key = "splits:1000:1:o2"
+    four = PositionRanges.from_ranges(np.array([0, 10, 20, 30]), np.array([5, 15, 25, 35]), 1000)
+    single = PositionRanges.from_ranges(np.array([0]), np.array([1]), 1000)
+    monkeypatch.setattr(input_state, "MAX_STATE_RANGES", 8)
+    two = input_state.InputState({key: input_state.RangeProgress(1000, 0, {0: four, 1: four})}).to_bytes()
+    assert input_state.InputState.from_bytes(two).streams[key].open[1] == four
+    three = input_state.InputState({key: input_state.RangeProgress(1000, 0, {0: four, 1: four, 2: single})})
+    with pytest.raises(ValueError, match="more than 8 ranges"):
+        input_state.InputState.from_bytes(three.to_bytes())
+    with pytest.raises(ValueError, match="ends before it starts"):
+        PositionRanges.from_ranges(np.array([5]), np.array([4]), 1000)

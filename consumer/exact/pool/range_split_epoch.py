@@ -3,7 +3,10 @@
 The twin of ``split_epoch.SplitEpoch`` for a stream key in epoch order 2 (``protocol/epochs/epoch_order.py``), which is
 computed lazily: nothing here holds an entry per record. The epoch's positions are cut into splits of ``split``
 positions, afresh at each window of shards (a split lies in one window, so it touches only that window's shards);
-this trainer's share is the splits ``s`` with ``s % world == rank``. The scheduler speaks to an epoch in *keys*:
+this trainer's share is the splits of the *share blocks* ``b`` with ``b % world == rank``, a block being
+``SplitCut.share_block`` consecutive splits (at most ``SHARE_BLOCKS`` blocks an epoch), so that a trainer's share, and
+what it consumed of it, is a few thousand ranges of positions however many splits the epoch has (splits dealt one by
+one, ``s % world``, made one range per split consumed). The scheduler speaks to an epoch in *keys*:
 ``locate(records)`` turns a batch's records into positions once, and every other method takes positions.
 
 Kept, all as ``PositionRanges``: the positions that *arrived* (a batch brought them, or a restored checkpoint
@@ -30,6 +33,8 @@ from stoker.consumer.exact.pool.pool_member import ShardChoice
 from stoker.consumer.exact.pool.split_epoch import SplitEpoch
 
 _CHUNK = 65536  # splits handled at once where an epoch's every split is visited
+#: An epoch's splits are dealt to its trainers in at most this many blocks of consecutive splits (see the module doc).
+SHARE_BLOCKS = 4096
 #: Splits a shard-preferring pick scans from the cursor, when most shards qualify (a pick is advice, never needed).
 PICK_SCAN = 4096
 
@@ -67,6 +72,7 @@ class SplitCut:
         per_window = -(-(self.window_end - self.window_start) // split)
         self.first_split = np.concatenate([[0], np.cumsum(per_window)]).astype(np.int64)  # int64 [windows + 1]
         self.split_count = int(self.first_split[-1])
+        self.share_block = max(1, -(-self.split_count // SHARE_BLOCKS))  # consecutive splits dealt to one trainer
 
     def bounds_of(self, splits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """int64 start and end positions of each of ``splits`` (vectorised)."""
@@ -80,18 +86,36 @@ class SplitCut:
         window = np.searchsorted(self.window_start, positions, side="right") - 1
         return self.first_split[window] + (positions - self.window_start[window]) // self.split
 
+    def owners(self, splits: np.ndarray, world: int) -> np.ndarray:
+        """int64: the rank of ``world`` whose share each of ``splits`` is in (its share block's, dealt in turn)."""
+        return (np.asarray(splits, np.int64) // self.share_block) % world
+
+    def next_of(self, split: int, rank: int, world: int) -> int:
+        """The first split at or after ``split`` in share ``rank`` of ``world`` (``split_count`` if none)."""
+        block = split // self.share_block
+        if block % world == rank:
+            return split
+        return min(self.split_count, (block + (rank - block) % world) * self.share_block)
+
+    def _blocks(self, rank: int, world: int) -> range:
+        return range(rank, -(-self.split_count // self.share_block), world)
+
     def share_splits(self, rank: int, world: int) -> "Iterator[np.ndarray]":
-        """The splits ``s % world == rank``, in chunks (an epoch may have millions)."""
-        for first in range(rank, self.split_count, world * _CHUNK):
-            yield np.arange(first, min(self.split_count, first + world * _CHUNK), world, dtype=np.int64)
+        """The splits of share ``rank`` of ``world``, in chunks (an epoch may have millions)."""
+        blocks, per = self._blocks(rank, world), max(1, _CHUNK // self.share_block)
+        for at in range(0, len(blocks), per):
+            first = np.asarray(blocks[at:at + per], np.int64) * self.share_block
+            splits = (first[:, None] + np.arange(self.share_block, dtype=np.int64)[None, :]).ravel()
+            yield splits[splits < self.split_count]
 
     def share(self, rank: int, world: int, limit: int) -> PositionRanges:
-        """The positions of share ``rank`` of ``world`` (its splits), as ranges over ``[0, limit)``."""
-        bounds = [self.bounds_of(splits) for splits in self.share_splits(rank, world)]
-        if not bounds:
+        """The positions of share ``rank`` of ``world`` as ranges over ``[0, limit)``: one a share block (its splits
+        are consecutive, and so are their positions: windows lie end to end)."""
+        first = np.asarray(self._blocks(rank, world), np.int64) * self.share_block
+        if not len(first):
             return PositionRanges(limit)
-        return PositionRanges.from_ranges(np.concatenate([b[0] for b in bounds]),
-                                          np.concatenate([b[1] for b in bounds]), limit)
+        last = np.minimum(first + self.share_block, self.split_count) - 1
+        return PositionRanges.from_ranges(self.bounds_of(first)[0], self.bounds_of(last)[1], limit)
 
 
 class RangeSplitEpoch:
@@ -136,7 +160,11 @@ class RangeSplitEpoch:
         """bool per position: whether it falls in a split of this trainer's share."""
         if self.world == 1:
             return np.ones(len(positions), bool)
-        return self.split_of(positions) % self.world == self.rank
+        return self.cut.owners(self.split_of(positions), self.world) == self.rank
+
+    def is_mine(self, s: int) -> bool:
+        """Whether split ``s`` is in this trainer's share."""
+        return self.world == 1 or (s // self.cut.share_block) % self.world == self.rank
 
     def unfinished(self, s: int) -> bool:
         """Whether split ``s`` still has positions to arrive."""
@@ -154,6 +182,7 @@ class RangeSplitEpoch:
             first = self.arrived.first_missing(self.bounds(self.cursor)[0])
             self.cursor = self.split_count if first >= self.records else max(
                 self.cursor, int(self.split_of(np.array([first], np.int64))[0]))
+            self.cursor = self.cut.next_of(self.cursor, self.rank, self.world)  # past other trainers' blocks
         return self.cursor
 
     def mark_handed(self, s: int) -> None:
@@ -190,7 +219,7 @@ class RangeSplitEpoch:
         self.done.add(new)
         touched = np.unique(self.split_of(new))
         if self.world > 1:
-            touched = touched[touched % self.world == self.rank]
+            touched = touched[self.cut.owners(touched, self.world) == self.rank]
         starts, ends = self.bounds_of(touched)
         # Each split counts once: it holds a position that was not done before, so it was not covered before.
         self.left -= int(covered_splits(self.done, starts, ends).sum())
@@ -216,7 +245,7 @@ class RangeSplitEpoch:
                 continue
             splits = np.arange(first, min(end, first + budget), dtype=np.int64)
             budget -= len(splits)
-            splits = splits[(splits % self.world == self.rank) & ~self.handed.contains(splits)]
+            splits = splits[(self.cut.owners(splits, self.world) == self.rank) & ~self.handed.contains(splits)]
             starts, ends = self.bounds_of(splits)
             shard = self.order.shard_at(self.epoch, (starts + ends) // 2)
             for s in splits[shards.holds(shard)].tolist():

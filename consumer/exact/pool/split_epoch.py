@@ -123,6 +123,10 @@ class SplitEpoch:
     def split_count(self) -> int:
         return len(self.starts)
 
+    def is_mine(self, s: int) -> bool:
+        """Whether split ``s`` is in this trainer's share (``s % world == rank``)."""
+        return s % self.world == self.rank
+
     def skip_arrived(self) -> int:
         """The cursor (here each split is asked in turn: a lookup each)."""
         return self.cursor

@@ -4,7 +4,8 @@ With ``--shard auto`` no producer owns a shard; the trainer owns the input state
 (exact mode), so it also hands out the work. Each epoch's order of the whole dataset
 (``epoch_order(range(records), seed, epoch)``) is cut into *splits* of ``split`` positions
 (``split_records``: enough splits that every producer of a growing pool can hold its share ahead,
-a batch at least); this trainer's share is the splits ``s`` with ``s % world == rank`` (several
+a batch at least); this trainer's share is the splits ``s`` with ``s % world == rank`` (in epoch order 2, blocks of
+consecutive splits dealt in turn: ``range_split_epoch``) (several
 data-parallel trainers take disjoint shares, so nothing has to be agreed between them).
 
 - ``top_up(i)`` hands producer ``i`` more splits until it has ``ahead`` unfinished ones: splits
@@ -100,9 +101,6 @@ class SplitScheduler:
 
     # ---- epochs ----------------------------------------------------------------------------
 
-    def _mine(self, split: int) -> bool:
-        return split % self.world == self.rank
-
     def _open_epochs(self) -> None:
         """Open the epochs the window allows; an epoch with nothing of this trainer's share in it (a small
         dataset, several trainers) completes at once, and the window moves on."""
@@ -162,7 +160,7 @@ class SplitScheduler:
             while epoch.skip_arrived() < epoch.split_count:
                 s = epoch.cursor
                 epoch.cursor += 1
-                if self._mine(s) and self._free(e, s):
+                if epoch.is_mine(s) and self._free(e, s):
                     epoch.mark_handed(s)
                     return e, s
         return None
