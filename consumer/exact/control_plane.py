@@ -46,7 +46,7 @@ from stoker.protocol.exact_messages import Hello, decode_status, encode_describe
 from stoker.protocol.batch_spec import BatchSpec
 from stoker.protocol.input_state import StreamKey
 
-from stoker.consumer.exact.hello_state import hello_again, hello_state, knows_stream
+from stoker.consumer.exact.hello_state import hello_again, hello_state, knows_stream, serves_another_stream
 from stoker.consumer.exact.ledger import ConsumedLedger
 
 from stoker.consumer.exact.links import Link
@@ -175,7 +175,7 @@ class ExactControlPlane:
         p = self.producers[i]
         p.session += 1
         with self._lock:
-            state = hello_state(self.ledger.state, p.stream)
+            state, p.hello_stream = hello_state(self.ledger.state, p.stream), p.stream
             held = p.held_records()
             p.reports = []  # the hello's state includes them
         p.owed = 0  # and it gives the whole credit afresh
@@ -249,6 +249,13 @@ class ExactControlPlane:
             return None
         p.batch_at = time.monotonic()
         stream = header.stream
+        if serves_another_stream(p, stream):  # its hello carried another stream's progress (``hello_state``)
+            log.warning("producer %s serves %s, not %s as its hello assumed: saying hello again", p.address, stream,
+                        p.hello_stream)
+            with self._lock:
+                p.stream = stream  # what the new hello carries
+            self._restart(i)
+            return None
         if stream and stream != p.stream:
             with self._lock:
                 p.stream = stream

@@ -21,7 +21,7 @@ from stoker.protocol.input_state import InputState, StreamKey
 
 from stoker.consumer.exact.producers import KnownProducer
 
-__all__ = ["hello_state", "knows_stream", "hello_again"]
+__all__ = ["hello_state", "knows_stream", "hello_again", "serves_another_stream"]
 
 
 def hello_state(state: InputState, stream: str) -> InputState:
@@ -58,3 +58,12 @@ def hello_again(producer: KnownProducer, status: Status) -> str:
     if status.session == producer.session and status.stream and producer.stream and status.stream != producer.stream:
         return f"serves {status.stream}, not {producer.stream} as its hello assumed"
     return ""
+
+
+def serves_another_stream(producer: KnownProducer, stream: str) -> bool:
+    """Whether a batch of the current session naming fixed shard ``stream`` comes from a producer whose hello carried
+    another stream's progress: it was told nothing of what it serves, and would serve consumed records again. The
+    status that says so may have been lost (a producer sends it without waiting), so each batch is asked too; a
+    new hello follows, and the batch is dropped (served again in the new session)."""
+    return bool(producer.hello_stream and stream and stream != producer.hello_stream
+                and not StreamKey.names_pool(stream))

@@ -21,7 +21,7 @@ class KnownProducer:
 
     __slots__ = ("address", "link", "session", "said_hello", "stream", "status", "held", "reports", "reported_at",
                  "owed", "owed_at", "last_sent", "described_at", "heard_at", "batch_at", "read_turn", "pooled",
-                 "restarted", "told_finished_in")
+                 "restarted", "told_finished_in", "hello_stream")
 
     def __init__(self, address: str, link: Link, now: float) -> None:
         self.address = address
@@ -29,6 +29,7 @@ class KnownProducer:
         self.session = 0  # this trainer's session with it: 0 before the first hello
         self.said_hello = 0  # its link's handshakes when the last hello went out
         self.stream = ""  # the stream it serves (from its status or its batches)
+        self.hello_stream = ""  # the stream the current session's hello carried the progress of ("": all of it)
         self.status: Optional[Status] = None  # its latest status
         self.held: defaultdict[int, set[int]] = defaultdict(set)  # epoch -> records of it queued, not consumed
         self.reports: list[tuple[np.ndarray, np.ndarray]] = []  # (epochs, indices) consumed, not reported yet

@@ -147,6 +147,47 @@ def test_a_producer_that_serves_another_stream_than_its_hello_named_is_told_its_
         ctx.term()
 
 
+def test_a_batch_of_another_stream_than_its_hello_carried_is_dropped_and_brings_a_new_hello():
+    """The status that would say so can be lost (a producer sends it without waiting): a batch naming another fixed
+    shard than the stream the session's hello was cut for is dropped (served again), and a new hello carries that
+    stream's progress, once (the next session's batches are of the stream its hello carried)."""
+    from stoker.protocol.batch_codec import encode_batch, with_session
+
+    ctx = zmq.Context()
+    routers = _routers(ctx, 1)
+    state = _mid_epoch()
+    plane = _plane(ctx, [routers[0][1]], state)
+    try:
+        plane.producers[0].stream = STREAMS[0]  # what an earlier incarnation at this address served
+        plane.activate()
+        router = routers[0][0]
+        hellos = []
+        for _ in range(1500):
+            plane.watch()
+            plane.flush()
+            for i in plane.poll(0):
+                message = plane.receive(i)
+                if message is not None:
+                    assert plane.admit(i, message, lambda b: list(b.arrays.values())) is None
+            while router.poll(5):
+                routing_id, body = router.recv_multipart()
+                message = decode_trainer_message(body)
+                if isinstance(message, Hello):  # no status: a batch of the stream it serves now, STREAMS[1]
+                    hellos.append(message)
+                    frames = encode_batch({"index": np.arange(2, dtype=np.int64)}, producer="p", seq=0,
+                                          stream=STREAMS[1])
+                    header = with_session(frames[0], stream=STREAMS[1], session=message.session)
+                    router.send_multipart([routing_id, header, *frames[1:]])
+            if len(hellos) >= 2:
+                break
+        assert [list(h.state.streams) for h in hellos] == [[STREAMS[0]], [STREAMS[1]]]
+        assert plane.producers[0].hello_stream == STREAMS[1]
+    finally:
+        plane.close()
+        routers[0][0].close(linger=0)
+        ctx.term()
+
+
 def test_an_elastic_pools_producer_gets_a_hello_without_state():
     ctx = zmq.Context()
     routers = _routers(ctx, 1)
