@@ -20,8 +20,9 @@ import zlib
 
 import numpy as np
 
+from stoker.protocol.epochs.varints import MAX_VARINT_BYTES, decode_varints, encode_varints
+
 MAX_LIMIT = 1 << 40  # positions are below 2**40: issue 41's record indices
-MAX_VARINT_BYTES = 6  # ceil(41 bits / 7): enough for any value up to 2**40
 MAX_RANGES_CAP = 1 << 22  # 2**23 values of <= 2**40 sum below 2**64: from_wire's cumulative sum cannot wrap
 _EMPTY = np.zeros(0, np.int64)
 
@@ -276,7 +277,7 @@ class PositionRanges:
         if self.range_count:
             values[0::2] = self._starts - np.concatenate(([0], self._ends[:-1]))
             values[1::2] = self._ends - self._starts
-        return zlib.compress(_encode_varints(values))
+        return zlib.compress(encode_varints(values))
 
     @classmethod
     def from_wire(cls, data: bytes, limit: int, max_ranges: int = 1 << 20) -> PositionRanges:
@@ -306,7 +307,7 @@ class PositionRanges:
         if inflater.unused_data:
             raise ValueError(f"position ranges: {len(inflater.unused_data)} bytes of trailing garbage after the "
                              f"zlib stream")
-        values = _decode_varints(payload, 2 * max_ranges)
+        values = decode_varints(payload, 2 * max_ranges)
         if len(values) % 2:
             raise ValueError("position ranges: the last range's length is missing (an odd number of varints)")
         if (values > ranges.limit).any():
@@ -320,37 +321,3 @@ class PositionRanges:
             raise ValueError(f"position ranges: a range ends at {int(bounds[-1])}, past the limit {ranges.limit}")
         ranges._set(bounds[0::2], bounds[1::2])
         return ranges
-
-
-def _encode_varints(values: np.ndarray) -> bytes:
-    """Unsigned LEB128, minimal, for uint64 values below 2**42, vectorised over 6 byte columns."""
-    lengths = np.ones(len(values), np.int64)
-    for group in range(1, MAX_VARINT_BYTES):
-        lengths += values >= (1 << (7 * group))
-    columns = np.arange(MAX_VARINT_BYTES)
-    shifts = (7 * columns).astype(np.uint64)
-    table = ((values[:, None] >> shifts) & np.uint64(0x7F)).astype(np.uint8)
-    table |= np.where(columns < lengths[:, None] - 1, 0x80, 0).astype(np.uint8)
-    return table[columns < lengths[:, None]].tobytes()
-
-
-def _decode_varints(payload: bytes, max_values: int) -> np.ndarray:
-    """The uint64 values of a minimal unsigned LEB128 sequence of at most 6 bytes each; ValueError for a
-    truncated, over-long or non-minimal varint, or more than ``max_values`` of them. O(len(payload))."""
-    data = np.frombuffer(payload, np.uint8)
-    if len(data) == 0:
-        return np.zeros(0, np.uint64)
-    if data[-1] & 0x80:
-        raise ValueError("position ranges: truncated varint at the end")
-    last_bytes = np.flatnonzero((data & 0x80) == 0)  # each varint's final byte
-    if len(last_bytes) > max_values:
-        raise ValueError(f"position ranges: more than {max_values // 2} ranges (max_ranges)")
-    first_bytes = np.concatenate(([0], last_bytes[:-1] + 1))
-    lengths = last_bytes - first_bytes + 1
-    if (lengths > MAX_VARINT_BYTES).any():
-        raise ValueError(f"position ranges: a varint longer than {MAX_VARINT_BYTES} bytes (values are <= 2**40)")
-    if ((data[last_bytes] == 0) & (lengths > 1)).any():
-        raise ValueError("position ranges: a non-minimal varint (a trailing zero group)")
-    place = np.arange(len(data)) - np.repeat(first_bytes, lengths)  # byte's index within its varint
-    groups = (data & 0x7F).astype(np.uint64) << (7 * place).astype(np.uint64)
-    return np.add.reduceat(groups, first_bytes)  # groups' bits never overlap: the sum is their OR

@@ -11,7 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from stoker.protocol.epochs.position_ranges import MAX_LIMIT, PositionRanges, _encode_varints
+from stoker.protocol.epochs.position_ranges import MAX_LIMIT, PositionRanges
+from stoker.protocol.epochs.varints import encode_varints
 
 LIMIT = 160  # small enough for the model, large enough for many ranges and holes
 
@@ -175,7 +176,7 @@ def test_bad_arguments_name_what_was_wrong_and_leave_the_set_unchanged():
 # --- the wire parser ---------------------------------------------------------------------------------------
 
 def _wire(values: list[int]) -> bytes:
-    return zlib.compress(_encode_varints(np.array(values, np.uint64)))
+    return zlib.compress(encode_varints(np.array(values, np.uint64)))
 
 
 @pytest.mark.parametrize("payload, what", [
