@@ -5,7 +5,8 @@ msgpack frame each:
 
 - ``hello``: who the trainer is (a stable id), its session (bumped on every hello;
   batches sent under an older session are dropped), how many batches it can take
-  (credit), its whole input state (consumed records) and the records it holds
+  (credit), its input state (consumed records: since issue 41 only the stream that producer serves) and the
+  records it holds
   (received, not yet consumed), by stream; and how often it wants a status that says nothing new
   (``status_s``, absent from an older trainer: every second).
 - ``credit``: ``n`` more batches may come; the records consumed since the last

@@ -241,7 +241,7 @@ class ProducerLinks:
                 self.control.heartbeat_bytes += len(frame)
         else:
             # Kept for the next message (a connection that stays up with a full send pipe); a new connection's
-            # hello resets both (it carries the whole state and credit).
+            # hello resets both (it carries the stream's progress and the whole credit).
             p.owed += n
             with self._lock:
                 p.reports = reports + p.reports
