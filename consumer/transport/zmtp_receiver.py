@@ -41,6 +41,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("stoker.consumer")
 
 _DROP_LOG_EVERY_S = 10.0
+#: Threads handing batches to the sink (the rest of ``MAX_THREADS`` read): one made a sink's put the bottleneck at
+#: 4 producers (trainer_ingest: 0.78 of a thread per producer's rate).
+DELIVERY_THREADS = 3
 
 
 class LearnedSpec:
@@ -122,13 +125,15 @@ class PlainPeer:
 
 
 class _Deliveries(threading.Thread):
-    """The one thread that hands finished batches to the sink, waiting while it is full; ends when the input
-    stops or the sink closes."""
+    """One of the ``DELIVERY_THREADS`` threads that hand finished batches to the sink, waiting while it is full (a
+    sink's put, TensorFlow's enqueue, runs a while: several of them keep several producers' batches going in, as a
+    thread per producer did); ends when the input stops or the sink closes."""
 
-    def __init__(self, context: ReceiveContext) -> None:
-        super().__init__(name="stoker-receive-deliver", daemon=True)
+    def __init__(self, context: ReceiveContext, batches: "queue.SimpleQueue[tuple[PlainPeer, tuple[Batch, list]]]",
+                 number: int) -> None:
+        super().__init__(name=f"stoker-receive-deliver-{number}", daemon=True)
         self._context = context
-        self._queue: queue.SimpleQueue[tuple[PlainPeer, tuple[Batch, list]]] = queue.SimpleQueue()
+        self._queue = batches
         self.put = self._queue.put
 
     def run(self) -> None:
@@ -161,6 +166,7 @@ class ZMTPReceiver:
         self._spec: Optional[BatchSpec | LearnedSpec] = None
         self._loop: Optional[ConnectionLoop] = None
         self._deliveries: Optional[_Deliveries] = None
+        self._delivery_threads: list[_Deliveries] = []
         self._leave: dict[str, threading.Event] = {}  # endpoint -> set when it left the pool
         self._wakes: dict[str, Callable[[], None]] = {}  # endpoint -> its connection's wake
         self._started = False
@@ -188,10 +194,14 @@ class ZMTPReceiver:
             return
         self._started = True
         reserve_descriptors(len(self.pool.endpoints))
-        self._deliveries = _Deliveries(context)
-        self._deliveries.start()
+        batches: queue.SimpleQueue = queue.SimpleQueue()
+        deliveries = min(DELIVERY_THREADS, max(1, len(self.pool.endpoints)))
+        self._delivery_threads = [_Deliveries(context, batches, n) for n in range(deliveries)]
+        self._deliveries = self._delivery_threads[0]
+        for thread in self._delivery_threads:
+            thread.start()
         self._loop = ConnectionLoop("stoker-receive", POLL_S, lambda endpoint, exc: context.fail(
-            InputError(f"receiving from {endpoint} failed: {exc!r}")), max_threads=MAX_THREADS - 1)
+            InputError(f"receiving from {endpoint} failed: {exc!r}")), max_threads=MAX_THREADS - DELIVERY_THREADS)
         for address in self.pool.endpoints:
             self._join_one(address, context)
 
@@ -262,8 +272,8 @@ class ZMTPReceiver:
     def _join(self) -> None:
         if self._loop is not None:  # its threads notice the stop within POLL_S; close() waits 2 s for the core
             self._loop.close(1.0)
-        if self._deliveries is not None:
-            self._deliveries.join(0.5)
+        for thread in self._delivery_threads:
+            thread.join(0.5)
 
     def failures(self) -> tuple[int, str, str]:
         return self._health.summary()
