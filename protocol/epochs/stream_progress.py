@@ -28,8 +28,36 @@ from stoker.protocol.epochs.stream_key import check_materialisable
 RECORDS_CHUNK = 1 << 20
 
 
+class _EpochsClosing:
+    """What both kinds do alike with their epochs: ``completed`` and ``open`` are theirs, ``whole`` says when an
+    open epoch is all consumed."""
+
+    completed: int
+    open: dict
+
+    def whole(self, epoch: int) -> bool:
+        raise NotImplementedError
+
+    def close_complete(self) -> list[int]:
+        """Move every fully consumed epoch at the front into ``completed``; returns those epochs."""
+        closed = []
+        while self.completed in self.open and self.whole(self.completed):
+            del self.open[self.completed]
+            closed.append(self.completed)
+            self.completed += 1
+        return closed
+
+    def advance(self, completed: int) -> None:
+        """Every epoch below ``completed`` is complete (a producer's status, or the pool's scheduler, says so):
+        what they kept goes."""
+        if completed > self.completed:
+            for e in [e for e in self.open if e < completed]:
+                del self.open[e]
+            self.completed = completed
+
+
 @dataclass
-class StreamProgress:
+class StreamProgress(_EpochsClosing):
     """Completed epochs (all below ``completed``) and the consumed records of each open epoch."""
 
     size: int
@@ -60,22 +88,6 @@ class StreamProgress:
             return self.size
         return int(self.open[epoch].sum()) if epoch in self.open else 0
 
-    def close_complete(self) -> list[int]:
-        """Move every fully consumed epoch at the front into ``completed``; returns those epochs."""
-        closed = []
-        while self.completed in self.open and self.open[self.completed].all():
-            del self.open[self.completed]
-            closed.append(self.completed)
-            self.completed += 1
-        return closed
-
-    def advance(self, completed: int) -> None:
-        """Every epoch below ``completed`` is complete (a producer's status says so): their bitmaps go."""
-        if completed > self.completed:
-            for e in [e for e in self.open if e < completed]:
-                del self.open[e]
-            self.completed = completed
-
     def copy(self) -> "StreamProgress":
         return StreamProgress(self.size, self.completed, {e: b.copy() for e, b in self.open.items()})
 
@@ -85,7 +97,7 @@ class StreamProgress:
 
 
 @dataclass
-class RangeProgress:
+class RangeProgress(_EpochsClosing):
     """Completed epochs (all below ``completed``) and the consumed positions of each open epoch (epoch order 2)."""
 
     size: int
@@ -115,22 +127,6 @@ class RangeProgress:
         if epoch < self.completed:
             return self.size
         return self.open[epoch].count() if epoch in self.open else 0
-
-    def close_complete(self) -> list[int]:
-        """Move every fully consumed epoch at the front into ``completed``; returns those epochs."""
-        closed = []
-        while self.completed in self.open and self.open[self.completed].is_full():
-            del self.open[self.completed]
-            closed.append(self.completed)
-            self.completed += 1
-        return closed
-
-    def advance(self, completed: int) -> None:
-        """Every epoch below ``completed`` is complete: their ranges go."""
-        if completed > self.completed:
-            for e in [e for e in self.open if e < completed]:
-                del self.open[e]
-            self.completed = completed
 
     def copy(self) -> "RangeProgress":
         return RangeProgress(self.size, self.completed, {e: r.copy() for e, r in self.open.items()})
