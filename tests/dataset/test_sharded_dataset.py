@@ -174,6 +174,47 @@ def test_a_bounded_cache_fetches_checks_evicts_and_fetches_again_through_any_fss
         open_remote(f"file://{tmp_path}/nothing", cache_dir=cache, retry_seconds=1)
 
 
+@pytest.mark.parametrize("moment", ["while_opening", "after_opening"])
+def test_a_shard_evicted_by_another_worker_as_it_is_opened_is_fetched_again_never_skipped(sharded, tmp_path,
+                                                                                           monkeypatch, moment):
+    """Workers share one cache: another worker's eviction (the cache's own ``shutil.rmtree`` of the shard's folder)
+    can land between a reader's fetch and its open, or inside the open (after LMDB opened the file, before its
+    size was checked). Either way the reader lets the shard go and fetches it again: the record is read, never
+    skipped (a CI run once lost a record so, FileNotFoundError on data.mdb)."""
+    import shutil
+
+    from stoker.producer.dataset.sources import lmdb_dataset as lmdb_module
+    from stoker.producer.dataset.sources import sharded as sharded_module
+    from stoker.producer.dataset.sources.object_storage import open_remote
+
+    manifest = _manifest(sharded)["shards"]
+    with LmdbDataset(sharded / manifest[0]["name"]) as first_shard:
+        expected = first_shard.read(0)
+    evictions = []
+
+    def evict_once(path: Path) -> None:
+        if not evictions:
+            evictions.append(path)
+            shutil.rmtree(path)  # what ShardCache._make_room does in another worker
+
+    if moment == "while_opening":
+        read_meta = lmdb_module._read_meta
+        monkeypatch.setattr(lmdb_module, "_read_meta", lambda path, env: (evict_once(path), read_meta(path, env))[1])
+    else:
+        opened = sharded_module.LmdbDataset
+
+        def open_then_evict(path: Path) -> LmdbDataset:
+            dataset = opened(path)
+            evict_once(Path(path))
+            return dataset
+        monkeypatch.setattr(sharded_module, "LmdbDataset", open_then_evict)
+    cache = tmp_path / "cache"
+    with open_remote(f"file://{sharded}", cache_dir=cache, cache_bytes=10**9) as ds:
+        assert ds.read(0) == expected
+    assert len(evictions) == 1
+    assert [f["shard"] for f in fetch_log(cache)] == [manifest[0]["name"]] * 2  # fetched again, once
+
+
 def _tar(path: Path, members: list[tuple[str, bytes]], symlink: str = "") -> None:
     import io
     import tarfile

@@ -93,27 +93,46 @@ class ShardedDataset:
             for other in [n for n, d in self._open.items() if self._evicted(n, d, now=float("inf"))]:
                 self._close(other)
         info = self.manifest.shards[number]
-        for attempt in range(3):
-            try:
-                path = self.source.local(info)
-                dataset = LmdbDataset(path)
-                break
-            except DatasetError as exc:
-                # Another worker evicted the shard between its fetch and our open: fetch it again.
-                if not self.source.evicts or (path / "data.mdb").exists() or attempt == 2:
-                    raise RecordError(record_key(info.first), f"shard {info.name}: {exc}") from None
-            except ShardUnavailable as exc:
-                raise RecordError(record_key(info.first), f"shard {info.name}: {exc}") from None
+        dataset = self._open_local(number, info)
         if len(dataset) != info.records:
             dataset.close()
             raise RecordError(record_key(info.first), f"shard {info.name} holds {len(dataset)} records, the manifest "
                               f"says {info.records}: rebuild the dataset or fix the manifest")
         self._open[number] = dataset
-        if self.source.evicts:
-            self._inode[number] = os.stat(dataset.path / "data.mdb").st_ino
         while len(self._open) > OPEN_SHARDS:
             self._close(next(iter(self._open)))
         return dataset
+
+    def _open_local(self, number: int, info: ShardInfo) -> LmdbDataset:
+        """Shard ``number`` made local and opened; RecordError if it cannot be. In a bounded cache another worker
+        may evict the shard between its fetch and our open, or while we open it: the file's inode is read before
+        and after the open, and a shard gone or replaced meanwhile is let go of and asked for again (three times,
+        then the budget is named too small)."""
+        for _ in range(3):
+            try:
+                path = self.source.local(info)
+            except ShardUnavailable as exc:
+                raise RecordError(record_key(info.first), f"shard {info.name}: {exc}") from None
+            try:
+                before = os.stat(path / "data.mdb").st_ino if self.source.evicts else 0
+                dataset = LmdbDataset(path)
+            except (DatasetError, OSError) as exc:
+                if self.source.evicts and not (path / "data.mdb").exists():
+                    continue  # evicted before or while we opened it
+                raise RecordError(record_key(info.first), f"shard {info.name}: {exc}") from None
+            if not self.source.evicts:
+                return dataset
+            try:
+                after = os.stat(path / "data.mdb").st_ino
+            except OSError:
+                after = None
+            if after == before:  # the file we opened is the one in the cache
+                self._inode[number] = before
+                return dataset
+            dataset.close()
+        raise RecordError(record_key(info.first), f"shard {info.name} was evicted from the cache three times as soon "
+                          "as it was fetched: the cache budget is too small for the workers reading at once; raise "
+                          "--cache-size")
 
     def _close(self, number: int) -> None:
         self._open.pop(number).close()
