@@ -1,0 +1,49 @@
+"""The door for a new kind of shard: what a sharded dataset needs of each shard format (LMDB, tar, Parquet).
+
+A sharded dataset is a manifest (``manifest.py``: shards with record counts, sizes and SHA-256s, the fields and
+classes) and its shards, each one object (a file, local or in object storage). ``ShardedDataset`` reads any of
+them as one dataset with global record indices; only how one local shard file is opened and read differs, and that
+is a ``ShardFormat``:
+
+- ``name``: what the manifest's ``shard_format`` says (``lmdb``, ``tar``, ``parquet``);
+- ``object_name(shard_name)``: the object a shard is, relative to the dataset's root (an LMDB shard is a folder
+  ``shard-00003/data.mdb``; a tar or Parquet shard is its own file, ``000123.tar``);
+- ``local_name``: the file name a cached copy gets in its cache folder (``data.mdb``, ``shard.tar``, ...);
+- ``open(path, info, meta)``: a ``ShardReader`` over the local shard file at ``path`` (an LMDB shard: its
+  ``data.mdb``); ``DatasetError`` if the file is not a shard of this format, ``OSError`` if it vanished meanwhile
+  (an evicted cache entry: asked for again).
+
+A ``ShardReader`` reads records by their index within the shard: ``read(i)`` gives a record, a dict of the
+dataset's fields (``meta.fields``: name -> kind), or raises ``RecordError`` naming what is wrong (never anything
+else for bad bytes: the worker skips and counts it, and the producer keeps serving). Reading is bounded in memory
+and time whatever the file says (lengths are never trusted). ``len()`` is its record count; ``close()`` lets go of
+the file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol
+
+from stoker.producer.dataset.sources.lmdb_format import DatasetMeta
+
+
+class ShardReader(Protocol):
+    """One local shard's records, by index within the shard (module doc)."""
+
+    def __len__(self) -> int: ...
+
+    def read(self, index: int) -> dict[str, Any]: ...
+
+    def close(self) -> None: ...
+
+
+class ShardFormat(Protocol):
+    """How one kind of shard is named and opened (module doc)."""
+
+    name: str
+    local_name: str
+
+    def object_name(self, shard_name: str) -> str: ...
+
+    def open(self, path: Path, info: Any, meta: DatasetMeta) -> ShardReader: ...
