@@ -2,10 +2,17 @@
 passes before a reader trusts it.
 
 ``DATASET/manifest.json`` is ``{"format": "stoker-shards", "version": 1, "count": N, "fields": ..., "shards": [...]}``:
-every shard's name, record count, size in bytes and SHA-256 of its ``data.mdb`` (so a reader that fetched a shard
-from object storage can check it before use), and the dataset's schema and classes. A manifest that does not
-describe a dataset (counts that do not add up, names outside ``shard-NNNNN``, more than ``MAX_SHARDS``) is a
-DatasetError naming what is wrong. ``sharded.ShardedDataset`` reads the dataset it describes.
+every shard's name, record count, size in bytes and SHA-256 of its one object (an LMDB shard's ``data.mdb``; so a
+reader that fetched a shard from object storage can check it before use), and the dataset's schema and classes.
+Two optional keys say what the shards are and where: ``"shard_format"`` (``lmdb``, the default; ``tar``:
+WebDataset tars; ``parquet``) and ``"root"`` (an fsspec URL or an absolute path holding the shard objects; absent:
+the manifest's own folder). An LMDB shard is named ``shard-NNNNN`` (its object ``shard-NNNNN/data.mdb``); a tar
+or Parquet shard by its object path relative to the root (``000123.tar``, ``train/part-0001.parquet``). Such a
+manifest for data left where it lies is an *index* (``stoker data index`` writes it, anywhere).
+
+A manifest that does not describe a dataset (counts that do not add up, names that are not the format's, a path
+that climbs out of the root, more than ``MAX_SHARDS``) is a DatasetError naming what is wrong.
+``sharded.ShardedDataset`` reads the dataset it describes.
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ import json
 import re
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import Any, Optional
 
 from stoker.protocol.input_state import MAX_RECORDS
 
@@ -28,6 +35,10 @@ MAX_SHARDS = 100_000
 MAX_MANIFEST_BYTES = 64 * 1024 * 1024
 _SHARD_NAME = re.compile(r"shard-[0-9]{5,6}")  # fullmatch: no trailing newline, ASCII digits only
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+SHARD_FORMATS = ("lmdb", "tar", "parquet")
+MAX_OBJECT_PATH = 1024  # characters of a tar or Parquet shard's name (its path under the root)
+MAX_ROOT = 4096
+_OBJECT_PATH = re.compile(r"[\x20-\x5b\x5d-\x7e]+")  # printable ASCII but the backslash: one spelling on every OS
 
 
 @dataclass(frozen=True)
@@ -35,7 +46,7 @@ class ShardInfo:
     name: str
     first: int  # global index of its first record
     records: int
-    bytes: int  # size of its data.mdb
+    bytes: int  # size of its object (an LMDB shard's data.mdb)
     sha256: str
 
 
@@ -43,6 +54,8 @@ class ShardInfo:
 class Manifest:
     meta: DatasetMeta  # the whole dataset's: count, fields, classes, per-class counts
     shards: tuple[ShardInfo, ...]
+    shard_format: str = "lmdb"  # one of SHARD_FORMATS: how each shard object is read (shard_format.shard_format)
+    root: Optional[str] = None  # where the shard objects are (URL or absolute path); None: beside the manifest
 
     def shard_of(self, index: int) -> int:
         """The shard holding global record ``index``."""
@@ -63,9 +76,19 @@ class Manifest:
     def _firsts(self) -> list[int]:
         return [s.first for s in self.shards]
 
+    @property
+    def mean_shard_records(self) -> int:
+        """The records of a shard on average, rounded up: the block of an epoch's order over shards of unequal
+        record counts (``serve/sharding.layout_block``), so a block touches one shard or two."""
+        return -(-self.meta.count // len(self.shards))
+
     def to_json(self) -> str:
+        """The manifest's JSON; an LMDB manifest without a root is written as before the keys existed."""
         m = self.meta
-        return json.dumps({"format": FORMAT, "version": VERSION, "count": m.count,
+        where = {"shard_format": self.shard_format} if self.shard_format != "lmdb" else {}
+        if self.root is not None:
+            where["root"] = self.root
+        return json.dumps({"format": FORMAT, "version": VERSION, **where, "count": m.count,
                            "fields": {n: k.to_meta() for n, k in m.fields.items()}, "classes": list(m.classes),
                            "class_counts": list(m.class_counts) if m.class_counts is not None else None,
                            "task": m.task, "info": dict(m.info),
@@ -88,18 +111,28 @@ def parse_manifest(data: bytes, where: str) -> Manifest:
         raise bad(f"'format' is not {FORMAT!r}")
     if body.get("version") != VERSION:
         raise bad(f"version {body.get('version')!r}; this Stoker reads version {VERSION}: upgrade it")
+    shard_format, root = body.get("shard_format", "lmdb"), body.get("root")
+    if shard_format not in SHARD_FORMATS:
+        raise bad(f"'shard_format' {str(shard_format)[:40]!r} is none of {', '.join(SHARD_FORMATS)}")
+    if root is not None and not _root_ok(root):
+        raise bad(f"'root' must be an fsspec URL (s3://bucket/prefix) or an absolute path, printable, at most "
+                  f"{MAX_ROOT} characters; got {str(root)[:80]!r}")
     shards, count = body.get("shards"), body.get("count")
     if not isinstance(shards, list) or not 1 <= len(shards) <= MAX_SHARDS:
         raise bad(f"'shards' must list 1-{MAX_SHARDS} shards")
+    named = _lmdb_name_ok if shard_format == "lmdb" else _object_path_ok
     infos, first = [], 0
     for i, s in enumerate(shards):
-        ok = (isinstance(s, dict) and isinstance(s.get("name"), str) and _SHARD_NAME.fullmatch(s["name"])
+        ok = (isinstance(s, dict) and isinstance(s.get("name"), str) and named(s["name"])
               and all(isinstance(s.get(k), int) and not isinstance(s.get(k), bool) and s[k] >= 0
                       for k in ("records", "bytes")) and s["records"] < MAX_LMDB_RECORDS
               and isinstance(s.get("sha256"), str) and _SHA256.fullmatch(s["sha256"]))
         if not ok:
-            raise bad(f"shard {i} must be {{name: shard-NNNNN, records: int, bytes: int, sha256: hex}} (records "
-                      "below 10^8: a shard is one LMDB)")
+            name = ("shard-NNNNN" if shard_format == "lmdb" else
+                    f"a relative path of printable ASCII, no '..', '.' or empty parts, no backslash, at most "
+                    f"{MAX_OBJECT_PATH} characters")
+            raise bad(f"shard {i} must be {{name: {name}, records: int, bytes: int, sha256: hex}} (records below "
+                      f"10^8 a shard)")
         infos.append(ShardInfo(s["name"], first, s["records"], s["bytes"], s["sha256"]))
         first += s["records"]
     if len({s.name for s in infos}) != len(infos):
@@ -107,7 +140,22 @@ def parse_manifest(data: bytes, where: str) -> Manifest:
     if not isinstance(count, int) or isinstance(count, bool) or count != first or not 0 < count <= MAX_RECORDS:
         raise bad(f"'count' {count!r} is not the shards' records added up ({first}), 1 to 2^40")
     meta = _meta(body, count, bad)
-    return Manifest(meta, tuple(infos))
+    return Manifest(meta, tuple(infos), shard_format, root)
+
+
+def _lmdb_name_ok(name: str) -> bool:
+    return _SHARD_NAME.fullmatch(name) is not None
+
+
+def _object_path_ok(name: str) -> bool:
+    """A tar or Parquet shard's name: a path under the root that cannot leave it, spelt one way everywhere."""
+    return (len(name) <= MAX_OBJECT_PATH and _OBJECT_PATH.fullmatch(name) is not None
+            and all(part not in ("", ".", "..") for part in name.split("/")))
+
+
+def _root_ok(root: Any) -> bool:
+    return (isinstance(root, str) and 0 < len(root) <= MAX_ROOT and root.isprintable()
+            and ("://" in root or root.startswith("/")))
 
 
 def _meta(body: dict, count: int, bad: Any) -> DatasetMeta:

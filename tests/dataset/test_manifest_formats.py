@@ -1,0 +1,91 @@
+"""A manifest's shard format and root (issue 42): tar and Parquet shards named by their object path under a root,
+written and read back; hostile names, formats and roots refused naming what is wrong; a fuzz of the new keys."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from stoker.producer.dataset.sources import DatasetError
+from stoker.producer.dataset.sources.manifest import MAX_OBJECT_PATH, parse_manifest
+
+SHA = "ab" * 32
+
+
+def _body(shard_format: str | None = "tar", names: tuple[str, ...] = ("000000.tar", "000001.tar"),
+          root: object = None, records: tuple[int, ...] = (3, 5)) -> dict:
+    body = {"format": "stoker-shards", "version": 1, "count": sum(records), "fields": {"image": "image"},
+            "shards": [{"name": n, "records": r, "bytes": 10 * r, "sha256": SHA} for n, r in zip(names, records)]}
+    if shard_format is not None:
+        body["shard_format"] = shard_format
+    if root is not None:
+        body["root"] = root
+    return body
+
+
+@pytest.mark.parametrize("shard_format, names, root", [
+    ("tar", ("000000.tar", "a/b/000001.tar"), "s3://bucket/laion/"),
+    ("parquet", ("train/part-0000.parquet", "train/part 0001.parquet"), "/data/hf"),
+    ("lmdb", ("shard-00000", "shard-00001"), None),
+])
+def test_a_manifest_of_any_shard_format_reads_back_what_it_wrote(shard_format, names, root):
+    parsed = parse_manifest(json.dumps(_body(shard_format, names, root)).encode(), "index.json")
+    assert (parsed.shard_format, parsed.root, [s.name for s in parsed.shards]) == (shard_format, root, list(names))
+    again = parse_manifest(parsed.to_json().encode(), "again.json")
+    assert again == parsed
+    assert ("shard_format" in json.loads(parsed.to_json())) == (shard_format != "lmdb")  # LMDB's as before
+
+
+def test_a_manifest_without_the_new_keys_is_lmdb_beside_it():
+    parsed = parse_manifest(json.dumps(_body(None, ("shard-00000", "shard-00001"))).encode(), "m.json")
+    assert (parsed.shard_format, parsed.root) == ("lmdb", None)
+    assert parsed.mean_shard_records == 4  # 8 records in 2 shards of 3 and 5
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(shard_format="zip"), "'shard_format' 'zip' is none of lmdb, tar, parquet"),
+    (dict(shard_format=["tar"]), "'shard_format'"),
+    (dict(root="relative/path"), "'root' must be an fsspec URL"),
+    (dict(root=""), "'root' must be"),
+    (dict(root=7), "'root' must be"),
+    (dict(root="/data/\n"), "'root' must be"),
+    (dict(names=("../000000.tar", "x.tar")), "shard 0 must be .*no '..'"),
+    (dict(names=("a/../../x.tar", "x.tar")), "shard 0 must be"),
+    (dict(names=("/etc/passwd", "x.tar")), "shard 0 must be"),
+    (dict(names=("a//b.tar", "x.tar")), "shard 0 must be"),
+    (dict(names=("a/./b.tar", "x.tar")), "shard 0 must be"),
+    (dict(names=("a\\b.tar", "x.tar")), "shard 0 must be"),
+    (dict(names=("x.tar", "é.tar")), "shard 1 must be"),
+    (dict(names=("x.tar\n", "y.tar")), "shard 0 must be"),
+    (dict(names=("x" * (MAX_OBJECT_PATH + 1), "y.tar")), "shard 0 must be"),
+    (dict(names=("x.tar", "x.tar")), "two shards have one name"),
+    (dict(shard_format="lmdb"), "shard 0 must be {name: shard-NNNNN"),  # an LMDB shard is never a path
+])
+def test_a_hostile_shard_format_root_or_object_path_is_refused_naming_it(change, message):
+    with pytest.raises(DatasetError, match=message):
+        parse_manifest(json.dumps(_body(**change)).encode(), "index.json")
+
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=12),
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+                     max_leaves=6)
+
+
+@settings(max_examples=300, deadline=None)
+@given(shard_format=st.sampled_from(["tar", "parquet", "lmdb"]) | _JSON, root=_JSON | st.text(max_size=20),
+       names=st.lists(st.text(max_size=12) | _JSON, min_size=1, max_size=3))
+def test_any_shard_format_root_or_names_parse_or_are_a_dataset_error(shard_format, root, names):
+    body = _body("tar", root=None, names=tuple(f"{i}.tar" for i in range(len(names))), records=(1,) * len(names))
+    body["shard_format"], body["root"] = shard_format, root
+    for shard, name in zip(body["shards"], names):
+        shard["name"] = name
+    try:
+        parsed = parse_manifest(json.dumps(body).encode(), "fuzz.json")
+    except DatasetError:
+        return
+    assert parsed.shard_format in ("lmdb", "tar", "parquet")
+    assert parsed.root is None or "://" in parsed.root or parsed.root.startswith("/")
+    for shard in parsed.shards:  # whatever was accepted stays under the root
+        assert not shard.name.startswith("/") and ".." not in shard.name.split("/") and "\\" not in shard.name
