@@ -1,15 +1,20 @@
 """A manifest's shard format and root (issue 42): tar and Parquet shards named by their object path under a root,
-written and read back; hostile names, formats and roots refused naming what is wrong; a fuzz of the new keys."""
+written and read back; hostile names, formats and roots refused naming what is wrong; a fuzz of the new keys; the
+registry of shard formats (``shard_format``)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import subprocess
+import sys
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
 from stoker.producer.dataset.sources import DatasetError
 from stoker.producer.dataset.sources.manifest import MAX_OBJECT_PATH, parse_manifest
+from stoker.producer.dataset.sources.shard_format import shard_format
 
 SHA = "ab" * 32
 
@@ -89,3 +94,21 @@ def test_any_shard_format_root_or_names_parse_or_are_a_dataset_error(shard_forma
     assert parsed.root is None or "://" in parsed.root or parsed.root.startswith("/")
     for shard in parsed.shards:  # whatever was accepted stays under the root
         assert not shard.name.startswith("/") and ".." not in shard.name.split("/") and "\\" not in shard.name
+
+
+def test_the_registry_gives_each_format_by_name_and_refuses_others_naming_what_it_reads():
+    lmdb = shard_format("lmdb")
+    assert (lmdb.name, lmdb.local_name, lmdb.object_name("shard-00003")) == ("lmdb", "data.mdb", "shard-00003/data.mdb")
+    with pytest.raises(DatasetError, match="no shard format 'zip': this Stoker reads lmdb, tar, parquet"):
+        shard_format("zip")
+
+
+def test_a_format_whose_package_is_missing_names_the_extra_that_brings_it():
+    if importlib.util.find_spec("stoker.producer.dataset.sources.parquet_shard") is None:
+        pytest.skip("no Parquet shard format in this tree yet")
+    blocked = ("import sys; sys.modules['pyarrow'] = None\n"  # as on a host without the extra
+               "from stoker.producer.dataset.sources.shard_format import shard_format\n"
+               "try:\n    shard_format('parquet')\nexcept Exception as exc:\n    print(type(exc).__name__, exc)\n")
+    out = subprocess.run([sys.executable, "-c", blocked], capture_output=True, text=True, timeout=60).stdout
+    assert out.startswith("DatasetError reading parquet shards needs the package 'pyarrow'") and \
+        "pip install 'stoker[parquet]'" in out, out

@@ -4,19 +4,25 @@ Opening checks the file before any record is read: ``data.mdb`` must exist, and 
 uses (past its end an mmap read is SIGBUS, which no Python handler catches), and its metadata must be a readable
 version's (``lmdb_format.decode_meta``). Reading decodes and checks each record (``record_codec.decode_record``);
 an LMDB error on a damaged page is that record's RecordError, never the process's end.
+
+One LMDB is a whole ``RecordSource`` (``record_source.py``: no layout, nothing to fetch ahead) and the shard of a
+sharded LMDB dataset: ``FORMAT`` is the ``ShardFormat`` (``shard_format.py``) of ``"shard_format": "lmdb"``.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 import lmdb
 
 from stoker.producer.dataset.sources.lmdb_format import (META_KEY, DatasetError, DatasetMeta, RecordError, decode_meta,
                                                          record_key)
 from stoker.producer.dataset.sources.record_codec import decode_record
+
+if TYPE_CHECKING:
+    from stoker.producer.dataset.sources.manifest import Manifest
 
 
 def _read_meta(path: Path, env: lmdb.Environment) -> DatasetMeta:
@@ -78,6 +84,17 @@ class LmdbDataset:
     def size_bytes(self) -> int:
         return (self.path / "data.mdb").stat().st_size
 
+    #: one LMDB has no shard layout and nothing to fetch or pin (``record_source.RecordSource``)
+    layout: Optional["Manifest"] = None
+    manifest_bytes = b""
+
+    def prefetch(self, number: int) -> None:
+        """Nothing to fetch ahead: the file is local."""
+
+    def holdings(self) -> tuple[Optional[int], list[int]]:
+        """``(None, [])``: every record is on local disk."""
+        return None, []
+
     def close(self) -> None:
         self._env.close()
 
@@ -86,3 +103,21 @@ class LmdbDataset:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class LmdbShardFormat:
+    """An LMDB shard (``shard_format.ShardFormat``): the object ``shard-NNNNN/data.mdb``, opened as an LmdbDataset
+    of the folder holding it."""
+
+    name = "lmdb"
+    local_name = "data.mdb"
+
+    def object_name(self, shard_name: str) -> str:
+        return f"{shard_name}/{self.local_name}"
+
+    def open(self, path: Path, info: Any, meta: DatasetMeta) -> LmdbDataset:
+        """The LMDB whose ``data.mdb`` is ``path``; DatasetError if it is not a readable Stoker LMDB."""
+        return LmdbDataset(path.parent)
+
+
+FORMAT = LmdbShardFormat()

@@ -13,6 +13,10 @@ is a ``ShardFormat``:
   ``data.mdb``); ``DatasetError`` if the file is not a shard of this format, ``OSError`` if it vanished meanwhile
   (an evicted cache entry: asked for again).
 
+Formats are found by name through one registry, ``shard_format(name)``: the module of each (``lmdb_dataset``,
+``tar_shard``, ``parquet_shard``) is imported on first use and gives its ``FORMAT``, so a producer of LMDB never
+imports pyarrow, and a missing optional package is a DatasetError naming the extra that brings it.
+
 A ``ShardReader`` reads records by their index within the shard: ``read(i)`` gives a record, a dict of the
 dataset's fields (``meta.fields``: name -> kind), or raises ``RecordError`` naming what is wrong (never anything
 else for bad bytes: the worker skips and counts it, and the producer keeps serving). Reading is bounded in memory
@@ -22,10 +26,14 @@ the file.
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 from typing import Any, Protocol
 
-from stoker.producer.dataset.sources.lmdb_format import DatasetMeta
+from stoker.producer.dataset.sources.lmdb_format import DatasetError, DatasetMeta
+
+#: shard format -> (the module under ``stoker.producer.dataset.sources`` whose ``FORMAT`` it is, the extra it needs)
+FORMAT_MODULES = {"lmdb": ("lmdb_dataset", ""), "tar": ("tar_shard", ""), "parquet": ("parquet_shard", "parquet")}
 
 
 class ShardReader(Protocol):
@@ -47,3 +55,19 @@ class ShardFormat(Protocol):
     def object_name(self, shard_name: str) -> str: ...
 
     def open(self, path: Path, info: Any, meta: DatasetMeta) -> ShardReader: ...
+
+
+def shard_format(name: str) -> ShardFormat:
+    """The ``ShardFormat`` a manifest's ``shard_format`` names, its module imported now; DatasetError for a name
+    none of ``FORMAT_MODULES`` or a format whose package is missing (naming ``pip install 'stoker[EXTRA]'``)."""
+    if name not in FORMAT_MODULES:
+        raise DatasetError(f"no shard format {name[:40]!r}: this Stoker reads {', '.join(FORMAT_MODULES)}")
+    module, extra = FORMAT_MODULES[name]
+    package = __name__.rsplit(".", 1)[0]
+    try:
+        return importlib.import_module(f"{package}.{module}").FORMAT  # type: ignore[no-any-return]
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.startswith(package):
+            raise DatasetError(f"this Stoker cannot read {name} shards (no {exc.name}): upgrade it") from None
+        hint = f"pip install 'stoker[{extra}]'" if extra else f"pip install {exc.name}"
+        raise DatasetError(f"reading {name} shards needs the package {exc.name!r}: {hint}") from None
