@@ -56,8 +56,8 @@ def add_produce_parser(sub: "Subcommands", common: argparse.ArgumentParser) -> N
                        description="Serve batches made by a pipeline from an LMDB on a ZMQ PUSH socket until "
                        "SIGTERM/SIGINT. The default imagenet pipeline sends images uint8 [B,H,W,3] RGB and labels "
                        "int32 [B]; every batch also carries index int64 [B] and epoch int32 [B] (which record, which "
-                       "epoch). Pipelines: imagenet, detection, segmentation, or your own "
-                       "(--pipeline my_module:make_pipeline or path/to/file.py:make_pipeline).")
+                       "epoch). Pipelines: imagenet, detection, segmentation, image_text (an image and its caption), "
+                       "or your own (--pipeline my_module:make_pipeline or path/to/file.py:make_pipeline).")
     _add_dataset_source(p)
     add_storage_arguments(p)
     p.add_argument("--bind", default="tcp://*:5555", help="ZMQ address to bind; trainers connect to it")
@@ -70,8 +70,8 @@ def add_produce_parser(sub: "Subcommands", common: argparse.ArgumentParser) -> N
                    help="train: random augmentation (imagenet: random-resized-crop + flip); eval: deterministic "
                    "(imagenet: resize + centre crop); passed to pipelines that take mode")
     p.add_argument("--pipeline", default="imagenet", metavar="NAME",
-                   help="imagenet, detection, segmentation, package.module:function or path/file.py:function "
-                   "(a function returning a stoker.producer.pipeline.Pipeline; see README)")
+                   help="imagenet, detection, segmentation, image_text, package.module:function or "
+                   "path/file.py:function (a function returning a stoker.producer.pipeline.Pipeline; see README)")
     p.add_argument("--pipeline-arg", action="append", type=key_value, metavar="KEY=VALUE",
                    help="argument for the pipeline function, converted to its parameter's type (repeatable), e.g. "
                    "size=224x320, flip=false, max_boxes=50")

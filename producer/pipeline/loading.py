@@ -15,10 +15,14 @@ from typing import Any, Callable, Mapping
 
 from stoker.producer.pipeline.interface import Pipeline, PipelineError
 
-BUILTIN = ("imagenet", "detection", "segmentation")
+BUILTIN = ("imagenet", "detection", "segmentation", "image_text")
 
 
 def _builtin(name: str) -> Callable[..., Pipeline]:
+    if name == "image_text":  # its own module: builtin_pipelines holds the image-only ones
+        from stoker.producer.images import image_text
+
+        return image_text.make_image_text
     from stoker.producer.images import builtin_pipelines
 
     return getattr(builtin_pipelines, f"make_{name}")
@@ -32,10 +36,26 @@ def resolve(ref: str) -> Callable[..., Pipeline] | Pipeline:
     if not sep or not target or not attr:
         raise PipelineError(f"--pipeline {ref!r}: expected one of {', '.join(BUILTIN)}, "
                             "package.module:function or path/to/file.py:function")
+    found = import_reference(ref, "--pipeline")
+    if not isinstance(found, Pipeline) and not callable(found):
+        raise PipelineError(f"--pipeline {ref!r}: {attr} is a {type(found).__name__}, not a Pipeline or a function "
+                            "returning one")
+    return found
+
+
+def import_reference(ref: str, flag: str) -> Any:
+    """The attribute ``ref`` names, ``package.module:attr`` or ``path/file.py:attr`` (a pipeline, a tokenizer).
+
+    PipelineError, opening with ``flag`` and ``ref``, if the reference is malformed, the module cannot be
+    imported (or raises while importing) or has no such attribute.
+    """
+    target, sep, attr = ref.rpartition(":")
+    if not sep or not target or not attr:
+        raise PipelineError(f"{flag} {ref!r}: expected package.module:name or path/to/file.py:name")
     if target.endswith(".py"):
         path = Path(target)
         if not path.is_file():
-            raise PipelineError(f"--pipeline {ref!r}: no file {path}")
+            raise PipelineError(f"{flag} {ref!r}: no file {path}")
         module_name = f"stoker_user_pipeline_{abs(hash(str(path.resolve())))}"
         spec = importlib.util.spec_from_file_location(module_name, path)
         module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
@@ -43,22 +63,19 @@ def resolve(ref: str) -> Callable[..., Pipeline] | Pipeline:
         try:
             spec.loader.exec_module(module)  # type: ignore[union-attr]
         except Exception as exc:
-            raise PipelineError(f"--pipeline {ref!r}: importing {path} raised {type(exc).__name__}: {exc}") from exc
+            raise PipelineError(f"{flag} {ref!r}: importing {path} raised {type(exc).__name__}: {exc}") from exc
     else:
         try:
             module = importlib.import_module(target)
         except ImportError as exc:
-            raise PipelineError(f"--pipeline {ref!r}: cannot import {target} ({exc}); is it installed or on "
+            raise PipelineError(f"{flag} {ref!r}: cannot import {target} ({exc}); is it installed or on "
                                 "PYTHONPATH?") from exc
         except Exception as exc:
-            raise PipelineError(f"--pipeline {ref!r}: importing {target} raised {type(exc).__name__}: {exc}") from exc
+            raise PipelineError(f"{flag} {ref!r}: importing {target} raised {type(exc).__name__}: {exc}") from exc
     found = getattr(module, attr, None)
     if found is None:
         names = [n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n))]
-        raise PipelineError(f"--pipeline {ref!r}: {target} has no {attr!r} (it has {', '.join(names[:12])})")
-    if not isinstance(found, Pipeline) and not callable(found):
-        raise PipelineError(f"--pipeline {ref!r}: {attr} is a {type(found).__name__}, not a Pipeline or a function "
-                            "returning one")
+        raise PipelineError(f"{flag} {ref!r}: {target} has no {attr!r} (it has {', '.join(names[:12])})")
     return found
 
 
