@@ -7,7 +7,8 @@ One LMDB environment (a directory holding data.mdb) with:
   ``{"format": "stoker-lmdb", "version": 2, "count": int, "fields": {name: kind}, ...}``.
 
 Field kinds: ``image`` (an encoded image, stored as it was), ``bytes``, ``int``,
-``float``, ``bool``, ``str``, ``list`` (nested lists of numbers and strings) and
+``float``, ``bool``, ``str``, ``list`` (nested lists of numbers and strings), ``map`` (a JSON object of plain
+JSON values, at most ``MAX_MAP_DEPTH`` deep: a WebDataset ``.json`` member; stored as a msgpack map) and
 ``array``: a numpy array carried as msgpack extension type 1 whose payload is a
 msgpack ``[dtype, shape]`` followed by the raw little-endian C-order bytes. Only
 the numeric dtypes of the wire protocol are allowed and every length is checked
@@ -46,7 +47,8 @@ READABLE_VERSIONS = (1, 2)
 META_KEY = b"__stoker_meta__"
 MAX_RECORD_BYTES = 64 * 1024 * 1024
 ARRAY_EXT = 1
-KINDS = ("image", "bytes", "int", "float", "bool", "str", "list", "array")
+KINDS = ("image", "bytes", "int", "float", "bool", "str", "list", "array", "map")
+MAX_MAP_DEPTH = 32  # of a map field's nesting
 MAX_RANK = 8  # of an array field
 
 

@@ -14,8 +14,8 @@ from typing import Any, Mapping, Optional
 import msgpack
 import numpy as np
 
-from stoker.producer.dataset.sources.lmdb_format import (ARRAY_EXT, MAX_RANK, MAX_RECORD_BYTES, DatasetMeta, FieldKind,
-                                                         RecordError)
+from stoker.producer.dataset.sources.lmdb_format import (ARRAY_EXT, MAX_MAP_DEPTH, MAX_RANK, MAX_RECORD_BYTES,
+                                                         DatasetMeta, FieldKind, RecordError)
 from stoker.protocol import ALLOWED_DTYPES
 
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
@@ -41,8 +41,13 @@ def kind_of(value: Any, is_image: Optional[callable] = None) -> FieldKind:  # ty
     if isinstance(value, (list, tuple)):
         _check_list(value)
         return FieldKind("list")
+    if isinstance(value, dict):
+        problem = map_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return FieldKind("map")
     raise ValueError(f"{type(value).__name__} cannot be stored: use bytes, int, float, bool, str, a list of "
-                     "numbers/strings or a numeric numpy array")
+                     "numbers/strings, a map of JSON values or a numeric numpy array")
 
 
 def _check_list(value: Any, depth: int = 0) -> None:
@@ -53,6 +58,26 @@ def _check_list(value: Any, depth: int = 0) -> None:
             _check_list(item, depth + 1)
         elif not isinstance(item, (bool, int, float, str, np.integer, np.floating)):
             raise ValueError(f"a list may hold numbers, strings and lists, not {type(item).__name__}")
+
+
+def map_problem(value: Any) -> Optional[str]:
+    """None if ``value`` is a map field's value: a dict of plain JSON values (str keys; str, int, float, bool,
+    None, lists and dicts of them) nested at most ``MAX_MAP_DEPTH`` deep; else why not. Walked without recursion."""
+    if not isinstance(value, dict):
+        return f"a map must be a dict, got {type(value).__name__}"
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_MAP_DEPTH:
+            return f"a map nests more than {MAX_MAP_DEPTH} deep"
+        if isinstance(node, dict) and not all(isinstance(k, str) for k in node):
+            return "a map's keys must be strings"
+        for item in (node.values() if isinstance(node, dict) else node):
+            if isinstance(item, (dict, list)):
+                stack.append((item, depth + 1))
+            elif not (item is None or isinstance(item, (str, bool, int, float))):
+                return f"a map may hold JSON values only, not {type(item).__name__}"
+    return None
 
 
 def _pack_default(value: Any) -> Any:
@@ -124,6 +149,9 @@ def check_value(name: str, value: Any, want: FieldKind) -> Optional[str]:
         ok = isinstance(value, str)
     elif want.kind == "list":
         ok = isinstance(value, (list, tuple))
+    elif want.kind == "map":
+        problem = map_problem(value)
+        return f"field {name!r}: {problem}" if problem else None
     else:  # array
         if not isinstance(value, np.ndarray):
             return f"field {name!r} must be a numpy array ({want}), got {type(value).__name__}"

@@ -1,0 +1,5 @@
+"""WebDataset tars, parsed: ``headers`` (the bounded walk over a tar's headers, on a local file or a stream),
+``samples`` (members grouped into samples by key, as NumPy arrays), ``fields`` (an extension as a record field, a
+member's bytes as its checked value). ``sources/tar_shard.py`` reads a tar shard with them; the index command
+(``build/webdataset_index.py``) streams tars through the same walk.
+"""
