@@ -22,7 +22,9 @@ For each: images/s, GB/s, and this process's CPU-seconds per GB taken in (user +
 with 1 and 4 producers, interleaved rounds, the median kept (this VM is shared: single rounds
 swing by 20%). Targets: ZMQInput and TorchInput with default arguments >= 0.95 of bare in images/s,
 and at most 1.3x bare's CPU-seconds per GB (``direct ratio``, ``direct CPU``; ``torch ratio``, ``torch CPU``). ``--trainer-cpus`` and
-``--producer-cpus`` pin the two sides to separate cores (a many-core host, as in gpu_suite.py).
+``--producer-cpus`` pin the two sides to separate cores (a many-core host, as in gpu_suite.py). On a small host
+compare receive paths pinned: unpinned, where the scheduler puts the two sides sets a round's speed (bimodal on a
+2-core VM, docs/performance.md section 21), not the code.
 Prints a table and writes JSON (default benchmarks/results/trainer_ingest.json).
 Run:  python benchmarks/trainer_ingest.py [--batches 500] [--rounds 5] [--producers 1,4]
 """
