@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +14,7 @@ import pytest
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.py"))
 
 
-NEEDS = {"torch_ddp": "torch", "torch_lightning": "lightning"}  # extras .ci/run installs
+NEEDS = {"torch_ddp": "torch", "torch_lightning": "lightning", "clip_torch": "torch"}  # extras .ci/run installs
 
 
 @pytest.mark.timeout(300)
@@ -28,12 +30,16 @@ def test_example_trains_to_the_end(example, tmp_path):
     assert "final loss" in out.stdout
     if example.stem == "torch_lightning":  # resumed from Lightning's checkpoint: each record trained on once
         assert "times each record of them was trained on: [1]; records per epoch: [32, 32]" in out.stdout
+    if example.stem.startswith("clip_"):  # captions reached the step, and the contrastive loss fell (runs are seeded)
+        assert re.search(r"the first: '(a photo of|a picture of|some) [a-z]+ (squares|ellipses)'", out.stdout)
+        early, late = (float(v) for v in re.search(r"first 3 steps ([\d.]+), the last 3 ([\d.]+)", out.stdout).groups())
+        assert math.isfinite(late) and late < early, out.stdout
     assert not list(tmp_path.glob("stoker-example-*")), "the example left its data behind"
 
 
 def test_there_are_the_examples():
     assert {e.stem for e in EXAMPLES} >= {"custom_augmentation", "detection", "segmentation", "jax_training",
-                                          "torch_ddp", "torch_lightning"}
+                                          "torch_ddp", "torch_lightning", "clip_torch", "clip_jax"}
 
 
 @pytest.mark.timeout(300)
