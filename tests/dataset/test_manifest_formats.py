@@ -1,6 +1,7 @@
 """A manifest's shard format and root (issue 42): tar and Parquet shards named by their object path under a root,
 written and read back; hostile names, formats and roots refused naming what is wrong; a fuzz of the new keys; the
-registry of shard formats (``shard_format``)."""
+registry of shard formats (``shard_format``); an index anywhere whose root names where the shards are, a path or
+a URL."""
 
 from __future__ import annotations
 
@@ -8,12 +9,15 @@ import importlib.util
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from stoker.producer.dataset.sources import DatasetError
-from stoker.producer.dataset.sources.manifest import MAX_OBJECT_PATH, parse_manifest
+from stoker.producer.dataset.build.write_records import write_lmdb
+from stoker.producer.dataset.sources import DatasetError, RecordError, RemoteOptions, open_dataset
+from stoker.producer.dataset.sources.manifest import MANIFEST, MAX_OBJECT_PATH, parse_manifest
+from stoker.producer.dataset.sources.shard_cache import fetch_log
 from stoker.producer.dataset.sources.shard_format import shard_format
 
 SHA = "ab" * 32
@@ -112,3 +116,49 @@ def test_a_format_whose_package_is_missing_names_the_extra_that_brings_it():
     out = subprocess.run([sys.executable, "-c", blocked], capture_output=True, text=True, timeout=60).stdout
     assert out.startswith("DatasetError reading parquet shards needs the package 'pyarrow'") and \
         "pip install 'stoker[parquet]'" in out, out
+
+
+@pytest.fixture(scope="module")
+def small_shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A sharded LMDB of 40 small records in several shards (no images: fast)."""
+    out = tmp_path_factory.mktemp("small") / "ds"
+    report = write_lmdb(out, ({"label": i % 3, "blob": bytes([i]) * 900} for i in range(40)), progress=False,
+                        check_images=False, shard_bytes=8_000)
+    assert not report.skipped
+    assert len(json.loads((out / MANIFEST).read_text())["shards"]) >= 3
+    return out
+
+
+def _index(folder: Path, at: Path, root: str) -> Path:
+    """The folder's manifest written at ``at`` with a ``root`` saying where the shards are: an index anywhere."""
+    body = json.loads((folder / MANIFEST).read_text())
+    at.write_text(json.dumps(dict(body, root=root)))
+    return at
+
+
+@pytest.mark.parametrize("where", ["local index, local root", "local index, URL root", "URL index, local root",
+                                   "URL index, URL root"])
+def test_an_index_anywhere_reads_the_shards_its_root_names_locally_or_through_the_cache(small_shards, tmp_path,
+                                                                                          where):
+    index_local, root_local = where.startswith("local"), where.endswith("local root")
+    index = _index(small_shards, tmp_path / "elsewhere.json", str(small_shards) if root_local else
+                   f"file://{small_shards}")
+    location = str(index) if index_local else f"file://{index}"
+    remote = RemoteOptions(cache_dir=str(tmp_path / "cache"), cache_bytes=10**7)
+    with open_dataset(small_shards) as beside:  # one LMDB is opened once in a process: read, then closed
+        expected = [beside.read(i) for i in range(len(beside))]
+    with open_dataset(location, remote) as dataset:
+        assert dataset.layout is not None and len(dataset) == len(expected) == 40
+        assert [dataset.read(i) for i in range(40)] == expected
+        assert (dataset.holdings()[0] is None) == root_local  # a URL root reads through the bounded cache
+        assert dataset.manifest_bytes == index.read_bytes()
+    assert bool(fetch_log(tmp_path / "cache")) != root_local
+
+
+def test_a_missing_index_or_a_missing_shard_under_its_root_is_named(small_shards, tmp_path):
+    with pytest.raises(DatasetError, match="no manifest at .*nothing.json"):
+        open_dataset(tmp_path / "nothing.json")
+    index = _index(small_shards, tmp_path / "index.json", str(tmp_path / "moved"))
+    with open_dataset(index) as dataset:
+        with pytest.raises(RecordError, match="shard shard-00000 is missing: no .*moved/shard-00000/data.mdb"):
+            dataset.read(0)

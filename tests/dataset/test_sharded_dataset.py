@@ -51,7 +51,8 @@ def test_the_shards_hold_every_record_at_its_global_index_with_the_manifest_chec
         assert many.meta.classes == one.meta.classes and many.meta.class_counts == one.meta.class_counts
         for i in range(RECORDS):
             assert many.read(i) == one.read(i)
-        assert [i for i, _ in many.iter_raw([5, RECORDS - 1, 0])] == [5, RECORDS - 1, 0]
+        assert (many.layout, many.holdings(), one.layout, one.holdings()) == (many.manifest, (None, []), None,
+                                                                               (None, []))  # the RecordSource's
     shard = sharded / manifest["shards"][1]["name"]
     with LmdbDataset(shard) as alone, LmdbDataset(single) as one:  # each shard is a Stoker LMDB of its own
         assert len(alone) == manifest["shards"][1]["records"] and alone.meta.classes == one.meta.classes
@@ -184,7 +185,6 @@ def test_a_shard_evicted_by_another_worker_as_it_is_opened_is_fetched_again_neve
     import shutil
 
     from stoker.producer.dataset.sources import lmdb_dataset as lmdb_module
-    from stoker.producer.dataset.sources import sharded as sharded_module
     from stoker.producer.dataset.sources.object_storage import open_remote
 
     manifest = _manifest(sharded)["shards"]
@@ -201,13 +201,13 @@ def test_a_shard_evicted_by_another_worker_as_it_is_opened_is_fetched_again_neve
         read_meta = lmdb_module._read_meta
         monkeypatch.setattr(lmdb_module, "_read_meta", lambda path, env: (evict_once(path), read_meta(path, env))[1])
     else:
-        opened = sharded_module.LmdbDataset
+        opened = lmdb_module.LmdbShardFormat.open
 
-        def open_then_evict(path: Path) -> LmdbDataset:
-            dataset = opened(path)
-            evict_once(Path(path))
+        def open_then_evict(self: object, path: Path, info: object, meta: object) -> LmdbDataset:
+            dataset = opened(self, path, info, meta)  # type: ignore[arg-type]
+            evict_once(path.parent)
             return dataset
-        monkeypatch.setattr(sharded_module, "LmdbDataset", open_then_evict)
+        monkeypatch.setattr(lmdb_module.LmdbShardFormat, "open", open_then_evict)
     cache = tmp_path / "cache"
     with open_remote(f"file://{sharded}", cache_dir=cache, cache_bytes=10**9) as ds:
         assert ds.read(0) == expected

@@ -1,7 +1,10 @@
 """Sharded datasets in object storage: the manifest read through fsspec, shards fetched into a bounded local cache.
 
 ``open_remote("s3://bucket/prefix/")`` (any fsspec URL: ``s3://`` with s3fs, ``gs://`` with gcsfs, ``file://``)
-reads the manifest and returns a ``ShardedDataset`` whose shards a ``ShardCache`` makes local on first use.
+reads the manifest (``prefix/manifest.json``; or a URL ending in ``.json``: an index anywhere) and returns a
+``ShardedDataset`` whose shards a ``ShardCache`` makes local on first use. ``open_manifest`` opens what a manifest
+read anywhere describes: its shards under its ``root`` (or beside it), through the cache when that is a URL, in
+place when it is a path.
 
 The cache itself (content-addressed, never a partial shard, bounded, one fetch per shard on a host, retried,
 fetched ahead, counted) is ``shard_cache.py``; ``RemoteOptions`` is how ``stoker produce``'s flags reach it.
@@ -19,10 +22,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 from stoker.producer.dataset.sources.lmdb_format import DatasetError
-from stoker.producer.dataset.sources.manifest import MANIFEST, parse_manifest
+from stoker.producer.dataset.sources.manifest import MANIFEST, MAX_MANIFEST_BYTES, Manifest, parse_manifest
 from stoker.producer.dataset.sources.shard_cache import (DEFAULT_CACHE_BYTES, DEFAULT_RETRY_SECONDS, ShardCache,
                                                          default_cache_dir)
-from stoker.producer.dataset.sources.sharded import ShardedDataset, ShardUnavailable
+from stoker.producer.dataset.sources.shard_format import shard_format
+from stoker.producer.dataset.sources.sharded import LocalShards, ShardedDataset, ShardUnavailable
 from stoker.producer.dataset.sources.storage_retry import StorageRefused, retried
 
 S3_CONNECT_TIMEOUT_S, S3_READ_TIMEOUT_S = 10, 60  # one S3 call's bounds (``storage``)
@@ -82,29 +86,45 @@ def open_remote(url: str, cache_dir: Optional[os.PathLike] = None, cache_bytes: 
                 storage_options: Optional[dict[str, Any]] = None,
                 retry_seconds: float = DEFAULT_RETRY_SECONDS, manifest: Optional[bytes] = None,
                 cancel: Optional[threading.Event] = None) -> ShardedDataset:
-    """The sharded dataset at ``url`` (its manifest read now, or ``manifest``'s bytes as read before; shards fetched
-    on first use); DatasetError naming what is wrong with the URL, the credentials or the manifest, at once for an
-    error that cannot heal; StorageCancelled once ``cancel`` is set (it also ends the shard cache's waits)."""
-    fs, root = storage(url, storage_options)
-    where = f"{url.rstrip('/')}/{MANIFEST}"
+    """The sharded dataset at ``url`` (a prefix holding ``manifest.json``, or an index: a URL ending in ``.json``),
+    its manifest read now, or ``manifest``'s bytes as read before; shards fetched on first use. DatasetError naming
+    what is wrong with the URL, the credentials or the manifest, at once for an error that cannot heal;
+    StorageCancelled once ``cancel`` is set (it also ends the shard cache's waits)."""
+    where = url if url.endswith(".json") else f"{url.rstrip('/')}/{MANIFEST}"
+    fs, path = storage(where, storage_options)
 
     def read_manifest() -> bytes:
-        with fs.open(f"{root.rstrip('/')}/{MANIFEST}", "rb") as f:
-            return f.read(64 * 1024 * 1024 + 1)
+        with fs.open(path, "rb") as f:
+            return f.read(MAX_MANIFEST_BYTES + 1)
     try:
         data = manifest or retried(f"reading {where}", read_manifest, retry_seconds, cancel)
     except StorageRefused as exc:
         if exc.verdict.reason == "the object does not exist":
-            raise DatasetError(f"no sharded dataset at {url}: {exc} (upload one with `stoker lmdb upload`)") from None
+            raise DatasetError(f"no sharded dataset at {url}: {exc} (upload one with `stoker lmdb upload`, or write "
+                               "an index of tars or Parquet files with `stoker data index`)") from None
         raise DatasetError(f"cannot read the dataset at {url}: {exc}") from None
     except ShardUnavailable as exc:
         raise DatasetError(f"cannot read the dataset at {url}: {exc} (is --s3-endpoint right and the server up? "
                            "--fetch-retry-seconds sets how long it is waited for)") from None
-    parsed = parse_manifest(data, where)
+    return open_manifest(parse_manifest(data, where), data, url, where.rsplit("/", 1)[0], cache_dir, cache_bytes,
+                         storage_options, retry_seconds, cancel)
+
+
+def open_manifest(parsed: Manifest, data: bytes, location: str, beside: str, cache_dir: Optional[os.PathLike] = None,
+                  cache_bytes: int = DEFAULT_CACHE_BYTES, storage_options: Optional[dict[str, Any]] = None,
+                  retry_seconds: float = DEFAULT_RETRY_SECONDS,
+                  cancel: Optional[threading.Event] = None) -> ShardedDataset:
+    """The dataset manifest ``parsed`` (read as ``data`` from ``location``) describes: its shards under its ``root``,
+    or under ``beside`` (the manifest's folder: a path or URL) without one; read in place from a path, through a
+    ``ShardCache`` from a URL. DatasetError for a shard format not readable here or a budget below one shard."""
+    root, fmt = parsed.root or beside, shard_format(parsed.shard_format)
+    if "://" not in root:
+        return ShardedDataset(parsed, LocalShards(Path(root), fmt), location, data)
+    fs, prefix = storage(root, storage_options)
     largest = max(parsed.shards, key=lambda s: s.bytes)
     if largest.bytes > cache_bytes:
-        raise DatasetError(f"the cache's budget ({cache_bytes} bytes) is smaller than shard {largest.name} of {url} "
-                           f"({largest.bytes} bytes): raise --cache-size to a few shards at least")
-    cache = ShardCache(Path(cache_dir) if cache_dir is not None else default_cache_dir(), cache_bytes, fs, root,
+        raise DatasetError(f"the cache's budget ({cache_bytes} bytes) is smaller than shard {largest.name} of "
+                           f"{location} ({largest.bytes} bytes): raise --cache-size to a few shards at least")
+    cache = ShardCache(Path(cache_dir) if cache_dir is not None else default_cache_dir(), cache_bytes, fs, prefix, fmt,
                        retry_seconds, cancel)
-    return ShardedDataset(parsed, cache, url, data)
+    return ShardedDataset(parsed, cache, location, data)

@@ -1,8 +1,9 @@
 """The bounded local cache a sharded dataset in object storage is read through: ``ShardCache`` makes a shard local
 on first use (``object_storage.open_remote`` gives each such dataset one):
 
-- *Content-addressed*: a shard is cached under its SHA-256 (``CACHE/shards/<sha256>/data.mdb``), so datasets and
-  URLs that share a shard share its copy, and a cached shard is one whose bytes were checked.
+- *Content-addressed*: a shard is cached under its SHA-256 (``CACHE/shards/<sha256>/LOCAL``, its format's
+  ``local_name``: ``data.mdb``, ...), so datasets and URLs that share a shard share its copy, and a cached shard is
+  one whose bytes were checked. The object fetched is ``ROOT/`` its format's ``object_name``.
 - *Never a partial shard*: bytes stream into ``CACHE/tmp/`` while being hashed; only a shard whose size and
   SHA-256 match the manifest is renamed into place. A mismatch is fetched once more, then refused.
 - *Bounded*: before a fetch, the least recently used shards go until the new one fits ``cache_bytes``. A budget
@@ -40,6 +41,7 @@ from typing import Any, Optional, Sequence
 
 from stoker.protocol.exact_messages import MAX_HELD
 from stoker.producer.dataset.sources.manifest import ShardInfo
+from stoker.producer.dataset.sources.shard_format import ShardFormat
 from stoker.producer.dataset.sources.sharded import ShardUnavailable
 from stoker.producer.dataset.sources.storage_retry import FetchWatch, StorageCancelled, retried
 
@@ -66,15 +68,17 @@ def fetch_log(cache_dir: str | os.PathLike) -> list[dict[str, Any]]:
 
 
 class ShardCache:
-    """See the module doc. ``fs``: an fsspec filesystem; ``root``: the dataset's prefix in it; ``cancel``: set, it
+    """See the module doc. ``fs``: an fsspec filesystem; ``root``: the dataset's prefix in it (where its shard
+    objects are); ``shard_format``: how a shard's object and cached file are named; ``cancel``: set, it
     ends every wait (retries, locks) at once with StorageCancelled; ``watch``: hears of waits on storage and of
     the time reads waited for fetches (a producer's worker sets it: its status, stage times and metrics)."""
 
     evicts = True  # readers let go of a shard evicted under them (ShardedDataset), so the budget holds
 
-    def __init__(self, cache_dir: Path, cache_bytes: int, fs: Any, root: str,
+    def __init__(self, cache_dir: Path, cache_bytes: int, fs: Any, root: str, shard_format: ShardFormat,
                  retry_seconds: float = DEFAULT_RETRY_SECONDS, cancel: Optional[threading.Event] = None) -> None:
         self.dir, self.cache_bytes, self.fs, self.root = Path(cache_dir), cache_bytes, fs, root.rstrip("/")
+        self.format, self.local_name = shard_format, shard_format.local_name
         self.retry_seconds, self.cancel = retry_seconds, cancel
         self.watch: Optional[FetchWatch] = None
         for sub in ("shards", "tmp", "locks"):
@@ -85,9 +89,9 @@ class ShardCache:
         self._prefetch_queue: queue.Queue = queue.Queue(maxsize=2)
 
     def local(self, shard: ShardInfo) -> Path:
-        """The folder of ``shard``'s checked ``data.mdb``, fetched first if needed; ShardUnavailable if it cannot be
+        """The path of ``shard``'s checked local file, fetched first if needed; ShardUnavailable if it cannot be
         (an error of the cache folder itself too: a worker never dies of one)."""
-        final = self.dir / "shards" / shard.sha256
+        final = self.dir / "shards" / shard.sha256 / self.local_name
         if _touch(final):  # cached: now the most recently used
             return final
         t0 = time.monotonic()
@@ -113,7 +117,7 @@ class ShardCache:
         for entry in entries:
             number = numbers.get(entry.name)
             try:
-                if number is not None and os.path.isfile(os.path.join(entry.path, "data.mdb")):
+                if number is not None and os.path.isfile(os.path.join(entry.path, self.local_name)):
                     held.append((entry.stat().st_mtime, number))  # its folder's time is its use (``_touch``)
             except OSError:
                 continue
@@ -158,7 +162,7 @@ class ShardCache:
         for _ in range(3):  # evicted by another worker between its fetch and our touch: fetch again
             try:
                 with self._shard_lock(shard):
-                    if not (final / "data.mdb").is_file():  # another worker may have fetched it while we waited
+                    if not final.is_file():  # another worker may have fetched it while we waited
                         self._fetch(shard, final)
             except ShardUnavailable as exc:
                 self._failed[shard.sha256] = (time.monotonic(), str(exc))
@@ -181,7 +185,7 @@ class ShardCache:
         deadline = time.monotonic() + self.retry_seconds
         while True:
             with _Flock(self.dir / "locks" / "budget.lock", 60.0, "the cache budget", self.cancel):
-                if self._make_room(shard.bytes, keep=final):
+                if self._make_room(shard.bytes, keep=final.parent):
                     reservation.touch()  # used until the shard is in place: concurrent fetches share the budget
                     break
             if time.monotonic() > deadline:  # what is left is other workers' fetches in flight: wait for them
@@ -194,7 +198,7 @@ class ShardCache:
             reservation.unlink(missing_ok=True)
 
     def _fetch_checked(self, shard: ShardInfo, final: Path) -> None:
-        url = f"{self.root}/{shard.name}/data.mdb"
+        url = f"{self.root}/{self.format.object_name(shard.name)}"
         t0 = time.monotonic()
         for attempt in (1, 2):
             tmp = self.dir / "tmp" / f"{shard.sha256}.{os.getpid()}.{secrets.token_hex(4)}"
@@ -204,8 +208,8 @@ class ShardCache:
                 if size == shard.bytes and digest == shard.sha256:
                     staged = tmp.parent / f"{tmp.name}.dir"
                     staged.mkdir()
-                    os.rename(tmp, staged / "data.mdb")
-                    os.rename(staged, final)  # atomic: the folder appears with its checked file in it
+                    os.rename(tmp, staged / final.name)
+                    os.rename(staged, final.parent)  # atomic: the folder appears with its checked file in it
                     break
                 why = (f"shard {shard.name} from {url} is {size} bytes with SHA-256 {digest[:16]}..., the manifest "
                        f"says {shard.bytes} bytes, {shard.sha256[:16]}...")
@@ -252,9 +256,8 @@ class ShardCache:
         flight; whether they fit now. The caller holds the budget lock."""
         cached = []
         for folder in (self.dir / "shards").iterdir():
-            data = folder / "data.mdb"
-            try:
-                cached.append((folder.stat().st_mtime, data.stat().st_size, folder))
+            try:  # a folder holds one shard's file, of whichever format (datasets may share the cache)
+                cached.append((folder.stat().st_mtime, sum(f.stat().st_size for f in os.scandir(folder)), folder))
             except OSError:
                 continue  # evicted meanwhile by another worker (or not a shard's folder)
         used = sum(size for _, size, _ in cached) + self._reserved()
@@ -287,11 +290,12 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def _touch(folder: Path) -> bool:
-    """Mark a cached shard's folder most recently used; False if it is not there (never fetched, or evicted)."""
+def _touch(file: Path) -> bool:
+    """Mark a cached shard's folder most recently used; False if its file is not there (never fetched, or
+    evicted)."""
     try:
-        if (folder / "data.mdb").is_file():
-            os.utime(folder)
+        if file.is_file():
+            os.utime(file.parent)
             return True
     except FileNotFoundError:
         pass

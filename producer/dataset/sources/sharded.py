@@ -1,4 +1,5 @@
-"""Sharded datasets: N Stoker LMDBs and a manifest, read as one dataset with global record indices.
+"""Sharded datasets: a manifest and N shards of one format (Stoker LMDBs, WebDataset tars, Parquet files), read as
+one dataset with global record indices.
 
 Layout (docs/format.md, "Sharded datasets")::
 
@@ -6,15 +7,16 @@ Layout (docs/format.md, "Sharded datasets")::
     DATASET/shard-00000/data.mdb   records 0 .. n0-1 of the dataset, keys 0 .. n0-1 (a valid one-shard dataset)
     DATASET/shard-00001/data.mdb   records n0 .. n0+n1-1, keys 0 .. n1-1
 
-Each shard is an ordinary Stoker LMDB (``stoker lmdb info`` reads it alone); the manifest lists every shard's
-name, record count, size in bytes and SHA-256 of its ``data.mdb``, so a reader that fetched a shard from object
+Each LMDB shard is an ordinary Stoker LMDB (``stoker lmdb info`` reads it alone); the manifest lists every shard's
+name, record count, size in bytes and SHA-256 of its one object, so a reader that fetched a shard from object
 storage can check it before use, and the dataset's schema and classes (``manifest.py``). A record's global index is
-its shard's first index plus its key in the shard. One plain LMDB stays a valid dataset: ``open_dataset`` (this
-package's door) opens either.
+its shard's first index plus its index in the shard. One plain LMDB stays a valid dataset: ``open_dataset`` (this
+package's door) opens either. A manifest's ``shard_format`` names how a shard object is named and opened (a
+``ShardFormat``, ``shard_format.py``); its ``root`` where the objects are.
 
 ``ShardedDataset`` reads a sharded dataset whose shards a ``ShardSource`` makes local (a folder: they are there;
-object storage: ``shard_cache.ShardCache`` fetches them). A shard that cannot be had is a RecordError for each of
-its records (the producer skips and counts them, naming the shard), never a crash.
+object storage: ``shard_cache.ShardCache`` fetches them), each opened by its format. A shard that cannot be had is
+a RecordError for each of its records (the producer skips and counts them, naming the shard), never a crash.
 """
 
 from __future__ import annotations
@@ -23,20 +25,21 @@ import os
 import time
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Iterator, Optional, Protocol, Sequence
+from typing import Any, Optional, Protocol, Sequence
 
-from stoker.producer.dataset.sources.lmdb_dataset import LmdbDataset
 from stoker.producer.dataset.sources.lmdb_format import DatasetError, RecordError, record_key
 from stoker.producer.dataset.sources.manifest import Manifest, ShardInfo
+from stoker.producer.dataset.sources.shard_format import ShardFormat, ShardReader, shard_format
 
-OPEN_SHARDS = 16  # LMDB environments a reader keeps open at once (least recently used closed first)
+OPEN_SHARDS = 16  # shard readers a reader keeps open at once (least recently used closed first)
 CHECK_EVICTED_S = 0.5  # how often a reader checks an open shard of a bounded cache is still there
 
 
 class ShardSource(Protocol):
-    """Where a sharded dataset's shards are: ``local(shard)`` is the folder holding its ``data.mdb`` (fetched first
-    where needed; RecordError-worthy failures raise ``ShardUnavailable``). ``evicts``: a shard's folder may be
-    removed while a reader has it open (a bounded cache): the reader then lets go of it and asks again;
+    """Where a sharded dataset's shards are: ``local(shard)`` is the path of its local file (an LMDB shard's
+    ``data.mdb``; fetched first where needed; RecordError-worthy failures raise ``ShardUnavailable``). ``evicts``:
+    a shard's file (and its folder) may be removed while a reader has it open (a bounded cache): the reader then
+    lets go of it and asks again;
     ``holdings(shards)``: an evicting source's capacity and cached shards (``ShardedDataset.holdings``);
     ``prefetch(shards, number)``: fetch one ahead, in the background."""
 
@@ -54,43 +57,51 @@ class ShardUnavailable(RuntimeError):
 
 
 class LocalShards:
-    """Shards in a folder beside the manifest."""
+    """Shards on local disk: under ``root`` (the manifest's folder, or its ``root``), each at its format's
+    ``object_name``."""
 
     evicts = False
 
-    def __init__(self, root: Path) -> None:
-        self.root = root
+    def __init__(self, root: Path, shard_format: ShardFormat) -> None:
+        self.root, self.format = root, shard_format
 
     def local(self, shard: ShardInfo) -> Path:
-        path = self.root / shard.name
-        if not (path / "data.mdb").is_file():
-            raise ShardUnavailable(f"shard {shard.name} is missing: no {path / 'data.mdb'}")
+        path = self.root / self.format.object_name(shard.name)
+        if not path.is_file():
+            raise ShardUnavailable(f"shard {shard.name} is missing: no {path}")
         return path
 
 
 class ShardedDataset:
-    """``LmdbDataset``'s interface over a sharded dataset (module doc). One per process, like LmdbDataset."""
+    """A ``record_source.RecordSource`` over a sharded dataset of any shard format (module doc). One per process,
+    like LmdbDataset. DatasetError at construction if the manifest's shard format cannot be read here."""
 
     def __init__(self, manifest: Manifest, source: ShardSource, where: str, manifest_bytes: bytes = b"") -> None:
         self.manifest, self.source, self.path = manifest, source, where
         self.manifest_bytes = manifest_bytes  # as read: the daemon pins its workers to it (RemoteOptions.manifest)
         self.meta = manifest.meta
-        self._open: OrderedDict[int, LmdbDataset] = OrderedDict()
+        self.format = shard_format(manifest.shard_format)
+        self._open: OrderedDict[int, ShardReader] = OrderedDict()
         self._checked: dict[int, float] = {}  # shard -> when its open file was last seen in place
-        self._inode: dict[int, int] = {}  # shard -> the inode of the data.mdb it opened (a re-fetch is another)
+        self._inode: dict[int, tuple[Path, int]] = {}  # shard -> (its file, the inode opened): a re-fetch is another
+
+    @property
+    def layout(self) -> Manifest:
+        """The shards and their record counts (``record_source.RecordSource.layout``)."""
+        return self.manifest
 
     def __len__(self) -> int:
         return self.meta.count
 
-    def _shard(self, number: int) -> LmdbDataset:
+    def _shard(self, number: int) -> ShardReader:
         if number in self._open:
             dataset = self._open[number]
-            if not self._evicted(number, dataset):
+            if not self._evicted(number):
                 self._open.move_to_end(number)
                 return dataset
             self._close(number)
         if self.source.evicts:  # opening another: let go of every open shard that left the cache meanwhile
-            for other in [n for n, d in self._open.items() if self._evicted(n, d, now=float("inf"))]:
+            for other in [n for n in self._open if self._evicted(n, now=float("inf"))]:
                 self._close(other)
         info = self.manifest.shards[number]
         dataset = self._open_local(number, info)
@@ -103,7 +114,7 @@ class ShardedDataset:
             self._close(next(iter(self._open)))
         return dataset
 
-    def _open_local(self, number: int, info: ShardInfo) -> LmdbDataset:
+    def _open_local(self, number: int, info: ShardInfo) -> ShardReader:
         """Shard ``number`` made local and opened; RecordError if it cannot be. In a bounded cache another worker
         may evict the shard between its fetch and our open, or while we open it: the file's inode is read before
         and after the open, and a shard gone or replaced meanwhile is let go of and asked for again (three times,
@@ -114,20 +125,20 @@ class ShardedDataset:
             except ShardUnavailable as exc:
                 raise RecordError(record_key(info.first), f"shard {info.name}: {exc}") from None
             try:
-                before = os.stat(path / "data.mdb").st_ino if self.source.evicts else 0
-                dataset = LmdbDataset(path)
+                before = os.stat(path).st_ino if self.source.evicts else 0
+                dataset = self.format.open(path, info, self.meta)
             except (DatasetError, OSError) as exc:
-                if self.source.evicts and not (path / "data.mdb").exists():
+                if self.source.evicts and not path.exists():
                     continue  # evicted before or while we opened it
                 raise RecordError(record_key(info.first), f"shard {info.name}: {exc}") from None
             if not self.source.evicts:
                 return dataset
             try:
-                after = os.stat(path / "data.mdb").st_ino
+                after = os.stat(path).st_ino
             except OSError:
                 after = None
             if after == before:  # the file we opened is the one in the cache
-                self._inode[number] = before
+                self._inode[number] = (path, before)
                 return dataset
             dataset.close()
         raise RecordError(record_key(info.first), f"shard {info.name} was evicted from the cache three times as soon "
@@ -139,7 +150,7 @@ class ShardedDataset:
         self._checked.pop(number, None)
         self._inode.pop(number, None)
 
-    def _evicted(self, number: int, dataset: LmdbDataset, now: Optional[float] = None) -> bool:
+    def _evicted(self, number: int, now: Optional[float] = None) -> bool:
         """Whether an open shard's file left a bounded cache (gone, or fetched again: another file). Held open, an
         evicted (unlinked) shard would keep its disk space past the budget and never be fetched again; looked at
         most every CHECK_EVICTED_S (``now=inf``: at once). A shard still in place is marked recently used."""
@@ -147,10 +158,11 @@ class ShardedDataset:
         if not self.source.evicts or (now or clock) - self._checked.get(number, 0.0) < CHECK_EVICTED_S:
             return False
         self._checked[number] = clock
+        path, inode = self._inode[number]
         try:
-            if os.stat(dataset.path / "data.mdb").st_ino != self._inode.get(number):
+            if os.stat(path).st_ino != inode:
                 return True
-            os.utime(dataset.path)  # in use: the cache evicts least recently used folders first
+            os.utime(path.parent)  # in use: the cache evicts least recently used folders first
         except OSError:
             return True
         return False
@@ -159,13 +171,6 @@ class ShardedDataset:
         """Record ``index`` (global); RecordError if it is corrupt or its shard cannot be had."""
         number = self.manifest.shard_of(index)
         return self._shard(number).read(index - self.manifest.shards[number].first)
-
-    def iter_raw(self, indices: list[int]) -> Iterator[tuple[int, Optional[bytes]]]:
-        for index in indices:
-            number = self.manifest.shard_of(index)
-            local = index - self.manifest.shards[number].first
-            for _, raw in self._shard(number).iter_raw([local]):
-                yield index, raw
 
     def size_bytes(self) -> int:
         return sum(s.bytes for s in self.manifest.shards)

@@ -1,0 +1,55 @@
+"""What every dataset a producer reads is: a ``RecordSource``. ``open_dataset`` (this package's door) gives one for
+any location, and the daemon, its workers and ``stoker lmdb info`` read through it alone, never asking which kind.
+
+Two implementations: ``LmdbDataset`` (one Stoker LMDB: no layout, nothing to fetch) and ``ShardedDataset`` (a
+manifest and shards of any ``ShardFormat``: LMDB, WebDataset tars, Parquet; local or through a bounded cache).
+
+- ``meta``: the dataset's ``DatasetMeta`` (count, fields and their kinds, classes); ``len()`` its record count;
+  ``path``: where it was opened from (a path or URL), for messages.
+- ``read(index)``: record ``index`` (global, 0 <= index < len) as a dict of the fields ``meta.fields`` names;
+  ``RecordError`` naming what is wrong for a record that cannot be had (corrupt, its shard unavailable): the
+  worker skips and counts it. Never anything else for bad bytes.
+- ``layout``: the ``Manifest`` (shards, their record counts, the shard format), or None for one LMDB: what the
+  epoch order's blocks follow (``serve/sharding.layout_block``) and ``stoker lmdb info`` describes;
+  ``manifest_bytes``: the manifest as read (b"" without one), which the daemon pins its workers to.
+- ``prefetch(number)``: a hint to fetch shard ``number`` ahead (a no-op where every shard is local);
+  ``holdings()``: ``(capacity, held)``: how many shards this host's cache holds at most (None: all local) and
+  which it holds now (an elastic pool hands splits by them). Neither reads a record.
+- ``size_bytes()``: the dataset's bytes (every shard's, from the manifest); ``close()``; a context manager.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Protocol
+
+from stoker.producer.dataset.sources.lmdb_format import DatasetMeta
+from stoker.producer.dataset.sources.manifest import Manifest
+
+
+class RecordSource(Protocol):
+    """A dataset read by global record index (module doc)."""
+
+    meta: DatasetMeta
+    manifest_bytes: bytes
+
+    @property
+    def path(self) -> Any: ...
+
+    @property
+    def layout(self) -> Optional[Manifest]: ...
+
+    def __len__(self) -> int: ...
+
+    def read(self, index: int) -> dict[str, Any]: ...
+
+    def prefetch(self, number: int) -> None: ...
+
+    def holdings(self) -> tuple[Optional[int], list[int]]: ...
+
+    def size_bytes(self) -> int: ...
+
+    def close(self) -> None: ...
+
+    def __enter__(self) -> "RecordSource": ...
+
+    def __exit__(self, *exc: object) -> None: ...
