@@ -54,7 +54,9 @@ def caption(record: Mapping[str, Any], field: str) -> str:
     if isinstance(text, str):
         return text
     if text is None:
-        raise SampleError(f"record field {field!r} is missing (the record has {', '.join(sorted(record)) or 'none'}): "
+        names = sorted(record)
+        listed = ", ".join(names[:12]) + (f" and {len(names) - 12} more" if len(names) > 12 else "")
+        raise SampleError(f"record field {field!r} is missing (the record has {listed or 'no fields'}): "
                           "name the caption's field with --pipeline-arg text_field=NAME")
     raise SampleError(f"record field {field!r} is {type(text).__name__}, expected a str caption")
 
@@ -62,7 +64,7 @@ def caption(record: Mapping[str, Any], field: str) -> str:
 def utf8_into(text: str, row: np.ndarray, skip_long: bool, field: str) -> int:
     """Write ``text``'s UTF-8 bytes into the uint8 ``row``, zeros after; the bytes kept (a long one cut before a
     whole character, or SampleError with ``skip_long``)."""
-    data = text.encode("utf-8", "surrogatepass")  # a lone surrogate from a lenient decoder is kept, not fatal
+    data = text.encode("utf-8", "replace")  # a lone surrogate (a lenient decoder's) becomes "?": rows stay UTF-8
     n = len(data)
     if n > len(row):
         if skip_long:

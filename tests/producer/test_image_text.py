@@ -82,6 +82,11 @@ def test_kept_bytes_are_always_a_whole_character_prefix_of_the_caption(text, lim
     assert n == len(_cut(text, limit))
 
 
+def test_a_lone_surrogate_from_a_lenient_decoder_travels_as_a_question_mark_so_rows_stay_utf8():
+    row = np.zeros(8, np.uint8)
+    assert bytes(row[:utf8_into("a\udc80b", row, skip_long=False, field="text")]) == b"a?b"
+
+
 @pytest.mark.parametrize("record, message", [
     ({"image": b"\xff"}, "record field 'text' is missing .* text_field=NAME"),
     ({"image": b"\xff", "text": b"bytes, not str"}, "record field 'text' is bytes, expected a str caption"),
