@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from conftest import random_jpeg
 from stoker.producer.dataset.build.parquet_index import index_parquet, write_index
-from stoker.producer.dataset.sources import DatasetError, RecordError
+from stoker.producer.dataset.sources import DatasetError, RecordError, open_dataset
 from stoker.producer.dataset.sources import parquet_shard
 from stoker.producer.dataset.sources.lmdb_format import DatasetMeta, FieldKind
 from stoker.producer.dataset.sources.manifest import ShardInfo
@@ -223,3 +223,16 @@ def test_a_dictionary_page_repeated_over_many_rows_is_never_expanded(tmp_path):
     assert shard.read(1999)["raw"] == big
     assert pool.bytes_allocated() - before < 64 << 20
     shard.close()
+
+
+def test_a_local_parquet_index_reads_every_row_through_open_dataset(hf, tmp_path):
+    folder, rows = hf
+    index = tmp_path / "index.json"
+    write_index(index_parquet(str(folder), progress=False), str(index))
+    dataset = open_dataset(index)
+    try:
+        assert len(dataset) == 2 * ROWS
+        expected = [_expected(r) for name in sorted(rows) for r in rows[name]]
+        assert [dataset.read(i) for i in range(2 * ROWS)] == expected
+    finally:
+        dataset.close()

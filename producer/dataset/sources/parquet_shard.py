@@ -115,7 +115,7 @@ class ParquetShard:
         except (pa.ArrowException, ValueError, TypeError, IndexError, MemoryError) as exc:
             raise DatasetError(f"{self._where}: not a readable Parquet file ({exc}); re-index or replace it") from None
         self._group = -1
-        self._columns: dict[str, pa.Array] = {}
+        self._columns: dict[str, _Column] = {}
 
     @staticmethod
     def _byte_typed(kind: pa.DataType) -> bool:
@@ -147,12 +147,9 @@ class ParquetShard:
             self._decode(group, index)
         row = index - self._starts[group]
         record = {}
-        for field, column in self._columns.items():
-            try:
-                value = column[row].as_py()
-            except (pa.ArrowException, ValueError, TypeError, IndexError) as exc:  # e.g. a string not UTF-8
-                raise self._error(index, f"column {field!r} row {index} (row group {group}) cannot be read "
-                                  f"({type(exc).__name__}: {exc})") from None
+        for field, (values, codes) in self._columns.items():
+            code = codes[row] if codes is not None else row
+            value = values[code] if code is not None else None
             if value is None:
                 raise self._error(index, f"column {field!r} is null in row {index} (row group {group})")
             record[field] = _CONVERT[self._fields[field].kind](value)
@@ -167,7 +164,8 @@ class ParquetShard:
                 array = table.column(field).combine_chunks()
                 if pa.types.is_struct(array.type):
                     array = array.flatten()[0]  # the image's bytes, null where the struct is null
-                columns[field] = array
+                columns[field] = _python_column(array)
+            del table
         except (pa.ArrowException, OSError, ValueError, TypeError, IndexError, KeyError, MemoryError) as exc:
             raise self._error(index, f"row group {group} cannot be decoded ({type(exc).__name__}: {exc}); "
                               "the file is corrupt: replace it and re-index") from None
@@ -230,6 +228,18 @@ def _check_footer_size(path: Path, where: str) -> None:
     if not 0 < length <= min(MAX_FOOTER_BYTES, size - 12):
         raise DatasetError(f"{where}: footer of {length} bytes in a {size}-byte file (at most {MAX_FOOTER_BYTES}): "
                            "corrupt or not Parquet")
+
+
+#: one decoded column of the kept row group as Python objects: (values, None) row by row, or (a dictionary's
+#: values, each row's code into them), so a value repeated over many rows is one object
+_Column = tuple[list[Any], Optional[list[Optional[int]]]]
+
+
+def _python_column(array: pa.Array) -> _Column:
+    """A column converted once a row group (cheaper than a scalar a row); a string that is not UTF-8 raises."""
+    if pa.types.is_dictionary(array.type):
+        return array.dictionary.to_pylist(), array.indices.to_pylist()
+    return array.to_pylist(), None
 
 
 def _float(value: Any) -> float:
