@@ -110,7 +110,7 @@ def index_tar_stream(stream: Any, where: str) -> dict[str, Any]:
                 labels[label_value(blocks.take(size) if size <= MAX_LABEL_BYTES else b"-")] += 1
             except ValueError:
                 bad_labels += 1
-    index = builder.finish(whole=not walk.ended)
+    index = builder.finish(whole=not walk.ended, cut=walk.cut)
     blocks.drain()
     return {"bytes": blocks.pos, "sha256": blocks.sha256.hexdigest(), "records": len(index),
             "extensions": index.extensions_used(), "labels": labels, "bad_labels": bad_labels,

@@ -31,7 +31,7 @@ def index_tar(fd: int, where: str, limits: TarLimits = TarLimits()) -> tuple[Sam
     builder = SampleBuilder(walk.skip)
     for name, offset, size in walk.members():
         builder.add(name, offset, size)
-    return builder.finish(whole=not walk.ended), walk
+    return builder.finish(whole=not walk.ended, cut=walk.cut), walk
 
 
 class TarShard:

@@ -25,6 +25,7 @@ BLOCK = 512
 MAX_PROBLEMS = 20  # reasons kept per tar; every one is counted
 _REGULAR = (b"0", b"\0", b"7")
 _NO_BODY = (b"1", b"2", b"3", b"4", b"5", b"6")  # links, devices, folders, fifos: tarfile skips no body for them
+_ZEROS = bytes(BLOCK)
 _EXTENDED = (b"x", b"g", b"L", b"K", b"X")
 
 
@@ -145,11 +146,12 @@ def _pax(body: bytes) -> dict[bytes, bytes]:
 
 class TarWalk:
     """One walk over one tar's headers (module doc). ``skipped``, ``problems`` and ``ended`` tell what it passed
-    over and why it stopped early ("" for a clean end)."""
+    over and why it stopped early ("" for a clean end); ``cut`` names the member the tar's end cut, if one."""
 
     def __init__(self, source: FileBlocks | StreamBlocks, where: str, limits: TarLimits = TarLimits()) -> None:
         self.source, self.where, self.limits = source, where, limits
         self.skipped, self.problems, self.ended = 0, [], ""
+        self.cut: bytes = b""  # the member whose bytes the tar cut short, if one did (samples.SampleBuilder.finish)
 
     def skip(self, name: bytes, why: str) -> None:
         """Count a member passed over (the sample grouping calls it too)."""
@@ -170,7 +172,7 @@ class TarWalk:
                 if block:
                     self._end(at, "a header cut short (a truncated tar)")
                 return
-            if not block.strip(b"\0"):
+            if block == _ZEROS:
                 return  # the end-of-archive block
             headers += 1
             if headers > limits.members:
@@ -184,7 +186,10 @@ class TarWalk:
                     size = int(pending[b"size"]) if pending[b"size"].isdigit() else -1
             except ValueError as exc:
                 return self._end(at, f"a header's size: {exc}")
-            if size < 0 or (src.size is not None and src.pos + size > src.size):
+            name = b"" if kind in _EXTENDED else pending.get(b"path") or self._ustar_name(block)
+            body = 0 if kind in _NO_BODY else size
+            if body < 0 or (src.size is not None and src.pos + body > src.size):
+                self.cut = name
                 return self._end(at, f"a member of {size} bytes reaching past the end of the file (truncated tar, or "
                                  "a size that lies)")
             body_at = src.pos
@@ -204,10 +209,8 @@ class TarWalk:
                 if not src.skip_to(body_at + -(-size // BLOCK) * BLOCK):
                     return self._end(at, "an extended header cut short")
                 continue
-            name = pending.get(b"path") or self._ustar_name(block)
             sparse = any(key.startswith(b"GNU.sparse.") for key in pending)
             pending = {}
-            body = 0 if kind in _NO_BODY else size
             if kind in _NO_BODY or (kind not in _REGULAR) or sparse or name.endswith(b"/"):
                 self.skip(name, "not a regular file (a link, folder, device or sparse file: never followed)")
             elif size > limits.member_bytes:
@@ -217,6 +220,7 @@ class TarWalk:
             else:
                 yield name, body_at, size
             if not src.skip_to(body_at + -(-body // BLOCK) * BLOCK):
+                self.cut = name
                 return self._end(at, f"member {name[:200].decode(errors='replace')!r} cut short (a truncated tar)")
 
     @staticmethod

@@ -5,7 +5,8 @@ component, folders included (``a/b/000123.jpg`` -> key ``a/b/000123``, extension
 them. Extensions are lower-cased. A member whose base name has no dot, starts with one or ends with one has no
 key and is passed over, counted; so is a second member of one extension in one sample (webdataset refuses the
 tar there; one sample's bytes are kept). ``SampleBuilder`` takes the walk's members; ``finish`` gives a
-``SampleIndex``. After a walk that ended early the last sample is dropped (its members may not all be there).
+``SampleIndex``. After a walk that ended early the last sample is dropped (its members may not all be there)
+unless a member of another key came after it.
 """
 
 from __future__ import annotations
@@ -34,11 +35,11 @@ class SampleIndex:
     ``sizes[m]`` at ``offsets[m]``, its extension ``extensions[kinds[m]]``; its key ``keys[key_ends[i-1]:key_ends[i]]``."""
 
     offsets: np.ndarray  # int64, per member
-    sizes: np.ndarray  # int64, per member
+    sizes: np.ndarray  # uint32, per member
     kinds: np.ndarray  # uint16, per member: index into extensions
-    starts: np.ndarray  # int64, per sample + 1
-    key_ends: np.ndarray  # int64, per sample
-    keys: bytes
+    starts: np.ndarray  # uint32, per sample + 1
+    key_ends: np.ndarray  # uint32, per sample
+    keys: bytes | bytearray  # every key, end to end (never changed once built)
     extensions: tuple[str, ...]
 
     def __len__(self) -> int:
@@ -58,8 +59,9 @@ class SampleBuilder:
 
     def __init__(self, skip: Callable[[bytes, str], None]) -> None:
         self._skip = skip
-        self._offsets, self._sizes, self._kinds = array("q"), array("q"), array("H")
-        self._starts, self._key_ends, self._keys = array("q"), array("q"), bytearray()
+        self._offsets, self._sizes, self._kinds = array("q"), array("I"), array("H")  # sizes: <= 64 MiB each
+        # a tar holds <= 4 * 10^6 members (TarLimits) of names <= 1024 bytes: member and key-byte counts fit 32 bits
+        self._starts, self._key_ends, self._keys = array("I"), array("I"), bytearray()
         self._extensions: dict[bytes, int] = {}
         self._key: bytes = b""
         self._seen: set[int] = set()  # extensions of the sample being grouped
@@ -91,18 +93,26 @@ class SampleBuilder:
         self._kinds.append(kind)
         return key, extension
 
-    def finish(self, whole: bool) -> SampleIndex:
-        """The index; ``whole`` False (the walk ended early) drops the last sample, counted."""
+    def finish(self, whole: bool, cut: bytes = b"") -> SampleIndex:
+        """The index. After a walk that ended early (``whole`` False) the last sample may lack members and is
+        dropped, counted, unless ``cut`` (the member the tar's end cut short) has another key: then the sample
+        before it was closed by that key and is whole. A walk that yields a cut member before it finds it cut
+        (a stream) and one that refuses it first (a file) keep the same samples."""
         starts, key_ends = self._starts, self._key_ends
         members = len(self._offsets)
-        if not whole and starts:
+        cut_key = split_name(cut)[0]
+        if not whole and starts and (not cut_key or cut_key == self._key):
             members = starts.pop()
             self._skip(self._keys[(key_ends[-2] if len(key_ends) > 1 else 0):key_ends.pop()],
                        "the last sample before the tar became unreadable (it may lack members)")
         starts.append(members)
-        return SampleIndex(np.frombuffer(self._offsets, np.int64)[:members].copy(),
-                           np.frombuffer(self._sizes, np.int64)[:members].copy(),
-                           np.frombuffer(self._kinds, np.uint16)[:members].copy(),
-                           np.frombuffer(starts, np.int64).copy(), np.frombuffer(key_ends, np.int64).copy(),
-                           bytes(self._keys[:key_ends[-1] if key_ends else 0]),
+        del self._keys[key_ends[-1] if key_ends else 0:]
+        # views of the arrays, no copies: an index of 10^5 members stays ~3 MB at its peak
+        return SampleIndex(_view(self._offsets, np.int64, members), _view(self._sizes, np.uint32, members),
+                           _view(self._kinds, np.uint16, members), _view(starts, np.uint32, len(starts)),
+                           _view(key_ends, np.uint32, len(key_ends)), self._keys,
                            tuple(e.decode("ascii", "replace") for e in self._extensions))
+
+
+def _view(values: array, dtype: type, length: int) -> np.ndarray:
+    return np.frombuffer(values, dtype)[:length] if length else np.zeros(0, dtype)
