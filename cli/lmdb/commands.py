@@ -13,7 +13,7 @@ from stoker.cli.exit_codes import EXIT_OK
 from stoker.cli.lmdb.storage_flags import storage_of
 
 if TYPE_CHECKING:
-    from stoker.producer.dataset.sources import LmdbDataset
+    from stoker.producer.dataset.sources import RecordSource
 
 
 def cmd_lmdb_build(args: argparse.Namespace) -> int:
@@ -104,7 +104,7 @@ def _describe_value(value: object) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _count_labels(ds: "LmdbDataset") -> tuple[list[int], int]:
+def _count_labels(ds: "RecordSource") -> tuple[list[int], int]:
     """Records per class counted by reading every record, and how many records could not be read."""
     from tqdm import tqdm
 
@@ -124,7 +124,7 @@ def _count_labels(ds: "LmdbDataset") -> tuple[list[int], int]:
     return counts, unreadable
 
 
-def _print_per_class(ds: "LmdbDataset", count: bool) -> None:
+def _print_per_class(ds: "RecordSource", count: bool) -> None:
     """The stored per-class counts; for a dataset built without them, counted (``count``) or said unknown."""
     meta = ds.meta
     if not meta.classes or getattr(meta.fields.get("label"), "kind", "") != "int":
@@ -142,19 +142,22 @@ def _print_per_class(ds: "LmdbDataset", count: bool) -> None:
 
 
 def cmd_lmdb_info(args: argparse.Namespace) -> int:
-    from stoker.producer.dataset.sources import RecordError, ShardedDataset, open_dataset
+    from stoker.producer.dataset.sources import RecordError, open_dataset
 
     with open_dataset(args.path) as ds:
-        meta = ds.meta
+        meta, layout = ds.meta, ds.layout
         print(f"path:     {args.path}")
-        if isinstance(ds, ShardedDataset):
-            shards = ds.manifest.shards
-            print(f"format:   stoker-shards version 1: {len(shards)} shard(s) of stoker-lmdb, "
+        if layout is not None:
+            shards, kind = layout.shards, "stoker-lmdb" if layout.shard_format == "lmdb" else layout.shard_format
+            print(f"format:   stoker-shards version 1: {len(shards)} shard(s) of {kind}, "
                   f"{min(s.records for s in shards)}-{max(s.records for s in shards)} records each")
-            per = ds.manifest.records_per_shard
+            if layout.root is not None:
+                print(f"root:     {layout.root}")
+            per = layout.records_per_shard
             if len(shards) > 1:
                 print(f"layout:   {per} records per shard: epochs shuffle shard by shard" if per else "layout:   "
-                      "shards of different record counts: epochs are flat shuffles (rebuild to go shard by shard)")
+                      f"shards of different record counts: epochs shuffle block by block, blocks of "
+                      f"{layout.mean_shard_records} records (the mean shard)")
         else:
             print(f"format:   stoker-lmdb version {meta.version}")
         print(f"records:  {meta.count}")

@@ -43,7 +43,7 @@ from stoker.protocol.input_state import StreamKey, check_materialisable
 from stoker.protocol.metrics_server import MetricsServer
 
 from stoker.producer.serve.batch_slots import SlotLayout, allocate
-from stoker.producer.dataset.sources import ShardedDataset, open_dataset
+from stoker.producer.dataset.sources import RecordSource, open_dataset
 from stoker.producer.serve.forwarder import SlotForwarder
 from stoker.producer.serve.policies.choice import policy_for
 from stoker.producer.measure.metrics import ProducerCollector
@@ -112,15 +112,14 @@ class ProducerDaemon:
                                   ("fast_dct", config.fast_dct))
         # Built here to fail fast (and for the layout); each worker builds its own from the same reference.
         self.pipeline = load_pipeline(config.pipeline, dict(config.pipeline_args), dict(self.pipeline_standard))
-        self.sharded: Optional[ShardedDataset] = None  # its cache, for a pool's statuses and fetches ahead
         with open_dataset(config.lmdb_path, config.remote, cancel) as dataset:  # cancel: ends a wait for storage
             self.meta = dataset.meta
-            block = layout_block(config.shard, config.shuffle_window,
-                                 dataset.manifest if isinstance(dataset, ShardedDataset) else None)
-            if isinstance(dataset, ShardedDataset):  # its workers read the manifest the daemon read, not a newer one
+            block = layout_block(config.shard, config.shuffle_window, dataset.layout)
+            if dataset.manifest_bytes:  # its workers read the manifest the daemon read, not a newer one
                 config = replace(config, remote=replace(config.remote, manifest=dataset.manifest_bytes))
                 self.config = config
-                self.sharded = dataset  # closed: what a pool asks of it (holdings, prefetch) opens no shard
+        #: closed: what a pool asks of its cache (holdings) opens no shard; one LMDB holds every record locally
+        self.dataset: RecordSource = dataset
         self.seed = config.seed if config.seed is not None else secrets.randbits(31)
         self.stream = StreamKey(config.shard.index, config.shard.count, self.meta.count, self.seed,
                                 splits=config.shard.auto, block=block, window=max(1, config.shuffle_window),
@@ -214,7 +213,7 @@ class ProducerDaemon:
         """This run's serving policy (``policy_for``), fresh: it holds the run's trainers."""
         cfg = self.config
         spec = [(name, dtype, [cfg.batch_size, *shape]) for name, dtype, shape in self.layout.arrays]
-        return policy_for(cfg, self.stream, self.producer_id, spec, self.sharded, self.stats.storage_waiting)
+        return policy_for(cfg, self.stream, self.producer_id, spec, self.dataset, self.stats.storage_waiting)
 
     def _worker_config(self, internal: str) -> WorkerConfig:
         cfg = self.config

@@ -1,7 +1,8 @@
 """Which records a producer serves, and in which order each epoch.
 
 A shard ``I/N`` is the records with ``index % N == I``, or on a dataset stored in
-shards of one size (``layout_block``) the dataset's shards ``j % N == I``, whole:
+shards (``layout_block``) its blocks ``j % N == I`` (a block: the dataset's shard where
+shards hold one record count, else the mean shard size of global indices), whole:
 either way disjoint across the N producers and together the whole dataset
 (``StreamKey.stream_records``). Each epoch permutes the shard with a generator seeded
 by ``(seed, epoch)`` (two-level over a layout: ``epoch_order``), so order is
@@ -55,27 +56,29 @@ class ShardSpec:
 
 
 def layout_block(shard: ShardSpec, shuffle_window: int, manifest: Optional[Manifest]) -> int:
-    """The shard size (records) of the stream's layout (``StreamKey.block``), 0 for none: on a dataset of several
-    shards of one size, unless ``--shuffle-window 0``, a pool's epochs and a fixed shard's are two-level shuffles
-    (``epoch_order``) and a fixed shard ``I/N`` is whole dataset shards. Shards of different sizes (a manifest
-    this release did not write) are named. ValueError for a window outside 0-``MAX_WINDOW``, or for more fixed
-    shards than the dataset has (some would serve nothing)."""
+    """The block size (records) of the stream's layout (``StreamKey.block``), 0 for none: on a dataset of several
+    shards, unless ``--shuffle-window 0``, a pool's epochs and a fixed shard's are two-level shuffles
+    (``epoch_order``) of blocks, and a fixed shard ``I/N`` is whole blocks. Shards of one record count are the
+    blocks; shards of different counts (WebDataset tars, Parquet files) give blocks of the mean shard size
+    (rounded up) over global indices, each touching one shard or two, said in an info line. ValueError for a
+    window outside 0-``MAX_WINDOW``, or for more fixed shards than the dataset has blocks (some would serve
+    nothing)."""
     if not 0 <= shuffle_window <= MAX_WINDOW:
         raise ValueError(f"--shuffle-window must be 0-{MAX_WINDOW} shards, got {shuffle_window}")
     if shuffle_window < 1 or manifest is None or len(manifest.shards) < 2:
         return 0
-    if not shard.auto and shard.count > len(manifest.shards) and manifest.records_per_shard:
-        raise ValueError(f"--shard {shard}: the dataset has {len(manifest.shards)} shards and a fixed shard is whole "
-                         f"dataset shards, so {shard.count - len(manifest.shards)} of {shard.count} producers would "
-                         "serve nothing; run at most as many producers as shards, --shard auto (an elastic pool "
-                         "shares splits), or --shuffle-window 0 (fixed shards of every N-th record)")
+    block = manifest.records_per_shard or manifest.mean_shard_records
+    blocks = -(-manifest.meta.count // block)  # the shards, where they hold one record count
+    if not shard.auto and shard.count > blocks:
+        what = "shards" if manifest.records_per_shard else f"blocks of {block} records (its mean shard)"
+        raise ValueError(f"--shard {shard}: the dataset has {blocks} {what} and a fixed shard is whole {what}, so "
+                         f"{shard.count - blocks} of {shard.count} producers would serve nothing; run at "
+                         "most as many producers as shards, --shard auto (an elastic pool shares splits), or "
+                         "--shuffle-window 0 (fixed shards of every N-th record)")
     if not manifest.records_per_shard:
-        log.warning("the dataset's shards hold different numbers of records, so each epoch is one shuffle of the "
-                    "whole dataset: every producer reads every shard each epoch, and a cache smaller than the "
-                    "dataset fetches shards again and again. Rebuild it with `stoker lmdb build --shard-size` of "
-                    "this release (shards of one record count)")
-        return 0
-    return manifest.records_per_shard
+        log.info("the dataset's shards hold different numbers of records: epochs go block by block, blocks of %d "
+                 "records (the mean shard) over record indices, each reading one shard or two", block)
+    return block
 
 
 class EpochOrders:

@@ -10,6 +10,7 @@ tests/dataset/test_object_storage.py and benchmarks/shard_fetches.py.
 
 from __future__ import annotations
 
+import logging
 from collections import Counter, OrderedDict
 from functools import partial
 
@@ -97,14 +98,19 @@ def _manifest(counts):
     return Manifest(DatasetMeta(count=first, fields={"label": FieldKind.parse("int")}), tuple(shards))
 
 
-def test_the_layout_is_the_shards_record_count_and_uneven_shards_fall_back_to_one_shuffle(caplog):
+def test_the_layout_is_the_shards_record_count_and_uneven_shards_go_by_blocks_of_the_mean_shard(caplog):
+    caplog.set_level(logging.INFO, logger="stoker.producer")
     auto = ShardSpec(auto=True)
     assert layout_block(auto, 1, _manifest([50, 50, 20])) == 50
     assert layout_block(ShardSpec(1, 3), 1, _manifest([50, 50, 20])) == 50  # fixed shards: whole dataset shards
     assert layout_block(auto, 0, _manifest([50, 50, 20])) == 0  # --shuffle-window 0
     assert layout_block(auto, 1, _manifest([50])) == 0 and layout_block(auto, 1, None) == 0
-    assert layout_block(auto, 1, _manifest([50, 40, 50])) == 0
-    assert "different numbers of records" in caplog.text and "Rebuild" in caplog.text
+    assert layout_block(auto, 1, _manifest([50, 40, 50])) == 47  # 140 records / 3 shards, rounded up
+    assert "different numbers of records" in caplog.text and "blocks of 47 records" in caplog.text
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert layout_block(ShardSpec(2, 3), 1, _manifest([50, 40, 50])) == 47  # 3 blocks: a fixed shard each
+    with pytest.raises(ValueError, match="has 3 blocks of 3 records .* 1 of 4 producers would serve nothing"):
+        layout_block(ShardSpec(3, 4), 1, _manifest([1, 1, 1, 6]))  # 4 shards, but 9 records make 3 blocks
     with pytest.raises(ValueError, match="shuffle-window"):
         layout_block(auto, -1, None)
     with pytest.raises(ValueError, match="would serve nothing"):
