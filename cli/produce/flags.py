@@ -19,9 +19,11 @@ if TYPE_CHECKING:
 
 def _add_dataset_source(p: argparse.ArgumentParser) -> None:
     """``stoker produce``'s dataset: where it is, and how shards from object storage are cached and ordered."""
-    p.add_argument("--lmdb", required=True, help="the dataset: an LMDB folder, a sharded dataset's folder, or a "
-                   "sharded dataset in object storage (s3://bucket/prefix, any fsspec URL; shards fetched into "
-                   "--cache-dir as they are needed)")
+    p.add_argument("--data", "--lmdb", dest="lmdb", required=True, metavar="LOCATION",
+                   help="the dataset (--lmdb is its old name, still read): an LMDB folder; a folder or object-storage "
+                   "prefix holding a sharded dataset's manifest.json (s3://bucket/prefix, any fsspec URL; shards "
+                   "fetched into --cache-dir as they are needed); or an index of WebDataset tars or Parquet files, "
+                   "a path or URL ending in .json (`stoker data index`), read where its root says they are")
     p.add_argument("--cache-dir", default=None, metavar="DIR",
                    help="object storage: where fetched shards are kept (default: ~/.cache/stoker/shards)")
     p.add_argument("--cache-size", type=size_argument, default=None, metavar="SIZE",

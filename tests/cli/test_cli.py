@@ -26,9 +26,17 @@ def test_help_explains_every_option_with_its_default(command):
 def test_produce_help_documents_the_batch_format():
     out = subprocess.run([sys.executable, "-m", "stoker.cli.main", "produce", "--help"],
                          capture_output=True, text=True, timeout=60)
-    for flag in ("--lmdb", "--bind", "--workers", "--batch-size", "--image-size", "--mode", "--shard", "--seed"):
+    for flag in ("--data", "--lmdb", "--bind", "--workers", "--batch-size", "--image-size", "--mode", "--shard", "--seed"):
         assert flag in out.stdout
     assert "uint8 [B,H,W,3]" in out.stdout
+
+
+def test_produce_reads_its_dataset_from_data_and_from_the_old_lmdb_alike():
+    from stoker.cli.main import build_parser
+
+    parse = build_parser().parse_args
+    new, old = parse(["produce", "--data", "/d/index.json"]), parse(["produce", "--lmdb", "/d/index.json"])
+    assert new.lmdb == old.lmdb == "/d/index.json" and vars(new) == vars(old)
 
 
 @pytest.mark.parametrize("command, message", [
