@@ -1,8 +1,8 @@
 """``stoker`` command line: a thin shell over the library. ``main()`` is the ``stoker`` entry point.
 
 One folder or module per family of subcommands, each family's flags beside what runs them: ``produce/``,
-``train/``, ``measure/`` (``bench``, ``doctor``), ``lmdb/``, ``cluster/``, and ``state_commands``,
-``keys_command``, ``status``, ``demo``. This module composes their parsers under the global flags and maps what a
+``train/``, ``measure/`` (``bench``, ``doctor``), ``lmdb/``, ``data/`` (``index``, ``info``), ``cluster/``, and
+``state_commands``, ``keys_command``, ``status``, ``demo``. This module composes their parsers under the global flags and maps what a
 command raises to an exit code. Subcommands import what they need when they run, so ``stoker produce`` and
 ``stoker lmdb`` work on data hosts without TensorFlow installed.
 Exit codes (``cli/exit_codes.py``): 0 ok, 1 runtime failure, 2 bad usage or unusable
@@ -19,6 +19,7 @@ from typing import Callable, Sequence
 
 from stoker.cli.argument_parser import HelpFormatter, StokerArgumentParser
 from stoker.cli.cluster.command import add_cluster_parser
+from stoker.cli.data.flags import add_data_parser
 from stoker.cli.demo import add_demo_parser
 from stoker.cli.exit_codes import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from stoker.cli.keys_command import add_keys_parser
@@ -57,8 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="log lines as text or as one JSON object per line (default: text)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     # In this order in `stoker --help`.
-    for add in (add_lmdb_parser, add_produce_parser, add_train_parser, add_state_parser, add_keys_parser,
-                add_cluster_parser, add_status_parser, add_bench_parser, add_doctor_parser, add_demo_parser):
+    for add in (add_lmdb_parser, add_data_parser, add_produce_parser, add_train_parser, add_state_parser,
+                add_keys_parser, add_cluster_parser, add_status_parser, add_bench_parser, add_doctor_parser, add_demo_parser):
         add(sub, common)
     return parser
 

@@ -261,3 +261,19 @@ def test_a_map_field_is_plain_json_for_the_lmdb_writer_too() -> None:
     assert "JSON values only" in check_value("json", {"a": b"bytes"}, FieldKind("map"))
     with pytest.raises(ValueError, match="keys must be strings"):
         kind_of({1: 2})
+
+
+def test_stoker_data_index_writes_an_index_beside_the_tars_and_names_what_it_passed_over(tars: Path,
+                                                                                      tmp_path: Path) -> None:
+    from conftest import stoker_cli
+    from stoker.producer.dataset.sources.manifest import parse_manifest
+
+    out = tmp_path / "index.json"
+    done = stoker_cli("data", "index", "--webdataset", f"{tars}/*.tar", "--out", str(out), "--fields", "image,text")
+    assert done.returncode == 0, done.stderr
+    manifest = parse_manifest(out.read_bytes(), str(out))
+    assert (manifest.meta.count, list(manifest.meta.fields), manifest.root) == (TARS * SAMPLES, ["image", "text"],
+                                                                               str(tars))
+    assert f"indexed {TARS * SAMPLES} samples in {TARS} tars" in done.stdout
+    refused = stoker_cli("data", "index", "--webdataset", f"{tmp_path}/none-*.tar", "--out", str(out))
+    assert refused.returncode != 0 and "no tar there" in refused.stderr
