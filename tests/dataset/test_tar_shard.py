@@ -277,3 +277,14 @@ def test_stoker_data_index_writes_an_index_beside_the_tars_and_names_what_it_pas
     assert f"indexed {TARS * SAMPLES} samples in {TARS} tars" in done.stdout
     refused = stoker_cli("data", "index", "--webdataset", f"{tmp_path}/none-*.tar", "--out", str(out))
     assert refused.returncode != 0 and "no tar there" in refused.stderr
+
+
+def test_a_local_tar_index_reads_every_sample_through_open_dataset(tars: Path, tmp_path: Path) -> None:
+    from stoker.producer.dataset.sources import open_dataset
+
+    index = tmp_path / "elsewhere" / "index.json"
+    index.parent.mkdir()
+    index.write_text(index_webdataset([str(tars)], progress=False).to_json())
+    with open_dataset(index) as dataset:
+        assert len(dataset) == TARS * SAMPLES
+        assert [dataset.read(i) for i in range(len(dataset))] == [_expected(n) for n in range(TARS * SAMPLES)]
