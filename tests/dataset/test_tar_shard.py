@@ -288,3 +288,27 @@ def test_a_local_tar_index_reads_every_sample_through_open_dataset(tars: Path, t
     with open_dataset(index) as dataset:
         assert len(dataset) == TARS * SAMPLES
         assert [dataset.read(i) for i in range(len(dataset))] == [_expected(n) for n in range(TARS * SAMPLES)]
+
+
+def test_a_member_only_some_samples_have_is_left_out_of_the_fields_named_unless_asked_for(tmp_path: Path) -> None:
+    """img2dataset writes a .json only for some samples when metadata failed: as a field, it would cost every
+    sample without it. The index leaves such an extension out, names it with its count, and serves every sample;
+    asked for by name, it is kept and each sample without it is a RecordError naming it."""
+    from stoker.producer.dataset.sources import open_dataset
+
+    members = [(f"{n:09d}.{ext}", data) for n in range(6) for ext, data in _sample(n).items()
+               if ext != "json" or n % 2 == 0]
+    _write_tar(tmp_path / "000000.tar", members)
+    manifest = index_webdataset([str(tmp_path / "000000.tar")], progress=False)
+    assert set(manifest.meta.fields) == {"image", "text", "label"}
+    assert manifest.meta.info["partial_fields"] == {"json": 3}
+    index = tmp_path / "index.json"
+    index.write_text(manifest.to_json())
+    with open_dataset(index) as dataset:
+        assert [dataset.read(n)["text"] for n in range(6)] == [_expected(n)["text"] for n in range(6)]
+    asked = index_webdataset([str(tmp_path / "000000.tar")], progress=False, fields=["image", "json"])
+    index.write_text(asked.to_json())
+    with open_dataset(index) as dataset:
+        assert dataset.read(0)["json"] == _expected(0)["json"]
+        with pytest.raises(RecordError, match="json"):
+            dataset.read(1)

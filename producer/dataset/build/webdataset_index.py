@@ -4,9 +4,10 @@ where they are, local or at any fsspec URL.
 ``index_webdataset(urls)`` expands each argument (brace lists as webdataset writes them, ``{000000..000123}`` or
 ``{a,b}``, at most ``MAX_SHARDS`` names; then globs; a local folder means its ``*.tar``), streams each tar once
 (``sources/webdataset/headers.StreamBlocks``: the same bounded header walk a reader runs, every byte hashed) and
-records per tar its size, SHA-256 and whole samples. The dataset's fields are the union of the extensions seen
-(``sources/webdataset/fields``: a field some samples lack is still a field; a reader names each sample without
-it); with ``.cls`` members, classes ``"0"``..``"max"`` and their counts. ``root`` is the folder (or URL) common to
+records per tar its size, SHA-256 and whole samples. The dataset's fields are the extensions every sample has
+(``sources/webdataset/fields``); one only some samples have is left out, named and counted in the manifest's
+``info`` (``partial_fields``) and on stderr, since as a field it would cost every sample without it (``fields=``
+keeps it anyway: a reader then names each sample without it); with ``.cls`` members, classes ``"0"``..``"max"`` and their counts. ``root`` is the folder (or URL) common to
 every tar and shard names are paths under it. What the walk passed over is counted and its first reasons kept in
 the manifest's ``info``, never dropped silently.
 """
@@ -113,7 +114,7 @@ def index_tar_stream(stream: Any, where: str) -> dict[str, Any]:
     index = builder.finish(whole=not walk.ended, cut=walk.cut)
     blocks.drain()
     return {"bytes": blocks.pos, "sha256": blocks.sha256.hexdigest(), "records": len(index),
-            "extensions": index.extensions_used(), "labels": labels, "bad_labels": bad_labels,
+            "extensions": index.extension_counts(), "labels": labels, "bad_labels": bad_labels,
             "skipped": walk.skipped, "problems": walk.problems, "ended": walk.ended}
 
 
@@ -125,12 +126,16 @@ def index_webdataset(urls: Sequence[str], storage_options: Optional[dict[str, An
     fs, paths = _tars(urls, storage_options)
     root, names = _root(fs, paths)
     shards, kinds, labels, bad_labels, skipped, problems = [], {}, Counter(), 0, 0, []
+    having: Counter[str] = Counter()  # field -> samples that have it
     started = time.monotonic()
     for number, (path, name) in enumerate(zip(paths, names)):
         with fs.open(path, "rb") as stream:
             tar = index_tar_stream(stream, name)
         shards.append({"name": name, "records": tar["records"], "bytes": tar["bytes"], "sha256": tar["sha256"]})
-        kinds.update(field_of(e) for e in tar["extensions"])
+        for extension, samples in tar["extensions"].items():
+            name, kind = field_of(extension)
+            kinds[name] = kind
+            having[name] += samples
         labels.update(tar["labels"])
         bad_labels += tar["bad_labels"]
         skipped += tar["skipped"] + bool(tar["ended"])
@@ -140,12 +145,19 @@ def index_webdataset(urls: Sequence[str], storage_options: Optional[dict[str, An
             print(f"[{number + 1}/{len(paths)}] {name}: {tar['records']} samples, {tar['bytes'] / 1e6:.1f} MB "
                   f"({done / max(time.monotonic() - started, 1e-9):.0f} MB/s){'; ' + tar['ended'] if tar['ended'] else ''}",
                   file=sys.stderr)
+    count = sum(s["records"] for s in shards)
+    partial = {name: having[name] for name in kinds if having[name] < count}
     if fields is not None:
         unseen = sorted(set(fields) - set(kinds))
         if unseen:
             raise DatasetError(f"fields {unseen} are in no tar: the fields seen are {sorted(kinds)}")
         kinds = {f: kinds[f] for f in fields}
-    count = sum(s["records"] for s in shards)
+    else:
+        kinds = {name: kind for name, kind in kinds.items() if name not in partial}
+        if partial and progress:
+            print(f"left out fields only some of the {count} samples have: "
+                  f"{', '.join(f'{n} ({k})' for n, k in sorted(partial.items()))}; --fields keeps one (then each "
+                  "sample without it is skipped, named)", file=sys.stderr)
     if not count or not kinds:
         raise DatasetError(f"{root}: the tars hold no whole sample with a field ({skipped} members passed over: "
                            f"{'; '.join(problems[:3])})")
@@ -154,7 +166,7 @@ def index_webdataset(urls: Sequence[str], storage_options: Optional[dict[str, An
     counts = [labels[c] for c in range(len(classes))] if classes and sum(labels.values()) == count else None
     meta = DatasetMeta(count=count, fields={n: FieldKind(k) for n, k in kinds.items()}, classes=tuple(classes),
                        task="classification" if classes else "",
-                       info={"source": "webdataset", "skipped_members": skipped, "bad_labels": bad_labels,
+                       info={"source": "webdataset", "partial_fields": partial, "skipped_members": skipped, "bad_labels": bad_labels,
                              "problems": problems}, class_counts=tuple(counts) if counts is not None else None)
     infos, first = [], 0
     for s in shards:

@@ -53,6 +53,12 @@ class SampleIndex:
         """The extensions some member of some sample has."""
         return [self.extensions[k] for k in np.unique(self.kinds)]
 
+    def extension_counts(self) -> dict[str, int]:
+        """How many samples have a member of each extension (a sample holds each extension once: the walk keeps the
+        first of a repeated one)."""
+        counts = np.bincount(self.kinds, minlength=len(self.extensions)) if len(self.kinds) else ()
+        return {self.extensions[k]: int(n) for k, n in enumerate(counts) if n}
+
 
 class SampleBuilder:
     """Groups a walk's members into samples (module doc); ``skip(name, why)`` counts what is passed over."""
