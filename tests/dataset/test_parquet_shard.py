@@ -21,7 +21,7 @@ from stoker.producer.dataset.sources import DatasetError, RecordError, open_data
 from stoker.producer.dataset.sources import parquet_shard
 from stoker.producer.dataset.sources.lmdb_format import DatasetMeta, FieldKind
 from stoker.producer.dataset.sources.manifest import ShardInfo
-from stoker.producer.dataset.sources.parquet_shard import FORMAT, ParquetShard
+from stoker.producer.dataset.sources.parquet_shard import FORMAT, DecodedGroups, ParquetFormat, ParquetShard
 
 ROWS, GROUP = 23, 5  # 5 row groups, the last of 3
 
@@ -236,3 +236,77 @@ def test_a_local_parquet_index_reads_every_row_through_open_dataset(hf, tmp_path
         assert [dataset.read(i) for i in range(2 * ROWS)] == expected
     finally:
         dataset.close()
+
+
+STARTS = list(range(0, ROWS, GROUP))  # each row group's first row
+
+
+def _open_with(shard_format: ParquetFormat, path: Path) -> ParquetShard:
+    return shard_format.open(path, ShardInfo(path.name, 0, ROWS, path.stat().st_size, "0" * 64), _meta(FIELDS))
+
+
+@pytest.fixture(scope="module")
+def group_bytes(hf) -> tuple[int, int]:
+    """The smallest and largest decoded row group of the hf files, in bytes, each measured alone."""
+    sizes = []
+    for name in hf[1]:
+        for start in STARTS:
+            alone = ParquetFormat(DecodedGroups(1 << 40))
+            shard = _open_with(alone, hf[0] / name)
+            shard.read(start)
+            sizes.append(alone.decoded.nbytes)
+            shard.close()
+    assert min(sizes) > 0
+    return min(sizes), max(sizes)
+
+
+def test_a_shuffled_pass_decodes_each_row_group_once_and_a_closed_shard_lets_go_of_them(hf):
+    folder, rows = hf
+    shard_format = ParquetFormat(DecodedGroups(1 << 30))
+    shard = _open_with(shard_format, folder / sorted(rows)[0])
+    order = random.Random(2).sample(range(ROWS), ROWS)
+    assert [shard.read(i) for i in order] == [_expected(rows[sorted(rows)[0]][i]) for i in order]
+    assert (shard_format.decoded.decodes, len(shard_format.decoded)) == (len(STARTS), len(STARTS))
+    pool = pa.total_allocated_bytes()
+    shard.close()
+    assert (shard_format.decoded.nbytes, len(shard_format.decoded)) == (0, 0)
+    assert pa.total_allocated_bytes() < pool  # the arrays themselves were let go of
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(budget_groups=st.sampled_from([0, 0.2, 1, 1.5, 2.5, 4, 20]),
+       reads=st.lists(st.tuples(st.integers(0, 1), st.integers(0, ROWS - 1)), min_size=1, max_size=60))
+def test_reads_in_any_order_over_shards_sharing_one_budget_equal_sequential_within_it(hf, group_bytes,
+                                                                                      budget_groups, reads):
+    folder, rows = hf
+    names, (smallest, largest) = sorted(rows), group_bytes
+    budget = int(budget_groups * largest)
+    shared = ParquetFormat(DecodedGroups(budget))
+    shards = [_open_with(shared, folder / name) for name in names]
+    for k, i in reads:
+        assert shards[k].read(i) == _expected(rows[names[k]][i])
+        # never more than the budget, or the one group just read where it alone is larger
+        assert shared.decoded.nbytes <= max(budget, largest)
+        decodes = shared.decoded.decodes
+        assert shards[k].read(i) == _expected(rows[names[k]][i]) and shared.decoded.decodes == decodes  # kept
+    if budget >= 2 * len(STARTS) * largest:  # everything fits: nothing was decoded twice
+        assert shared.decoded.decodes == len({(k, i // GROUP) for k, i in reads})
+    if budget < smallest:  # one group at a time: each change of group decoded again
+        changes = sum(1 for a, b in zip(reads, reads[1:]) if (a[0], a[1] // GROUP) != (b[0], b[1] // GROUP))
+        assert (len(shared.decoded), shared.decoded.decodes) == (1, changes + 1)
+    for shard in shards:
+        shard.close()
+    assert (shared.decoded.nbytes, len(shared.decoded)) == (0, 0)
+
+
+def test_a_row_group_over_the_budget_is_still_read_and_named_once_a_shard(hf, caplog):
+    folder, rows = hf
+    name = sorted(rows)[1]
+    shard_format = ParquetFormat(DecodedGroups(0))
+    shard = _open_with(shard_format, folder / name)
+    with caplog.at_level("WARNING", logger="stoker.producer"):
+        assert [shard.read(i) for i in reversed(range(ROWS))] == [_expected(r) for r in reversed(rows[name])]
+    warnings = [r.getMessage() for r in caplog.records if "decodes to" in r.getMessage()]
+    assert len(warnings) == 1 and "smaller row groups" in warnings[0] and name in warnings[0]
+    assert shard_format.decoded.decodes == len(STARTS) and len(shard_format.decoded) == 1
+    shard.close()

@@ -9,8 +9,18 @@ stored), binary -> ``bytes``, string -> ``str``, integers -> ``int``, floats -> 
 before a byte of data is read: its size (read from the file's last 8 bytes, and pyarrow's thrift limits), the row
 count against the manifest, the number of row groups, each row group's rows, each read column chunk's uncompressed
 size and their sum per row group (what one decode holds), and the schema against the manifest's fields. Only the
-manifest's columns of one row group are decoded at a time (the last one kept: sequential reads cost one decode a
-group), byte columns as dictionaries so a dictionary page repeated over many rows is never expanded.
+manifest's columns of a row group are decoded, byte columns as dictionaries so a dictionary page repeated over many
+rows is never expanded.
+
+Decoded row groups are kept as Arrow arrays in ``DecodedGroups``, one least-recently-used cache per format object
+(so per process: ``FORMAT``), shared by every shard it opens and bounded by the groups' decoded bytes
+(``DECODED_CACHE_BYTES``, 1 GiB): a producer reads a shard's records in a shuffled order, and with one group kept
+every record cost a whole group's decode (~135 records/s against ~53,000 in order). A row is converted to Python
+when read. A group larger than the budget is decoded anyway, alone, and named in a warning once a shard.
+
+Byte columns are read as dictionaries even where the footer says a chunk has no dictionary page: the footer is not
+to be trusted (a lying one would let a dictionary bomb expand), and pyarrow's own writer gives nearly every column
+chunk a dictionary page before falling back to plain pages, so the footer would spare the hashing of few files.
 
 What these checks cannot bound: page headers and encodings inside the column chunks (a crafted
 DELTA_BYTE_ARRAY page can still make pyarrow allocate more than the footer says), and pyarrow 26 itself: a footer
@@ -25,7 +35,10 @@ kills workers costs its records, never the producer; no sandbox of our own is bu
 from __future__ import annotations
 
 import bisect
+import itertools
+import logging
 import os
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -42,7 +55,9 @@ MAX_GROUP_ROWS = 1 << 22  # decoded offsets and numbers stay ~8 bytes a row a co
 MAX_CHUNK_BYTES = 512 * 1024 * 1024  # one column chunk's uncompressed size
 MAX_GROUP_BYTES = 512 * 1024 * 1024  # the read columns of one row group together: what one decode holds
 THRIFT_LIMIT = MAX_FOOTER_BYTES
+DECODED_CACHE_BYTES = 1 << 30  # decoded row groups a process keeps, all its open Parquet shards together
 _MAGIC = b"PAR1"
+log = logging.getLogger("stoker.producer")
 
 
 def image_struct(kind: pa.DataType) -> bool:
@@ -86,10 +101,12 @@ def _fits(field_kind: str, column: Optional[str]) -> bool:
 
 class ParquetShard:
     """One local Parquet file's rows (module doc). ``open`` checks the footer (DatasetError naming what is wrong);
-    ``read(i)`` gives row ``i`` as a dict of the manifest's fields, or RecordError."""
+    ``read(i)`` gives row ``i`` as a dict of the manifest's fields, or RecordError. Its decoded row groups are kept
+    in ``decoded`` (shared with the format's other shards) until evicted or the shard is closed."""
 
-    def __init__(self, path: Path, info: Any, meta: DatasetMeta) -> None:
+    def __init__(self, path: Path, info: Any, meta: DatasetMeta, decoded: DecodedGroups) -> None:
         self.name, self.first = str(info.name), int(info.first)
+        self._decoded, self._owner, self._warned = decoded, decoded.new_owner(), False
         self._where = f"Parquet shard {self.name} ({path})"
         _check_footer_size(path, self._where)
         self._fields = dict(meta.fields)
@@ -104,8 +121,8 @@ class ParquetShard:
             self._file = pq.ParquetFile(path, thrift_string_size_limit=THRIFT_LIMIT, pre_buffer=False,
                                         thrift_container_size_limit=THRIFT_LIMIT, schema_depth_limit=16,
                                         read_dictionary=byte_leaves)
-            self._starts = check_row_groups(self._file.metadata, int(info.records), set(self._leaves.values()),
-                                            self._where)
+            self._starts, self._sizes = check_row_groups(self._file.metadata, int(info.records),
+                                                         set(self._leaves.values()), self._where)
         except DatasetError:
             raise
         except OSError as exc:
@@ -114,8 +131,6 @@ class ParquetShard:
             raise DatasetError(f"{self._where}: not a readable Parquet file ({exc}); re-index or replace it") from None
         except (pa.ArrowException, ValueError, TypeError, IndexError, MemoryError) as exc:
             raise DatasetError(f"{self._where}: not a readable Parquet file ({exc}); re-index or replace it") from None
-        self._group = -1
-        self._columns: dict[str, _Column] = {}
 
     @staticmethod
     def _byte_typed(kind: pa.DataType) -> bool:
@@ -143,20 +158,25 @@ class ParquetShard:
         if not 0 <= index < len(self):
             raise IndexError(f"row {index} is outside {self._where}'s {len(self)}")
         group = bisect.bisect_right(self._starts, index) - 1
-        if group != self._group:
-            self._decode(group, index)
+        columns = self._decoded.get((self._owner, group)) or self._decode(group, index)
         row = index - self._starts[group]
         record = {}
-        for field, (values, codes) in self._columns.items():
-            code = codes[row] if codes is not None else row
-            value = values[code] if code is not None else None
+        for field, (values, codes) in columns.items():
+            try:
+                code = codes[row].as_py() if codes is not None else row
+                value = values[code].as_py() if code is not None and 0 <= code < len(values) else None
+            except (pa.ArrowException, ValueError, IndexError) as exc:  # a string that is not UTF-8
+                raise self._error(index, f"column {field!r} of row {index} (row group {group}) cannot be read "
+                                  f"({exc}); the file is corrupt: replace it and re-index") from None
             if value is None:
                 raise self._error(index, f"column {field!r} is null in row {index} (row group {group})")
             record[field] = _CONVERT[self._fields[field].kind](value)
         return record
 
-    def _decode(self, group: int, index: int) -> None:
-        self._group, self._columns = -1, {}  # a failed decode leaves nothing half-kept
+    def _decode(self, group: int, index: int) -> _Group:
+        """Row group ``group``'s columns decoded and kept in the shared cache, room made first by the footer's
+        uncompressed size of the columns (so the cache and the decode together stay near the budget)."""
+        self._decoded.make_room(self._sizes[group])
         try:
             table = self._file.read_row_group(group, columns=list(self._leaves.values()), use_threads=False)
             columns = {}
@@ -164,29 +184,39 @@ class ParquetShard:
                 array = table.column(field).combine_chunks()
                 if pa.types.is_struct(array.type):
                     array = array.flatten()[0]  # the image's bytes, null where the struct is null
-                columns[field] = _python_column(array)
+                columns[field] = _split(array)
             del table
         except (pa.ArrowException, OSError, ValueError, TypeError, IndexError, KeyError, MemoryError) as exc:
             raise self._error(index, f"row group {group} cannot be decoded ({type(exc).__name__}: {exc}); "
                               "the file is corrupt: replace it and re-index") from None
-        self._group, self._columns = group, columns
+        nbytes = sum(a.get_total_buffer_size() for pair in columns.values() for a in pair if a is not None)
+        if not self._decoded.put((self._owner, group), columns, nbytes) and not self._warned:
+            self._warned = True
+            log.warning("%s: row group %d decodes to %d bytes, more than the %d bytes kept for decoded row groups: "
+                        "each of its groups is decoded again whenever another group was read between; rewrite the "
+                        "file with smaller row groups (pyarrow's row_group_size) or raise DECODED_CACHE_BYTES",
+                        self._where, group, nbytes, self._decoded.budget)
+        return columns
 
     def _error(self, index: int, why: str) -> RecordError:
         return RecordError(b"%d" % (self.first + index), f"{self._where}: {why}")
 
     def close(self) -> None:
-        self._columns, self._group = {}, -1
+        """Close the file and let go of the row groups this shard decoded."""
+        self._decoded.drop(self._owner)
         self._file.close()
 
 
-def check_row_groups(metadata: pq.FileMetaData, records: int, wanted: set[str], where: str) -> list[int]:
-    """Each row group's first row, after the footer's counts and sizes are checked (module doc): ``records`` the
-    rows the manifest says, ``wanted`` the leaf columns read; DatasetError naming the group and column."""
+def check_row_groups(metadata: pq.FileMetaData, records: int, wanted: set[str],
+                     where: str) -> tuple[list[int], list[int]]:
+    """Each row group's first row and the uncompressed bytes of its ``wanted`` leaf columns, after the footer's
+    counts and sizes are checked (module doc): ``records`` the rows the manifest says; DatasetError naming the
+    group and column."""
     if metadata.num_rows != records:
         raise DatasetError(f"{where} holds {metadata.num_rows} rows, the manifest says {records}: re-index it")
     if not 0 < metadata.num_row_groups <= MAX_ROW_GROUPS:
         raise DatasetError(f"{where}: {metadata.num_row_groups} row groups (1 to {MAX_ROW_GROUPS})")
-    starts, total = [], 0
+    starts, sizes, total = [], [], 0
     for g in range(metadata.num_row_groups):
         group = metadata.row_group(g)
         if not 0 <= group.num_rows <= MAX_GROUP_ROWS:
@@ -206,10 +236,11 @@ def check_row_groups(metadata: pq.FileMetaData, records: int, wanted: set[str], 
             raise DatasetError(f"{where}: row group {g} holds {read} bytes in the columns read (at most "
                                f"{MAX_GROUP_BYTES}): rewrite it with smaller row groups")
         starts.append(total)
+        sizes.append(read)
         total += group.num_rows
     if total != records:
         raise DatasetError(f"{where}: its row groups hold {total} rows, its footer says {metadata.num_rows}")
-    return starts
+    return starts, sizes
 
 
 def _check_footer_size(path: Path, where: str) -> None:
@@ -230,16 +261,63 @@ def _check_footer_size(path: Path, where: str) -> None:
                            "corrupt or not Parquet")
 
 
-#: one decoded column of the kept row group as Python objects: (values, None) row by row, or (a dictionary's
-#: values, each row's code into them), so a value repeated over many rows is one object
-_Column = tuple[list[Any], Optional[list[Optional[int]]]]
+#: one decoded column of a row group: (values, None) row by row, or (a dictionary's values, each row's code into
+#: them); a dictionary array's own scalars are ~25x slower to read than its two halves
+_Column = tuple[pa.Array, Optional[pa.Array]]
+_Group = dict[str, _Column]
 
 
-def _python_column(array: pa.Array) -> _Column:
-    """A column converted once a row group (cheaper than a scalar a row); a string that is not UTF-8 raises."""
+def _split(array: pa.Array) -> _Column:
     if pa.types.is_dictionary(array.type):
-        return array.dictionary.to_pylist(), array.indices.to_pylist()
-    return array.to_pylist(), None
+        return array.dictionary, array.indices
+    return array, None
+
+
+class DecodedGroups:
+    """Decoded row groups of every shard a format opens, least recently used let go first, bounded by their
+    decoded bytes (their Arrow buffers): at most ``budget``, or one group alone where one is larger (decoded
+    anyway: the shard warns). Entries are keyed by (owner, group), an owner one open shard (``new_owner``), so an
+    entry is never served to another file; ``drop`` lets go of a closed shard's. One thread, like its shards."""
+
+    def __init__(self, budget: int = DECODED_CACHE_BYTES) -> None:
+        if budget < 0:
+            raise ValueError(f"a decoded row group budget of {budget} bytes: give 0 or more")
+        self.budget, self.nbytes, self.decodes = budget, 0, 0
+        self._owners = itertools.count()
+        self._groups: OrderedDict[tuple[int, int], tuple[_Group, int]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._groups)
+
+    def new_owner(self) -> int:
+        return next(self._owners)
+
+    def get(self, key: tuple[int, int]) -> Optional[_Group]:
+        entry = self._groups.get(key)
+        if entry is None:
+            return None
+        self._groups.move_to_end(key)
+        return entry[0]
+
+    def make_room(self, nbytes: int) -> None:
+        """Let go of the least recently used groups until ``nbytes`` more fit in the budget (or none is left)."""
+        while self._groups and self.nbytes + nbytes > self.budget:
+            self.nbytes -= self._groups.popitem(last=False)[1][1]
+
+    def put(self, key: tuple[int, int], group: _Group, nbytes: int) -> bool:
+        """Keep ``group`` (``nbytes`` decoded) as the most recently used; False if it alone is over the budget."""
+        old = self._groups.pop(key, None)
+        self.nbytes -= old[1] if old else 0
+        self.make_room(nbytes)
+        self._groups[key] = (group, nbytes)
+        self.nbytes += nbytes
+        self.decodes += 1
+        return nbytes <= self.budget
+
+    def drop(self, owner: int) -> None:
+        """Let go of every group of ``owner`` (a closed shard)."""
+        for key in [k for k in self._groups if k[0] == owner]:
+            self.nbytes -= self._groups.pop(key)[1]
 
 
 def _float(value: Any) -> float:
@@ -251,16 +329,20 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {"image": bytes, "bytes": bytes, "st
 
 
 class ParquetFormat:
-    """``ShardFormat`` for Parquet (``shard_format.py``): a shard is one file, its object its name under the root."""
+    """``ShardFormat`` for Parquet (``shard_format.py``): a shard is one file, its object its name under the root.
+    ``decoded`` holds the decoded row groups of every shard it opens (module doc): ``FORMAT``'s is the process's."""
 
     name = NAME
     local_name = LOCAL_NAME
+
+    def __init__(self, decoded: Optional[DecodedGroups] = None) -> None:
+        self.decoded = decoded if decoded is not None else DecodedGroups()
 
     def object_name(self, shard_name: str) -> str:
         return shard_name
 
     def open(self, path: Path, info: Any, meta: DatasetMeta) -> ParquetShard:
-        return ParquetShard(Path(path), info, meta)
+        return ParquetShard(Path(path), info, meta, self.decoded)
 
 
 FORMAT = ParquetFormat()
