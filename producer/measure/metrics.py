@@ -17,10 +17,11 @@ class ProducerCollector(Collector):
     """Batches, images, bytes sent, records skipped, failed handshakes, per-stage seconds, live workers."""
 
     def __init__(self, stats: StageStats, batch_bytes: int, producer_id: str, workers_alive: Callable[[], int],
-                 handshake_failures: Callable[[], int] = lambda: 0) -> None:
+                 handshake_failures: Callable[[], int] = lambda: 0, source: tuple[str, str] = ("", "")) -> None:
         self.stats, self.batch_bytes, self.labels = stats, batch_bytes, {"producer": producer_id}
         self.workers_alive = workers_alive
         self.handshake_failures = handshake_failures
+        self.source = source  # (kind, location): what the producer reads (``record_source.source_kind``)
 
     def collect(self) -> Iterator:
         t = self.stats.totals()
@@ -46,6 +47,11 @@ class ProducerCollector(Collector):
                                     "Workers waiting on object storage now (a failing call tried again)", labels=names)
         waiting.add_metric([self.labels["producer"]], len(self.stats.storage_waits()))
         yield waiting
+        source = GaugeMetricFamily("stoker_producer_source_info", "What this producer reads: the source's kind "
+                                   "(lmdb, lmdb-shards, webdataset, parquet) and location; always 1",
+                                   labels=["producer", "kind", "location"])
+        source.add_metric([self.labels["producer"], *self.source], 1)
+        yield source
         g = GaugeMetricFamily("stoker_producer_workers_alive", "Worker processes running", labels=names)
         g.add_metric([self.labels["producer"]], self.workers_alive())
         yield g

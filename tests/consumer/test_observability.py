@@ -43,6 +43,7 @@ def test_producer_and_trainer_metrics_are_scraped_and_status_names_the_bottlenec
         assert _value(produced, "stoker_producer_batches_sent_total") >= 20
         assert _value(produced, "stoker_producer_images_sent_total") >= 160
         assert _value(produced, "stoker_producer_workers_alive") == 1
+        assert produced[f"stoker_producer_source_info{sorted({'producer': producer.producer_id, 'kind': 'lmdb', 'location': str(synth_lmdb)}.items())}"] == 1
         assert _value(produced, "stoker_producer_stage_seconds_total[('producer'") > 0
         received = _metrics(f"http://127.0.0.1:{trainer_port}/metrics")
         assert _value(received, "stoker_trainer_batches_received_total") >= 20

@@ -53,3 +53,14 @@ class RecordSource(Protocol):
     def __enter__(self) -> "RecordSource": ...
 
     def __exit__(self, *exc: object) -> None: ...
+
+
+#: what ``source_kind`` calls each shard format: the name users know the data by
+_KIND_OF_FORMAT = {"lmdb": "lmdb-shards", "tar": "webdataset", "parquet": "parquet"}
+
+
+def source_kind(source: RecordSource) -> str:
+    """What a source is, for logs, status and metrics: ``lmdb`` (one LMDB), ``lmdb-shards``, ``webdataset`` or
+    ``parquet``."""
+    layout = source.layout
+    return "lmdb" if layout is None else _KIND_OF_FORMAT.get(layout.shard_format, layout.shard_format)
