@@ -62,7 +62,10 @@ def _no_constant(name: str) -> Any:
 def map_value(data: bytes) -> dict[str, Any]:
     if len(data) > MAX_JSON_BYTES:
         raise ValueError(f"a .json member of {len(data)} bytes (at most {MAX_JSON_BYTES})")
-    depth = json_depth(data)
+    # fewer brackets than the limit cannot nest past it (a typical img2dataset .json has one pair): the count is a
+    # C loop, the NumPy depth walk costs ~25 us a member
+    opened = data.count(b"{") + data.count(b"[")
+    depth = json_depth(data) if opened > MAX_JSON_DEPTH else opened
     if depth > MAX_JSON_DEPTH:
         raise ValueError(f"a .json member nested {depth} deep (at most {MAX_JSON_DEPTH})")
     try:
