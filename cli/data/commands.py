@@ -35,10 +35,12 @@ def write_index(text: str, out: str, storage_options: dict) -> None:
 
 
 def cmd_data_index(args: argparse.Namespace) -> int:
-    from stoker.producer.dataset.build.webdataset_index import index_webdataset
-
     options = storage_of(args).fsspec_options()
     fields = [f.strip() for f in args.fields.split(",") if f.strip()] if args.fields else None
+    if args.parquet:
+        return index_parquet_files(args, options, fields)
+    from stoker.producer.dataset.build.webdataset_index import index_webdataset
+
     manifest = index_webdataset(args.webdataset, options, progress=not args.quiet, fields=fields)
     out = index_destination(args.out, manifest.root or "")
     write_index(manifest.to_json(), out, options)
@@ -50,6 +52,21 @@ def cmd_data_index(args: argparse.Namespace) -> int:
           + ", ".join(f"{n} ({k})" for n, k in meta.fields.items())
           + f"; {meta.info.get('skipped_members', 0)} members passed over. Wrote {out}: serve it with "
           f"`stoker produce --data {out}`")
+    return EXIT_OK
+
+
+def index_parquet_files(args: argparse.Namespace, options: dict, columns: list[str] | None) -> int:
+    """``stoker data index --parquet``: the index of Parquet files (``build/parquet_index.py``), written as a tar's."""
+    from stoker.producer.dataset.build.parquet_index import index_parquet
+
+    manifest = index_parquet(args.parquet, options, progress=not args.quiet, columns=columns)
+    out = index_destination(args.out, manifest.root or "")
+    write_index(manifest.to_json(), out, options)
+    meta = manifest.meta
+    print(f"indexed {meta.count} rows in {len(manifest.shards)} Parquet files "
+          f"({sum(s.bytes for s in manifest.shards) / 1e6:.1f} MB) under {manifest.root}; fields: "
+          + ", ".join(f"{n} ({k.kind})" for n, k in meta.fields.items())
+          + f". Wrote {out}: serve it with `stoker produce --data {out}`")
     return EXIT_OK
 
 

@@ -20,19 +20,25 @@ def add_data_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]", 
                           "an index (a manifest: every shard's samples, size and SHA-256, the fields) that producers "
                           "read with `stoker produce --data INDEX.json`; `stoker data info` describes any source.")
     dsub = data.add_subparsers(dest="data_command", required=True, metavar="ACTION")
-    x = dsub.add_parser("index", parents=[common], formatter_class=HelpFormatter, help="write the index of tar shards",
+    x = dsub.add_parser("index", parents=[common], formatter_class=HelpFormatter, help="write the index of tar shards or Parquet files",
                         description="Stream every tar once (headers walked, every byte hashed; nothing extracted) and "
                         "write the index. Fields by member extension: jpg/jpeg/png/webp -> image, txt -> text, cls -> "
                         "label, json -> json (a parsed map), any other -> bytes under the extension's name. Members "
-                        "passed over (links, folders, too large, a truncated tar's tail) are counted and named.")
-    x.add_argument("--webdataset", nargs="+", metavar="URL_OR_GLOB", required=True,
-                   help="tar shards: files, a folder of them, globs or brace lists as webdataset writes them "
-                   "(s3://bucket/train-{000000..000123}.tar), local or at any fsspec URL")
+                        "passed over (links, folders, too large, a truncated tar's tail) are counted and named. Parquet files: "
+                        "every footer read and checked, every byte hashed.")
+    kind = x.add_mutually_exclusive_group(required=True)
+    kind.add_argument("--webdataset", nargs="+", metavar="URL_OR_GLOB",
+                      help="tar shards: files, a folder of them, globs or brace lists as webdataset writes them "
+                      "(s3://bucket/train-{000000..000123}.tar), local or at any fsspec URL")
+    kind.add_argument("--parquet", nargs="+", metavar="URL_OR_GLOB",
+                      help="Parquet files (a file is a shard): files, a folder of *.parquet or globs, local or at any "
+                      "fsspec URL (s3://bucket/data/train-*.parquet); columns become fields: the Hugging Face image "
+                      "struct -> image, string -> str, binary -> bytes, integer -> int, float, bool")
     x.add_argument("--out", metavar="INDEX.json", default=None,
                    help="where the index goes (default: manifest.json in the tars' common folder, when local)")
     x.add_argument("--fields", default=None, metavar="A,B",
-                   help="keep only these fields (e.g. image,text): a sample lacking one is skipped and counted when "
-                   "read (default: every field seen)")
+                   help="keep only these fields (e.g. image,text): a tar sample lacking one is skipped and counted "
+                   "when read; for Parquet, the columns read (default: every field seen, every column)")
     x.add_argument("--quiet", action="store_true", help="no progress lines")
     add_storage_arguments(x)
     x.set_defaults(func=cmd_data_index)
