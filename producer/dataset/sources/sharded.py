@@ -33,6 +33,9 @@ from stoker.producer.dataset.sources.shard_format import ShardFormat, ShardReade
 
 OPEN_SHARDS = 16  # shard readers a reader keeps open at once (least recently used closed first)
 CHECK_EVICTED_S = 0.5  # how often a reader checks an open shard of a bounded cache is still there
+# How long a shard its format refused (corrupt, or not the manifest's count) is refused again without being opened:
+# a cut 10,000-sample tar takes ~0.2 s to walk, once a record it would cost a worker half an hour an epoch.
+REFUSED_HOLD_S = 30.0
 
 
 class ShardSource(Protocol):
@@ -84,6 +87,7 @@ class ShardedDataset:
         self._open: OrderedDict[int, ShardReader] = OrderedDict()
         self._checked: dict[int, float] = {}  # shard -> when its open file was last seen in place
         self._inode: dict[int, tuple[Path, int]] = {}  # shard -> (its file, the inode opened): a re-fetch is another
+        self._refused: dict[int, tuple[float, str]] = {}  # shard -> when its format refused it, and why
 
     @property
     def layout(self) -> Manifest:
@@ -104,11 +108,14 @@ class ShardedDataset:
             for other in [n for n in self._open if self._evicted(n, now=float("inf"))]:
                 self._close(other)
         info = self.manifest.shards[number]
+        refused = self._refused.get(number)
+        if refused is not None and time.monotonic() - refused[0] < REFUSED_HOLD_S:
+            raise RecordError(record_key(info.first), refused[1])  # a new one: a re-raised one grows its traceback
         dataset = self._open_local(number, info)
         if len(dataset) != info.records:
             dataset.close()
-            raise RecordError(record_key(info.first), f"shard {info.name} holds {len(dataset)} records, the manifest "
-                              f"says {info.records}: rebuild the dataset or fix the manifest")
+            raise self._refuse(number, info, f"shard {info.name} holds {len(dataset)} records, the manifest says "
+                               f"{info.records}: rebuild the dataset or fix the manifest")
         self._open[number] = dataset
         while len(self._open) > OPEN_SHARDS:
             self._close(next(iter(self._open)))
@@ -130,7 +137,9 @@ class ShardedDataset:
             except (DatasetError, OSError) as exc:
                 if self.source.evicts and not path.exists():
                     continue  # evicted before or while we opened it
-                raise RecordError(record_key(info.first), f"shard {info.name}: {exc}") from None
+                if isinstance(exc, OSError):  # may pass (EMFILE, EIO): asked again at the next record
+                    raise RecordError(record_key(info.first), f"shard {info.name}: {exc}") from None
+                raise self._refuse(number, info, f"shard {info.name}: {exc}") from None
             if not self.source.evicts:
                 return dataset
             try:
@@ -144,6 +153,12 @@ class ShardedDataset:
         raise RecordError(record_key(info.first), f"shard {info.name} was evicted from the cache three times as soon "
                           "as it was fetched: the cache budget is too small for the workers reading at once; raise "
                           "--cache-size")
+
+    def _refuse(self, number: int, info: ShardInfo, why: str) -> RecordError:
+        """The RecordError saying ``why``, remembered for REFUSED_HOLD_S: the shard's next records are refused
+        without opening it."""
+        self._refused[number] = (time.monotonic(), why)
+        return RecordError(record_key(info.first), why)
 
     def _close(self, number: int) -> None:
         self._open.pop(number).close()
