@@ -312,3 +312,39 @@ def test_a_member_only_some_samples_have_is_left_out_of_the_fields_named_unless_
         assert dataset.read(0)["json"] == _expected(0)["json"]
         with pytest.raises(RecordError, match="json"):
             dataset.read(1)
+
+
+def test_a_run_of_pax_headers_before_one_member_is_bounded_as_one_header_is(tmp_path: Path) -> None:
+    """Extended headers are each at most 64 KiB, but a run of them before one member once merged into one dict
+    without bound (a 20 MB tar of 300 pax headers peaked at 185 MB): the run is bounded as a whole and the walk ends
+    named, keeping the whole samples before it (the one it cut is dropped, as in a truncated tar)."""
+    content = _write_tar(tmp_path / "plain.tar", _members(0, 2)).read_bytes()
+    end = len(content)
+    while content[end - 512:end] == bytes(512):  # before the zero blocks that end the tar
+        end -= 512
+    records = b"".join(_pax_record(f"k{n:07d}", "v") for n in range(3000))  # ~45 KB: under the 64 KiB bound
+    path = tmp_path / "pax.tar"
+    path.write_bytes(content[:end] + _pax_header(records) * 4 + content[end:])  # together past it
+    tracemalloc.start()
+    try:
+        with TarShard(path, "pax.tar", META) as shard:
+            assert len(shard) == 1
+            assert "extended headers of" in shard.walk.ended
+        assert tracemalloc.get_traced_memory()[1] < 4 << 20
+    finally:
+        tracemalloc.stop()
+
+
+def _pax_record(key: str, value: str) -> bytes:
+    body = f" {key}={value}\n"
+    length = len(body) + 1
+    length += len(str(length)) - 1
+    while len(f"{length}{body}") != length:
+        length += 1
+    return f"{length}{body}".encode()
+
+
+def _pax_header(records: bytes) -> bytes:
+    info = tarfile.TarInfo("././@PaxHeader")
+    info.type, info.size = tarfile.XHDTYPE, len(records)
+    return info.tobuf(tarfile.USTAR_FORMAT) + records + bytes(-len(records) % 512)

@@ -4,8 +4,8 @@
 reads headers only: a member's body is passed over with a seek (a local file: ``FileBlocks``) or read through
 without being kept (a stream: ``StreamBlocks``, which hashes every byte it passes). Nothing the tar says is
 trusted: a header must pass its checksum; a size field must be octal digits (or GNU base-256, not negative) and,
-for a local file, stay inside the file; an extended header (pax, GNU long name) is read only when at most
-``TarLimits.extended_bytes``. What the walk passes over is counted (``skipped``) and the first reasons kept
+for a local file, stay inside the file; extended headers (pax, GNU long name) before one member are read only
+when together at most ``TarLimits.extended_bytes``. What the walk passes over is counted (``skipped``) and the first reasons kept
 (``problems``): links, directories and devices (never followed), members over ``member_bytes`` or with names over
 ``name_bytes``, GNU sparse files. A header that cannot be read (checksum, garbled size, a body past the end) ends
 the walk with ``ended`` saying why and where; the members yielded before it are whole. Beyond ``members`` headers
@@ -36,7 +36,7 @@ class TarLimits:
     member_bytes: int = MAX_RECORD_BYTES  # a larger member is passed over and counted
     members: int = 4_000_000  # headers walked at most; then the walk ends, named
     name_bytes: int = 1024  # a longer member name is passed over and counted
-    extended_bytes: int = 64 * 1024  # a pax or GNU long-name header's body; a larger one ends the walk
+    extended_bytes: int = 64 * 1024  # pax and GNU long-name headers' bodies before one member; more ends the walk
 
 
 class FileBlocks:
@@ -165,6 +165,7 @@ class TarWalk:
     def members(self) -> Iterator[tuple[bytes, int, int]]:
         """``(name, offset of its bytes, size)`` of each regular member within the limits, in tar order."""
         src, limits, pending, headers = self.source, self.limits, {}, 0
+        extended = 0  # bytes of the extended headers since the last member: all of them bound what pending holds
         while True:
             at = src.pos
             block = src.take(BLOCK)
@@ -194,8 +195,10 @@ class TarWalk:
                                  "a size that lies)")
             body_at = src.pos
             if kind in _EXTENDED:
-                if size > limits.extended_bytes:
-                    return self._end(at, f"an extended header of {size} bytes (at most {limits.extended_bytes})")
+                extended += size
+                if extended > limits.extended_bytes:  # one header, or a run of them before one member
+                    return self._end(at, f"extended headers of {extended} bytes before one member (at most "
+                                     f"{limits.extended_bytes})")
                 body = src.take(size)
                 if len(body) < size:
                     return self._end(at, "an extended header cut short")
@@ -210,7 +213,7 @@ class TarWalk:
                     return self._end(at, "an extended header cut short")
                 continue
             sparse = any(key.startswith(b"GNU.sparse.") for key in pending)
-            pending = {}
+            pending, extended = {}, 0
             if kind in _NO_BODY or (kind not in _REGULAR) or sparse or name.endswith(b"/"):
                 self.skip(name, "not a regular file (a link, folder, device or sparse file: never followed)")
             elif size > limits.member_bytes:
