@@ -136,8 +136,7 @@ def _index(folder: Path, at: Path, root: str) -> Path:
     return at
 
 
-@pytest.mark.parametrize("where", ["local index, local root", "local index, URL root", "URL index, local root",
-                                   "URL index, URL root"])
+@pytest.mark.parametrize("where", ["local index, local root", "local index, URL root", "URL index, URL root"])
 def test_an_index_anywhere_reads_the_shards_its_root_names_locally_or_through_the_cache(small_shards, tmp_path,
                                                                                           where):
     index_local, root_local = where.startswith("local"), where.endswith("local root")
@@ -153,6 +152,16 @@ def test_an_index_anywhere_reads_the_shards_its_root_names_locally_or_through_th
         assert (dataset.holdings()[0] is None) == root_local  # a URL root reads through the bounded cache
         assert dataset.manifest_bytes == index.read_bytes()
     assert bool(fetch_log(tmp_path / "cache")) != root_local
+
+
+def test_an_index_from_storage_naming_a_local_root_or_another_scheme_is_refused(small_shards, tmp_path):
+    """An index read from object storage is not trusted to point this host at its own files (read in place, no
+    checksum) or at another service reached with this producer's credentials."""
+    remote = RemoteOptions(cache_dir=str(tmp_path / "cache"), cache_bytes=10**7)
+    for root in (str(small_shards), f"s3://bucket/{small_shards.name}"):
+        index = _index(small_shards, tmp_path / "elsewhere.json", root)
+        with pytest.raises(DatasetError, match="an index read from file:// must keep its shards under file://"):
+            open_dataset(f"file://{index}", remote)
 
 
 def test_a_missing_index_or_a_missing_shard_under_its_root_is_named(small_shards, tmp_path):

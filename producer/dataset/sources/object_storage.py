@@ -106,8 +106,15 @@ def open_remote(url: str, cache_dir: Optional[os.PathLike] = None, cache_bytes: 
     except ShardUnavailable as exc:
         raise DatasetError(f"cannot read the dataset at {url}: {exc} (is --s3-endpoint right and the server up? "
                            "--fetch-retry-seconds sets how long it is waited for)") from None
-    return open_manifest(parse_manifest(data, where), data, url, where.rsplit("/", 1)[0], cache_dir, cache_bytes,
-                         storage_options, retry_seconds, cancel)
+    parsed = parse_manifest(data, where)
+    scheme = url.split("://", 1)[0]
+    if parsed.root is not None and not parsed.root.startswith(f"{scheme}://"):
+        # An index from storage names shards in storage of its own kind: never this host's files (read in place,
+        # unchecked) nor another service reached with this producer's endpoint and credentials.
+        raise DatasetError(f"the index at {where} names root {parsed.root!r}: an index read from {scheme}:// must keep "
+                           f"its shards under {scheme}://; fix its root, or point --data at a local copy of the index")
+    return open_manifest(parsed, data, url, where.rsplit("/", 1)[0], cache_dir, cache_bytes, storage_options,
+                         retry_seconds, cancel)
 
 
 def open_manifest(parsed: Manifest, data: bytes, location: str, beside: str, cache_dir: Optional[os.PathLike] = None,
