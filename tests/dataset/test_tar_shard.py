@@ -275,6 +275,8 @@ def test_stoker_data_index_writes_an_index_beside_the_tars_and_names_what_it_pas
     assert (manifest.meta.count, list(manifest.meta.fields), manifest.root) == (TARS * SAMPLES, ["image", "text"],
                                                                                str(tars))
     assert f"indexed {TARS * SAMPLES} samples in {TARS} tars" in done.stdout
+    assert [line.split(":")[0] for line in done.stderr.splitlines() if line.startswith("[")] == \
+        [f"[{t + 1}/{TARS}] {t:06d}.tar" for t in range(TARS)]  # the progress names each tar
     refused = stoker_cli("data", "index", "--webdataset", f"{tmp_path}/none-*.tar", "--out", str(out))
     assert refused.returncode != 0 and "no tar there" in refused.stderr
 

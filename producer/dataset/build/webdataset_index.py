@@ -133,9 +133,9 @@ def index_webdataset(urls: Sequence[str], storage_options: Optional[dict[str, An
             tar = index_tar_stream(stream, name)
         shards.append({"name": name, "records": tar["records"], "bytes": tar["bytes"], "sha256": tar["sha256"]})
         for extension, samples in tar["extensions"].items():
-            name, kind = field_of(extension)
-            kinds[name] = kind
-            having[name] += samples
+            field, kind = field_of(extension)
+            kinds[field] = kind
+            having[field] += samples
         labels.update(tar["labels"])
         bad_labels += tar["bad_labels"]
         skipped += tar["skipped"] + bool(tar["ended"])
