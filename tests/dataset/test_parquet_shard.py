@@ -1,13 +1,16 @@
 """Parquet shards (issue 42): real Parquet files written with pyarrow the way a Hugging Face image dataset is (an
 image struct {bytes, path} of real JPEGs, a caption, a label, several row groups), indexed and read back row by
 row; nulls, lying footers, oversized column chunks, wrong row counts, truncations and random byte mutations are
-DatasetError or RecordError naming what is wrong, within bounded memory."""
+DatasetError or RecordError naming what is wrong, within bounded memory; each dataset owns its decoded row group
+cache."""
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import random
+import weakref
 from pathlib import Path
 
 import pyarrow as pa
@@ -21,7 +24,8 @@ from stoker.producer.dataset.sources import DatasetError, RecordError, open_data
 from stoker.producer.dataset.sources import parquet_shard
 from stoker.producer.dataset.sources.lmdb_format import DatasetMeta, FieldKind
 from stoker.producer.dataset.sources.manifest import ShardInfo
-from stoker.producer.dataset.sources.parquet_shard import FORMAT, DecodedGroups, ParquetFormat, ParquetShard
+from stoker.producer.dataset.sources.parquet_shard import DecodedGroups, ParquetFormat, ParquetShard, make_format
+from stoker.producer.dataset.sources.shard_format import shard_format
 
 ROWS, GROUP = 23, 5  # 5 row groups, the last of 3
 
@@ -63,7 +67,7 @@ FIELDS = {"image": "image", "text": "str", "label": "int", "score": "float", "ok
 
 
 def _open(path: Path, records: int = ROWS, fields: dict[str, str] = FIELDS) -> ParquetShard:
-    return FORMAT.open(path, ShardInfo(path.name, 0, records, path.stat().st_size, "0" * 64), _meta(fields, records))
+    return make_format().open(path, ShardInfo(path.name, 0, records, path.stat().st_size, "0" * 64), _meta(fields, records))
 
 
 def test_the_index_names_each_file_under_the_common_root_with_its_rows_size_and_sha256(hf, tmp_path):
@@ -310,3 +314,19 @@ def test_a_row_group_over_the_budget_is_still_read_and_named_once_a_shard(hf, ca
     assert len(warnings) == 1 and "smaller row groups" in warnings[0] and name in warnings[0]
     assert shard_format.decoded.decodes == len(STARTS) and len(shard_format.decoded) == 1
     shard.close()
+
+
+def test_each_dataset_opened_owns_its_decoded_row_groups_and_frees_them_with_it(hf, tmp_path):
+    index = tmp_path / "index.json"
+    write_index(index_parquet(str(hf[0]), progress=False), str(index))
+    assert shard_format("parquet") is not shard_format("parquet") and shard_format("tar") is shard_format("tar")
+    first, second = open_dataset(index), open_dataset(index)
+    first.read(0)
+    assert first.format.decoded is not second.format.decoded
+    assert (len(first.format.decoded), len(second.format.decoded)) == (1, 0)  # one dataset's reads fill its own
+    cache = weakref.ref(first.format.decoded)
+    first.close()
+    second.close()
+    del first
+    gc.collect()
+    assert cache() is None  # nothing outside the dataset held its cache

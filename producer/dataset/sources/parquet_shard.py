@@ -12,11 +12,12 @@ size and their sum per row group (what one decode holds), and the schema against
 manifest's columns of a row group are decoded, byte columns as dictionaries so a dictionary page repeated over many
 rows is never expanded.
 
-Decoded row groups are kept as Arrow arrays in ``DecodedGroups``, one least-recently-used cache per format object
-(so per process: ``FORMAT``), shared by every shard it opens and bounded by the groups' decoded bytes
-(``DECODED_CACHE_BYTES``, 1 GiB): a producer reads a shard's records in a shuffled order, and with one group kept
-every record cost a whole group's decode (~135 records/s against ~53,000 in order). A row is converted to Python
-when read. A group larger than the budget is decoded anyway, alone, and named in a warning once a shard.
+Decoded row groups are kept as Arrow arrays in ``DecodedGroups``, one least-recently-used cache per format object,
+shared by every shard it opens and bounded by the groups' decoded bytes (``DECODED_CACHE_BYTES``, 1 GiB): a
+producer reads a shard's records in a shuffled order, and with one group kept every record cost a whole group's
+decode (~135 records/s against ~53,000 in order). The registry asks ``make_format()`` for a fresh format for each
+dataset opened (``shard_format.py``), so the cache is the dataset's and is freed with it. A row is converted to
+Python when read. A group larger than the budget is decoded anyway, alone, and named in a warning once a shard.
 
 Byte columns are read as dictionaries even where the footer says a chunk has no dictionary page: the footer is not
 to be trusted (a lying one would let a dictionary bomb expand), and pyarrow's own writer gives nearly every column
@@ -55,7 +56,7 @@ MAX_GROUP_ROWS = 1 << 22  # decoded offsets and numbers stay ~8 bytes a row a co
 MAX_CHUNK_BYTES = 512 * 1024 * 1024  # one column chunk's uncompressed size
 MAX_GROUP_BYTES = 512 * 1024 * 1024  # the read columns of one row group together: what one decode holds
 THRIFT_LIMIT = MAX_FOOTER_BYTES
-DECODED_CACHE_BYTES = 1 << 30  # decoded row groups a process keeps, all its open Parquet shards together
+DECODED_CACHE_BYTES = 1 << 30  # decoded row groups one dataset keeps, all its open Parquet shards together
 _MAGIC = b"PAR1"
 log = logging.getLogger("stoker.producer")
 
@@ -330,7 +331,7 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {"image": bytes, "bytes": bytes, "st
 
 class ParquetFormat:
     """``ShardFormat`` for Parquet (``shard_format.py``): a shard is one file, its object its name under the root.
-    ``decoded`` holds the decoded row groups of every shard it opens (module doc): ``FORMAT``'s is the process's."""
+    ``decoded`` holds the decoded row groups of every shard it opens (module doc): one dataset's."""
 
     name = NAME
     local_name = LOCAL_NAME
@@ -345,4 +346,7 @@ class ParquetFormat:
         return ParquetShard(Path(path), info, meta, self.decoded)
 
 
-FORMAT = ParquetFormat()
+def make_format() -> ParquetFormat:
+    """A fresh format with its own decoded row group cache of ``DECODED_CACHE_BYTES``: the registry's
+    (``shard_format.shard_format``) for each dataset opened, so no cache outlives or is shared past its dataset."""
+    return ParquetFormat(DecodedGroups(DECODED_CACHE_BYTES))

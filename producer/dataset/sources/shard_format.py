@@ -14,8 +14,11 @@ is a ``ShardFormat``:
   (an evicted cache entry: asked for again).
 
 Formats are found by name through one registry, ``shard_format(name)``: the module of each (``lmdb_dataset``,
-``tar_shard``, ``parquet_shard``) is imported on first use and gives its ``FORMAT``, so a producer of LMDB never
-imports pyarrow, and a missing optional package is a DatasetError naming the extra that brings it.
+``tar_shard``, ``parquet_shard``) is imported on first use, so a producer of LMDB never imports pyarrow, and a
+missing optional package is a DatasetError naming the extra that brings it. A stateless format's module gives its
+one ``FORMAT``; a format that keeps state for the shards it opens (Parquet's decoded row groups) gives a factory,
+``make_format()``, called for each dataset opened, so that state belongs to the dataset and goes with it (the
+house keeps no process-wide mutable state).
 
 A ``ShardReader`` reads records by their index within the shard: ``read(i)`` gives a record, a dict of the
 dataset's fields (``meta.fields``: name -> kind), or raises ``RecordError`` naming what is wrong (never anything
@@ -32,7 +35,7 @@ from typing import Any, Protocol
 
 from stoker.producer.dataset.sources.lmdb_format import DatasetError, DatasetMeta
 
-#: shard format -> (the module under ``stoker.producer.dataset.sources`` whose ``FORMAT`` it is, the extra it needs)
+#: shard format -> (the module under ``stoker.producer.dataset.sources`` giving it, the extra it needs)
 FORMAT_MODULES = {"lmdb": ("lmdb_dataset", ""), "tar": ("tar_shard", ""), "parquet": ("parquet_shard", "parquet")}
 
 
@@ -58,16 +61,20 @@ class ShardFormat(Protocol):
 
 
 def shard_format(name: str) -> ShardFormat:
-    """The ``ShardFormat`` a manifest's ``shard_format`` names, its module imported now; DatasetError for a name
-    none of ``FORMAT_MODULES`` or a format whose package is missing (naming ``pip install 'stoker[EXTRA]'``)."""
+    """The ``ShardFormat`` a manifest's ``shard_format`` names, its module imported now: a fresh one from the
+    module's ``make_format()`` where it has one (a format with state: one a dataset), else its ``FORMAT``.
+    DatasetError for a name none of ``FORMAT_MODULES`` or a format whose package is missing (naming
+    ``pip install 'stoker[EXTRA]'``)."""
     if name not in FORMAT_MODULES:
         raise DatasetError(f"no shard format {name[:40]!r}: this Stoker reads {', '.join(FORMAT_MODULES)}")
     module, extra = FORMAT_MODULES[name]
     package = __name__.rsplit(".", 1)[0]
     try:
-        return importlib.import_module(f"{package}.{module}").FORMAT  # type: ignore[no-any-return]
+        found = importlib.import_module(f"{package}.{module}")
     except ModuleNotFoundError as exc:
         if exc.name and exc.name.startswith(package):
             raise DatasetError(f"this Stoker cannot read {name} shards (no {exc.name}): upgrade it") from None
         hint = f"pip install 'stoker[{extra}]'" if extra else f"pip install {exc.name}"
         raise DatasetError(f"reading {name} shards needs the package {exc.name!r}: {hint}") from None
+    make = getattr(found, "make_format", None)
+    return make() if make is not None else found.FORMAT  # type: ignore[no-any-return]
