@@ -53,6 +53,7 @@ from stoker.producer.serve.logs import counted
 from stoker.producer.serve.peer_security import HandshakeFailureLog, RefusalLoggingAuthenticator
 from stoker.producer.serve.policies.serving_policy import ServingPolicy
 from stoker.producer.serve.producer_config import ProducerConfig, check_shard_size, pool_order, settled
+from stoker.producer.serve.block_layout import BlockHoldings
 from stoker.producer.serve.sharding import ShardSpec, layout_block
 from stoker.producer.serve.status_file import StatusFile
 from stoker.producer.measure.stage_stats import StageStats, rate_report
@@ -214,7 +215,9 @@ class ProducerDaemon:
         """This run's serving policy (``policy_for``), fresh: it holds the run's trainers."""
         cfg = self.config
         spec = [(name, dtype, [cfg.batch_size, *shape]) for name, dtype, shape in self.layout.arrays]
-        return policy_for(cfg, self.stream, self.producer_id, spec, self.dataset, self.stats.storage_waiting)
+        # The trainer hands splits by blocks of the stream's layout: the cache says its shards as those blocks.
+        cache = BlockHoldings(self.dataset, self.stream.block)
+        return policy_for(cfg, self.stream, self.producer_id, spec, cache, self.stats.storage_waiting)
 
     def _worker_config(self, internal: str) -> WorkerConfig:
         cfg = self.config

@@ -55,7 +55,8 @@ class _PoolTrainer(Trainer):
 
 
 class ShardCacheView(Protocol):
-    """What a pool producer asks of its dataset's cache (``ShardedDataset``)."""
+    """What a pool producer asks of its dataset's cache: ``(capacity, held)`` in blocks of its stream's layout, what
+    its trainers hand splits by (the daemon's ``block_layout.BlockHoldings`` over its ``ShardedDataset``)."""
 
     def holdings(self) -> tuple[Optional[int], list[int]]: ...
 
@@ -73,7 +74,7 @@ class PoolPolicy(TrainerFacingPolicy):
             raise ValueError(f"stream {key} is not an elastic pool's (splits:count:seed)")
         self.key, self.producer_id, self.epochs = key, producer_id, epochs
         self.make_ahead = make_ahead
-        #: this host's shard cache (a ``ShardedDataset``): what it holds is said in each status (unless not
+        #: this host's shard cache, in blocks (``ShardCacheView``): what it holds is said in each status (unless not
         #: ``say_cache``: ``--shard-affinity off``). Nothing is fetched ahead here: see docs/decisions.md
         self.cache, self.say_cache = cache, say_cache
         self._cache_seen: Optional[tuple[float, tuple[Optional[int], list[int]]]] = None
