@@ -1,8 +1,8 @@
 """Parquet shards (issue 42): real Parquet files written with pyarrow the way a Hugging Face image dataset is (an
 image struct {bytes, path} of real JPEGs, a caption, a label, several row groups), indexed and read back row by
 row; nulls, lying footers, oversized column chunks, wrong row counts, truncations and random byte mutations are
-DatasetError or RecordError naming what is wrong, within bounded memory; each dataset owns its decoded row group
-cache."""
+DatasetError or RecordError naming what is wrong, within bounded memory; a row over MAX_RECORD_BYTES is refused;
+each dataset owns its decoded row group cache."""
 
 from __future__ import annotations
 
@@ -313,6 +313,22 @@ def test_a_row_group_over_the_budget_is_still_read_and_named_once_a_shard(hf, ca
     warnings = [r.getMessage() for r in caplog.records if "decodes to" in r.getMessage()]
     assert len(warnings) == 1 and "smaller row groups" in warnings[0] and name in warnings[0]
     assert shard_format.decoded.decodes == len(STARTS) and len(shard_format.decoded) == 1
+    shard.close()
+
+
+def test_a_row_over_the_record_bound_is_a_record_error_naming_shard_row_and_size(tmp_path, monkeypatch):
+    rows = _rows(4, 6)
+    rows[3]["raw"] = b"r" * 700  # with its image and text, row 3 alone passes the bound set below
+    path = _write(tmp_path / "big.parquet", rows, group=3)
+    sizes = [len(r["image"]["bytes"]) + len(r["text"].encode()) + len(r["raw"]) for r in rows]
+    bound = sorted(sizes)[-2]  # the second largest row fits exactly; the largest is over
+    assert sizes.index(max(sizes)) == 3 and max(sizes) > bound
+    monkeypatch.setattr(parquet_shard, "MAX_RECORD_BYTES", bound)
+    shard = _open(path, records=6)
+    with pytest.raises(RecordError, match=f"Parquet shard big.parquet .*row 3 .*holds {sizes[3]} bytes.*more than "
+                                          f"{bound}"):
+        shard.read(3)
+    assert [shard.read(i) for i in (0, 1, 2, 4, 5)] == [_expected(rows[i]) for i in (0, 1, 2, 4, 5)]
     shard.close()
 
 

@@ -8,7 +8,8 @@ it opens. One module per job:
 - ``manifest``: a sharded dataset's manifest (or an index of data left where it lies) and its checks;
   ``sharded``: ``ShardedDataset``, its shards read as one dataset from wherever a ``ShardSource`` makes them local;
   ``shard_format``: ``ShardFormat``, how a shard of one format is named and opened, and the registry of formats
-  (``shard_format(name)``: LMDB in ``lmdb_dataset``, ``tar_shard``, ``parquet_shard``);
+  (``shard_format(name)``: LMDB in ``lmdb_dataset``, ``tar_shard``, ``parquet_shard`` with its decoded row groups in
+  the ``parquet`` sub-package);
 - ``object_storage``: a sharded dataset at a URL (``open_remote``, ``RemoteOptions``), or under a manifest's root
   (``open_manifest``), read through ``shard_cache`` (the bounded local cache), whose every storage call goes
   through ``storage_retry``.

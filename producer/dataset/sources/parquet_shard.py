@@ -12,12 +12,14 @@ size and their sum per row group (what one decode holds), and the schema against
 manifest's columns of a row group are decoded, byte columns as dictionaries so a dictionary page repeated over many
 rows is never expanded.
 
-Decoded row groups are kept as Arrow arrays in ``DecodedGroups``, one least-recently-used cache per format object,
-shared by every shard it opens and bounded by the groups' decoded bytes (``DECODED_CACHE_BYTES``, 1 GiB): a
-producer reads a shard's records in a shuffled order, and with one group kept every record cost a whole group's
-decode (~135 records/s against ~53,000 in order). The registry asks ``make_format()`` for a fresh format for each
-dataset opened (``shard_format.py``), so the cache is the dataset's and is freed with it. A row is converted to
-Python when read. A group larger than the budget is decoded anyway, alone, and named in a warning once a shard.
+Decoded row groups are kept as Arrow arrays in ``DecodedGroups`` (``parquet/decoded.py``), one least-recently-used
+cache per format object, shared by every shard it opens and bounded by the groups' decoded bytes
+(``DECODED_CACHE_BYTES``, 1 GiB): a producer reads a shard's records in a shuffled order, and with one group kept
+every record cost a whole group's decode (~135 records/s against ~53,000 in order). The registry asks
+``make_format()`` for a fresh format for each dataset opened (``shard_format.py``), so the cache is the dataset's
+and is freed with it; nothing process-wide. A row is converted to Python when read, after its byte and text values
+(their Arrow lengths, summed per group) are checked against ``MAX_RECORD_BYTES`` as a tar's or an LMDB record's
+are. A group larger than the budget is decoded anyway, alone, and named in a warning once a shard.
 
 Byte columns are read as dictionaries even where the footer says a chunk has no dictionary page: the footer is not
 to be trusted (a lying one would let a dictionary bomb expand), and pyarrow's own writer gives nearly every column
@@ -36,17 +38,17 @@ kills workers costs its records, never the producer; no sandbox of our own is bu
 from __future__ import annotations
 
 import bisect
-import itertools
 import logging
 import os
-from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from stoker.producer.dataset.sources.lmdb_format import DatasetError, DatasetMeta, RecordError
+from stoker.producer.dataset.sources.lmdb_format import MAX_RECORD_BYTES, DatasetError, DatasetMeta, RecordError
+from stoker.producer.dataset.sources.parquet.decoded import (DECODED_CACHE_BYTES, DecodedGroups, Group, decoded_group,
+                                                             split)
 
 NAME = "parquet"
 LOCAL_NAME = "shard.parquet"
@@ -56,7 +58,6 @@ MAX_GROUP_ROWS = 1 << 22  # decoded offsets and numbers stay ~8 bytes a row a co
 MAX_CHUNK_BYTES = 512 * 1024 * 1024  # one column chunk's uncompressed size
 MAX_GROUP_BYTES = 512 * 1024 * 1024  # the read columns of one row group together: what one decode holds
 THRIFT_LIMIT = MAX_FOOTER_BYTES
-DECODED_CACHE_BYTES = 1 << 30  # decoded row groups one dataset keeps, all its open Parquet shards together
 _MAGIC = b"PAR1"
 log = logging.getLogger("stoker.producer")
 
@@ -159,8 +160,12 @@ class ParquetShard:
         if not 0 <= index < len(self):
             raise IndexError(f"row {index} is outside {self._where}'s {len(self)}")
         group = bisect.bisect_right(self._starts, index) - 1
-        columns = self._decoded.get((self._owner, group)) or self._decode(group, index)
+        columns, row_bytes = self._decoded.get((self._owner, group)) or self._decode(group, index)
         row = index - self._starts[group]
+        if row_bytes[row] > MAX_RECORD_BYTES:  # before a Python object is made of any value
+            raise self._error(index, f"row {index} (row group {group}) holds {int(row_bytes[row])} bytes in its byte "
+                              f"and text columns, more than {MAX_RECORD_BYTES}: leave the column out of the index "
+                              "(stoker data index --fields) or rewrite the file with smaller values")
         record = {}
         for field, (values, codes) in columns.items():
             try:
@@ -174,7 +179,7 @@ class ParquetShard:
             record[field] = _CONVERT[self._fields[field].kind](value)
         return record
 
-    def _decode(self, group: int, index: int) -> _Group:
+    def _decode(self, group: int, index: int) -> Group:
         """Row group ``group``'s columns decoded and kept in the shared cache, room made first by the footer's
         uncompressed size of the columns (so the cache and the decode together stay near the budget)."""
         self._decoded.make_room(self._sizes[group])
@@ -185,19 +190,20 @@ class ParquetShard:
                 array = table.column(field).combine_chunks()
                 if pa.types.is_struct(array.type):
                     array = array.flatten()[0]  # the image's bytes, null where the struct is null
-                columns[field] = _split(array)
+                columns[field] = split(array)
+            decoded = decoded_group(columns, table.num_rows)
             del table
         except (pa.ArrowException, OSError, ValueError, TypeError, IndexError, KeyError, MemoryError) as exc:
             raise self._error(index, f"row group {group} cannot be decoded ({type(exc).__name__}: {exc}); "
                               "the file is corrupt: replace it and re-index") from None
-        nbytes = sum(a.get_total_buffer_size() for pair in columns.values() for a in pair if a is not None)
-        if not self._decoded.put((self._owner, group), columns, nbytes) and not self._warned:
+        nbytes = decoded.nbytes
+        if not self._decoded.put((self._owner, group), decoded, nbytes) and not self._warned:
             self._warned = True
             log.warning("%s: row group %d decodes to %d bytes, more than the %d bytes kept for decoded row groups: "
                         "each of its groups is decoded again whenever another group was read between; rewrite the "
                         "file with smaller row groups (pyarrow's row_group_size) or raise DECODED_CACHE_BYTES",
                         self._where, group, nbytes, self._decoded.budget)
-        return columns
+        return decoded
 
     def _error(self, index: int, why: str) -> RecordError:
         return RecordError(b"%d" % (self.first + index), f"{self._where}: {why}")
@@ -260,65 +266,6 @@ def _check_footer_size(path: Path, where: str) -> None:
     if not 0 < length <= min(MAX_FOOTER_BYTES, size - 12):
         raise DatasetError(f"{where}: footer of {length} bytes in a {size}-byte file (at most {MAX_FOOTER_BYTES}): "
                            "corrupt or not Parquet")
-
-
-#: one decoded column of a row group: (values, None) row by row, or (a dictionary's values, each row's code into
-#: them); a dictionary array's own scalars are ~25x slower to read than its two halves
-_Column = tuple[pa.Array, Optional[pa.Array]]
-_Group = dict[str, _Column]
-
-
-def _split(array: pa.Array) -> _Column:
-    if pa.types.is_dictionary(array.type):
-        return array.dictionary, array.indices
-    return array, None
-
-
-class DecodedGroups:
-    """Decoded row groups of every shard a format opens, least recently used let go first, bounded by their
-    decoded bytes (their Arrow buffers): at most ``budget``, or one group alone where one is larger (decoded
-    anyway: the shard warns). Entries are keyed by (owner, group), an owner one open shard (``new_owner``), so an
-    entry is never served to another file; ``drop`` lets go of a closed shard's. One thread, like its shards."""
-
-    def __init__(self, budget: int = DECODED_CACHE_BYTES) -> None:
-        if budget < 0:
-            raise ValueError(f"a decoded row group budget of {budget} bytes: give 0 or more")
-        self.budget, self.nbytes, self.decodes = budget, 0, 0
-        self._owners = itertools.count()
-        self._groups: OrderedDict[tuple[int, int], tuple[_Group, int]] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._groups)
-
-    def new_owner(self) -> int:
-        return next(self._owners)
-
-    def get(self, key: tuple[int, int]) -> Optional[_Group]:
-        entry = self._groups.get(key)
-        if entry is None:
-            return None
-        self._groups.move_to_end(key)
-        return entry[0]
-
-    def make_room(self, nbytes: int) -> None:
-        """Let go of the least recently used groups until ``nbytes`` more fit in the budget (or none is left)."""
-        while self._groups and self.nbytes + nbytes > self.budget:
-            self.nbytes -= self._groups.popitem(last=False)[1][1]
-
-    def put(self, key: tuple[int, int], group: _Group, nbytes: int) -> bool:
-        """Keep ``group`` (``nbytes`` decoded) as the most recently used; False if it alone is over the budget."""
-        old = self._groups.pop(key, None)
-        self.nbytes -= old[1] if old else 0
-        self.make_room(nbytes)
-        self._groups[key] = (group, nbytes)
-        self.nbytes += nbytes
-        self.decodes += 1
-        return nbytes <= self.budget
-
-    def drop(self, owner: int) -> None:
-        """Let go of every group of ``owner`` (a closed shard)."""
-        for key in [k for k in self._groups if k[0] == owner]:
-            self.nbytes -= self._groups.pop(key)[1]
 
 
 def _float(value: Any) -> float:
