@@ -22,6 +22,7 @@ from stoker.protocol.input_state import StreamKey
 from stoker.producer.dataset.sources import RecordError, RecordSource, record_key
 from stoker.producer.pipeline import SampleError
 from stoker.producer.serve.batch_slots import SlotLayout, sample_rows
+from stoker.producer.serve.block_layout import fetch_block_ahead
 from stoker.producer.serve.sharding import EpochOrders, RecordRng, ShardLookahead, worker_stream
 from stoker.producer.measure.stage_stats import StageStats
 from stoker.producer.supervision.worker_progress import WorkerProgress
@@ -92,23 +93,11 @@ class BatchMaker:
         finally:
             self.progress.made(self.worker)
 
-    def _prefetch_block(self, block: int) -> None:
-        """Fetch ahead the dataset shards of epoch block ``block`` (``StreamKey.block`` records from ``block *
-        size``: one shard where shards are of one size, the first two it touches otherwise); a no-op where every
-        shard is local."""
-        layout, size = self.dataset.layout, self.lookahead.key.block
-        if layout is None or not size:
-            return
-        first = block * size
-        last = min(first + size, layout.meta.count) - 1
-        for shard in range(layout.shard_of(first), min(layout.shard_of(last), layout.shard_of(first) + 1) + 1):
-            self.dataset.prefetch(shard)
-
     def _make_read_row(self, rows: dict[str, np.ndarray], epoch: int, index: int) -> Optional[tuple[float, float]]:
         t0 = time.perf_counter()
         following = self.lookahead.after(epoch, index)
-        if following is not None:
-            self._prefetch_block(following)
+        if following is not None:  # the shards of the next block, fetched ahead (block_layout.fetch_block_ahead)
+            fetch_block_ahead(self.dataset, self.lookahead.key.block, following)
         try:
             record = self.dataset.read(index)
         except Exception as exc:  # RecordError, or whatever else a damaged file raises: never fatal (format.md)

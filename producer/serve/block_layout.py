@@ -6,15 +6,19 @@ tars, Parquet files) a block is the mean shard size over global indices: it touc
 lie in (one huge shard among tiny ones is read in many blocks, a block of tiny shards touches many). This module
 answers, from the manifest, what the producer needs of that mapping:
 
+- ``block_shards``, ``fetch_block_ahead``: the shards a block touches, what a worker fetches ahead before the
+  block's first read;
 - ``BlockHoldings``: an elastic pool's trainer hands splits by the *blocks* a producer's cache holds
   (``Status.held``; consumer/exact/pool/shard_affinity.py), so the cached shards are said as the blocks whose
-  records lie wholly in them.
+  records lie wholly in them;
+- ``uneven_layout``: the warning for a layout so uneven that a bounded cache fetches shards more than once an epoch.
 
 Empty shards hold no record of any block and are never named.
 """
 
 from __future__ import annotations
 
+from itertools import islice
 from typing import Optional, Sequence
 
 import numpy as np
@@ -23,8 +27,37 @@ from stoker.protocol.exact_messages import MAX_HELD
 
 from stoker.producer.dataset.sources import RecordSource
 from stoker.producer.dataset.sources.manifest import Manifest
+from stoker.producer.dataset.sources.shard_cache import PREFETCH_AHEAD_SHARDS
 
-__all__ = ["BlockHoldings", "BlockSpans"]
+__all__ = ["BlockHoldings", "BlockSpans", "UNEVEN_SHARDS", "block_shards", "fetch_block_ahead", "uneven_layout"]
+
+UNEVEN_SHARDS = 4  # a shard over this many times the mean, or a block touching more shards: warned of at start
+
+
+def block_shards(layout: Manifest, size: int, block: int, limit: int) -> list[int]:
+    """The first ``limit`` shards (numbers in ``layout``) holding records of block ``block`` (records ``block *
+    size`` on, ``size`` of them, the last block fewer), in index order; [] for a block past the dataset. Walks the
+    shards the block touches only, stopping at ``limit``."""
+    first = block * size
+    if not 0 <= first < layout.meta.count:
+        return []
+    last = min(first + size, layout.meta.count) - 1
+    touched = range(layout.shard_of(first), layout.shard_of(last) + 1)
+    return list(islice((n for n in touched if layout.shards[n].records), max(0, limit)))
+
+
+def fetch_block_ahead(dataset: RecordSource, size: int, block: int) -> list[int]:
+    """Ask ``dataset`` to fetch ahead the shards of block ``block`` of ``size`` records (a worker does as it begins
+    the block before): every shard the block touches, up to ``PREFETCH_AHEAD_SHARDS`` (the rest are fetched by
+    their reads); the cache drops what its budget has no room for (``ShardCache.prefetch``). Returns the shards
+    asked for; a no-op where every shard is local or there is no layout."""
+    layout = dataset.layout
+    if layout is None or not size:
+        return []
+    shards = block_shards(layout, size, block, PREFETCH_AHEAD_SHARDS)
+    for shard in shards:
+        dataset.prefetch(shard)
+    return shards
 
 
 class BlockSpans:
@@ -85,6 +118,23 @@ class BlockSpans:
         bounds = np.column_stack([start, stop]).ravel()
         used = np.minimum.reduceat(np.append(rank, len(held)), bounds)[::2]
         return blocks[np.lexsort((blocks, used))][-MAX_HELD:].tolist()
+
+
+def uneven_layout(layout: Manifest, size: int) -> Optional[str]:
+    """What to warn of (or None) for blocks of ``size`` records over ``layout``: a shard over ``UNEVEN_SHARDS`` times
+    the mean, or a block touching more than ``UNEVEN_SHARDS`` shards. O(shards + blocks), once at start."""
+    spans = BlockSpans(layout, size)
+    largest = int((spans.ends - spans.firsts).max(initial=0))
+    lo, hi = spans.of_blocks(np.arange(spans.blocks, dtype=np.int64))
+    widest = int((hi - lo).max(initial=-1)) + 1
+    if largest <= UNEVEN_SHARDS * size and widest <= UNEVEN_SHARDS:
+        return None
+    return (f"the dataset's shards are very uneven for blocks of {size} records (the mean shard): the largest holds "
+            f"{largest} records ({largest / size:.1f}x the mean) and a block touches up to {widest} shards. A shard "
+            "is read in every block its records fall in, at that block's time in the epoch, so a bounded cache "
+            "(--cache-size below the dataset) fetches such shards more than once an epoch. Fix: reshard to about "
+            "equal record counts (tars or Parquet files of one size); --shuffle-window 0 drops the blocks for one "
+            "shuffle of the whole dataset, which suits only a cache that holds every shard")
 
 
 class BlockHoldings:

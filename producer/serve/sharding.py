@@ -20,6 +20,7 @@ from typing import Iterator, Optional
 import numpy as np
 
 from stoker.producer.dataset.sources.manifest import Manifest
+from stoker.producer.serve.block_layout import uneven_layout
 from stoker.protocol.input_state import MAX_WINDOW, StreamKey, epoch_order
 
 __all__ = ["EpochOrders", "RecordRng", "ShardLookahead", "ShardSpec", "epoch_order", "layout_block", "worker_stream"]
@@ -60,9 +61,11 @@ def layout_block(shard: ShardSpec, shuffle_window: int, manifest: Optional[Manif
     shards, unless ``--shuffle-window 0``, a pool's epochs and a fixed shard's are two-level shuffles
     (``epoch_order``) of blocks, and a fixed shard ``I/N`` is whole blocks. Shards of one record count are the
     blocks; shards of different counts (WebDataset tars, Parquet files) give blocks of the mean shard size
-    (rounded up) over global indices, each touching one shard or two, said in an info line. ValueError for a
-    window outside 0-``MAX_WINDOW``, or for more fixed shards than the dataset has blocks (some would serve
-    nothing)."""
+    (rounded up) over global indices, said in an info line: a block touches every shard its records lie in (one
+    or two of near-equal shards; many tiny ones, or a part of a huge one), and a layout so uneven that a bounded
+    cache fetches shards more than once an epoch is warned of (``block_layout.uneven_layout``). Called once, at
+    producer start. ValueError for a window outside 0-``MAX_WINDOW``, or for more fixed shards than the dataset
+    has blocks (some would serve nothing)."""
     if not 0 <= shuffle_window <= MAX_WINDOW:
         raise ValueError(f"--shuffle-window must be 0-{MAX_WINDOW} shards, got {shuffle_window}")
     if shuffle_window < 1 or manifest is None or len(manifest.shards) < 2:
@@ -77,7 +80,10 @@ def layout_block(shard: ShardSpec, shuffle_window: int, manifest: Optional[Manif
                          "--shuffle-window 0 (fixed shards of every N-th record)")
     if not manifest.records_per_shard:
         log.info("the dataset's shards hold different numbers of records: epochs go block by block, blocks of %d "
-                 "records (the mean shard) over record indices, each reading one shard or two", block)
+                 "records (the mean shard) over record indices, each reading the shards its records lie in", block)
+        uneven = uneven_layout(manifest, block)
+        if uneven:
+            log.warning("%s", uneven)
     return block
 
 

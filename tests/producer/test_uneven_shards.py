@@ -1,7 +1,8 @@
 """Shards of unequal record counts (WebDataset tars, Parquet files): an epoch goes by blocks of the mean shard size
 over global indices (``sharding.layout_block``), and what the producer says and fetches is about those blocks
 (``producer/serve/block_layout.py``): a pool producer's cache is said as the blocks its shards hold whole, since its
-trainer hands splits by block.
+trainer hands splits by block; a worker fetches ahead every shard of the next block (up to eight); a layout so uneven
+that a bounded cache fetches shards more than once an epoch is warned of at start.
 
 Real tars indexed by ``index_webdataset`` and read through a real ``ShardCache`` (a ``file://`` root) where the
 dataset is read; plain manifests where the layout alone decides.
@@ -10,8 +11,10 @@ dataset is read; plain manifests where the layout alone decides.
 from __future__ import annotations
 
 import io
+import logging
 import os
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -23,7 +26,8 @@ from stoker.producer.dataset.build.webdataset_index import index_webdataset
 from stoker.producer.dataset.sources import RemoteOptions, open_dataset
 from stoker.producer.dataset.sources.lmdb_format import DatasetMeta, FieldKind
 from stoker.producer.dataset.sources.manifest import MANIFEST, Manifest, ShardInfo
-from stoker.producer.serve.block_layout import BlockHoldings, BlockSpans
+from stoker.producer.dataset.sources.shard_cache import PREFETCH_AHEAD_SHARDS, fetch_log
+from stoker.producer.serve.block_layout import BlockHoldings, BlockSpans, block_shards, fetch_block_ahead
 from stoker.producer.serve.policies.pool import PoolPolicy
 from stoker.producer.serve.sharding import ShardSpec, layout_block
 
@@ -144,3 +148,72 @@ def test_at_most_max_held_blocks_are_said_the_most_recently_used():
     held = list(range(301))
     blocks = BlockSpans(manifest, manifest.mean_shard_records).held_blocks(held)
     assert len(blocks) == MAX_HELD and blocks == _blocks_held_naively(manifest, manifest.mean_shard_records, held)
+
+
+# ---- a block touches every shard its records lie in: fetched ahead, and a very uneven layout warned of -------------
+
+def _touched_naively(manifest: Manifest, size: int, block: int) -> list[int]:
+    start, end = block * size, min((block + 1) * size, manifest.meta.count)
+    return [n for n, s in enumerate(manifest.shards) if s.records and s.first < end and s.first + s.records > start]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(0, 60), min_size=2, max_size=30).filter(lambda c: sum(c) > 0), st.integers(0, 12))
+def test_a_block_names_every_shard_its_records_lie_in_up_to_the_limit(counts, limit):
+    manifest = _manifest(counts)
+    size = manifest.mean_shard_records
+    for block in range(-(-manifest.meta.count // size) + 1):  # one past the last: none
+        assert block_shards(manifest, size, block, limit) == _touched_naively(manifest, size, block)[:limit]
+
+
+@pytest.fixture(scope="module")
+def tiny_then_huge(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Ten tars of one caption, then one of 200: blocks of 20, the first touching all eleven tars."""
+    folder = tmp_path_factory.mktemp("tiny-then-huge")
+    first = 0
+    for number, count in enumerate([1] * 10 + [200]):
+        with tarfile.open(folder / f"{number:06d}.tar", "w") as tar:
+            for i in range(first, first + count):
+                info = tarfile.TarInfo(f"{i:09d}.txt")
+                info.size = 1
+                tar.addfile(info, io.BytesIO(b"x"))
+        first += count
+    manifest = index_webdataset([str(folder / "*.tar")], progress=False)
+    (folder / MANIFEST).write_text(Manifest(manifest.meta, manifest.shards, "tar", f"file://{folder}").to_json())
+    return folder
+
+
+def test_a_worker_fetches_ahead_every_shard_of_the_next_block_up_to_eight(tiny_then_huge, tmp_path):
+    """Block 0 touches eleven tars: the first eight are fetched ahead, on the cache's prefetch thread (the old fetch
+    ahead took the first two of a block, and the cache kept two waiting)."""
+    cache = tmp_path / "cache"
+    with open_dataset(f"file://{tiny_then_huge}", RemoteOptions(cache_dir=str(cache), cache_bytes=10**8)) as dataset:
+        size = layout_block(ShardSpec(auto=True), 1, dataset.layout)
+        assert size == 20 and len(_touched_naively(dataset.layout, size, 0)) == 11
+        asked = fetch_block_ahead(dataset, size, 0)
+        assert asked == list(range(PREFETCH_AHEAD_SHARDS)) == list(range(8))
+        names = {dataset.layout.shards[n].name for n in asked}
+        deadline = time.monotonic() + 60  # a condition awaited, not a time: it holds as soon as the fetches are done
+        while len(fetch_log(cache)) < len(asked) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        fetched = fetch_log(cache)
+        assert {f["shard"] for f in fetched} == names and all(f["ahead"] for f in fetched), fetched
+        assert fetch_block_ahead(dataset, 0, 0) == []  # no layout: nothing asked
+
+
+def test_a_very_uneven_layout_is_warned_of_once_naming_the_refetches_and_the_fix(caplog):
+    caplog.set_level(logging.INFO, logger="stoker.producer")
+    auto = ShardSpec(auto=True)
+
+    def warnings_for(counts):
+        caplog.clear()
+        layout_block(auto, 1, _manifest(counts))
+        return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+    assert warnings_for([50, 40, 50]) == [] and warnings_for([50, 50, 20]) == []  # near-equal, or equal
+    assert warnings_for([30, 60, 45, 20, 35]) == []  # the largest 1.6x the mean, blocks of two or three shards
+    huge = warnings_for([10] * 9 + [100])  # a shard of 100 among blocks of 19: read in six blocks
+    tiny = warnings_for([20, 20, 1, 1, 1, 1, 1, 1, 20, 20])  # blocks of 9: one touches 6 shards
+    for said, what in ((huge, "the largest holds 100 records (5.3x the mean)"), (tiny, "touches up to 6 shards")):
+        assert len(said) == 1 and what in said[0], said
+        assert all(text in said[0] for text in ("more than once an epoch", "reshard", "--shuffle-window 0"))

@@ -79,7 +79,8 @@ class Manifest:
     @property
     def mean_shard_records(self) -> int:
         """The records of a shard on average, rounded up: the block of an epoch's order over shards of unequal
-        record counts (``serve/sharding.layout_block``), so a block touches one shard or two."""
+        record counts (``serve/sharding.layout_block``): a block touches the shards its records lie in, one or two
+        where shards are near the mean (``serve/block_layout.py``)."""
         return -(-self.meta.count // len(self.shards))
 
     def to_json(self) -> str:

@@ -52,6 +52,9 @@ DEFAULT_RETRY_SECONDS = 300.0
 FAILED_HOLD_S = 30.0
 CHUNK = 4 << 20
 PREFETCH_MIN_SHARDS = 3  # a budget of fewer shards fetches nothing ahead: it would evict the shard being read
+# Shards waiting to be fetched ahead at most: a block of shards of unequal record counts may touch many, all asked
+# for at its start (the budget permitting, ``prefetch``); more are dropped and fetched by their reads.
+PREFETCH_AHEAD_SHARDS = 8
 PREFETCH_THREAD = "stoker-prefetch"
 FETCH_LOG = "fetches.jsonl"  # one JSON line per fetch, in the cache's folder (``fetch_log``)
 
@@ -86,7 +89,7 @@ class ShardCache:
         self._failed: dict[str, tuple[float, str]] = {}  # sha -> (when, why): not fetched again for a while
         self._numbers: Optional[tuple[int, dict[str, int]]] = None  # (capacity, sha -> shard number), for holdings
         self._prefetcher: Optional[threading.Thread] = None
-        self._prefetch_queue: queue.Queue = queue.Queue(maxsize=2)
+        self._prefetch_queue: queue.Queue = queue.Queue(maxsize=PREFETCH_AHEAD_SHARDS)
 
     def local(self, shard: ShardInfo) -> Path:
         """The path of ``shard``'s checked local file, fetched first if needed; ShardUnavailable if it cannot be
@@ -124,11 +127,13 @@ class ShardCache:
         return capacity, [number for _, number in sorted(held)[-MAX_HELD:]]
 
     def prefetch(self, shards: Sequence[ShardInfo], number: int) -> None:
-        """Fetch ``shards[number]`` on this process's prefetch thread (started on first use; at most two waiting,
-        more are dropped), if the budget holds ``PREFETCH_MIN_SHARDS`` shards: in a smaller one the fetch
-        ahead would evict the shard being read. A failure is left to the read that needs the shard (it fetches
-        again, or finds it failed, and reports it)."""
-        if self.holdings_capacity(shards) < PREFETCH_MIN_SHARDS:
+        """Fetch ``shards[number]`` on this process's prefetch thread (started on first use), if the budget holds
+        ``PREFETCH_MIN_SHARDS`` shards and this one fits beside those waiting: a budget of C shards keeps at most
+        C - PREFETCH_MIN_SHARDS + 1 waiting (and ``PREFETCH_AHEAD_SHARDS``), else the fetches ahead would evict the
+        shard being read; one that does not fit is dropped (its read fetches it). A failure is left to the read
+        that needs the shard (it fetches again, or finds it failed, and reports it)."""
+        capacity = self.holdings_capacity(shards)
+        if capacity < PREFETCH_MIN_SHARDS or self._prefetch_queue.qsize() > capacity - PREFETCH_MIN_SHARDS:
             return
         if self._prefetcher is None:
             self._prefetcher = threading.Thread(target=self._prefetch_loop, name=PREFETCH_THREAD, daemon=True)
