@@ -135,6 +135,9 @@ def test_a_missing_or_foreign_shard_costs_its_records_named_never_the_reader(sha
         first = shards[0]["records"]
         with pytest.raises(RecordError, match=f"shard {shards[1]['name']}: shard {shards[1]['name']} is missing"):
             ds.read(first)
+        with pytest.raises(RecordError) as second:  # each record is named as itself, not as its shard's first
+            ds.read(first + 1)
+        assert second.value.key == b"%08d" % (first + 1) and str(second.value).count("record ") == 1
         assert ds.read(0) is not None and ds.read(RECORDS - 1) is not None
 
 

@@ -61,7 +61,7 @@ class RecordError(ValueError):
 
     def __init__(self, key: bytes, message: str) -> None:
         super().__init__(f"record {key.decode(errors='replace')}: {message}")
-        self.key = key
+        self.key, self.reason = key, message
 
 
 @dataclass(frozen=True)

@@ -185,7 +185,11 @@ class ShardedDataset:
     def read(self, index: int) -> dict[str, Any]:
         """Record ``index`` (global); RecordError if it is corrupt or its shard cannot be had."""
         number = self.manifest.shard_of(index)
-        return self._shard(number).read(index - self.manifest.shards[number].first)
+        try:
+            shard = self._shard(number)
+        except RecordError as exc:  # the shard's failure, said of the record asked for (it names the shard)
+            raise RecordError(record_key(index), exc.reason) from None
+        return shard.read(index - self.manifest.shards[number].first)
 
     def size_bytes(self) -> int:
         return sum(s.bytes for s in self.manifest.shards)
