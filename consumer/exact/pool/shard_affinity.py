@@ -1,8 +1,9 @@
 """Which shards each producer of an elastic pool holds, as its trainer models it, and the split to hand it by that.
 
-A pool over a sharded dataset (a stream key with a layout, ``splits:count:seed:BxW``) orders each epoch shard by
-shard (``epoch_order``), so a split's records come from one shard or two. A producer reading object storage caches
-at most ``capacity`` shards, least recently used out; its status says that capacity and the shards it holds when it
+A pool over a sharded dataset (a stream key with a layout, ``splits:count:seed:BxW``) orders each epoch block by
+block (``epoch_order``; a block is B records: a dataset shard where shards are equal, else B is their mean size and
+a block may span several, ``producer/serve/block_layout``), so a split's records come from one block or two. "Shard"
+below means such a block. A producer reading object storage caches at most ``capacity`` shards, least recently used out; its status says that capacity and the shards it holds when it
 joins (``Status.cache``, ``Status.held``). The trainer cannot see the cache afterwards, so it models it: every split
 it hands a producer uses that split's shard in the producer's model, as the producer's cache does.
 
