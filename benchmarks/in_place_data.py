@@ -104,7 +104,10 @@ def index_sources(tars: str, parquet: str, out: Path, storage_options: dict | No
     from stoker.producer.dataset.build.webdataset_index import index_webdataset
 
     written = {}
-    for source, manifest in (("tar", index_webdataset([f"{tars}/*.tar"], storage_options, progress=False)),
+    # The fields the LMDB copy holds (image, text): the tars' .json metadata is left out of the index, as a job that
+    # does not use it would (`stoker data index --fields image,text`), so every source serves the same records.
+    for source, manifest in (("tar", index_webdataset([f"{tars}/*.tar"], storage_options, progress=False,
+                                                      fields=["image", "text"])),
                              ("parquet", index_parquet(f"{parquet}/*.parquet", storage_options, progress=False))):
         path = out.with_name(f"{out.name}-{source}.json")
         path.write_text(manifest.to_json())
