@@ -30,6 +30,7 @@ from stoker.producer.dataset.sources.sharded import LocalShards, ShardedDataset,
 from stoker.producer.dataset.sources.storage_retry import StorageRefused, retried
 
 S3_CONNECT_TIMEOUT_S, S3_READ_TIMEOUT_S = 10, 60  # one S3 call's bounds (``storage``)
+TAR_INDEX_DIR = "tar-index"  # under the cache folder: the sample indexes of tars read in place
 
 
 @dataclass(frozen=True)
@@ -125,8 +126,9 @@ def open_manifest(parsed: Manifest, data: bytes, location: str, beside: str, cac
     or under ``beside`` (the manifest's folder: a path or URL) without one; read in place from a path, through a
     ``ShardCache`` from a URL. DatasetError for a shard format not readable here or a budget below one shard."""
     root, fmt = parsed.root or beside, shard_format(parsed.shard_format)
-    if "://" not in root:
-        return ShardedDataset(parsed, LocalShards(Path(root), fmt), location, data)
+    if "://" not in root:  # read in place; derived indexes (a tar's samples) are kept in the cache's folder
+        index_dir = (Path(cache_dir) if cache_dir is not None else default_cache_dir()) / TAR_INDEX_DIR
+        return ShardedDataset(parsed, LocalShards(Path(root), fmt, index_dir), location, data)
     fs, prefix = storage(root, storage_options)
     largest = max(parsed.shards, key=lambda s: s.bytes)
     if largest.bytes > cache_bytes:

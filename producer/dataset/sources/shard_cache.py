@@ -57,6 +57,7 @@ PREFETCH_MIN_SHARDS = 3  # a budget of fewer shards fetches nothing ahead: it wo
 PREFETCH_AHEAD_SHARDS = 8
 PREFETCH_THREAD = "stoker-prefetch"
 FETCH_LOG = "fetches.jsonl"  # one JSON line per fetch, in the cache's folder (``fetch_log``)
+INDEX_NAME = "shard.index"  # beside a cached copy: its format's index of it (``index_file``)
 
 
 def default_cache_dir() -> Path:
@@ -105,6 +106,11 @@ class ShardCache:
         finally:  # what a read waited for its shard (a fetch ahead waits for nobody)
             if self.watch is not None and threading.current_thread().name != PREFETCH_THREAD:
                 self.watch.fetched(time.monotonic() - t0)
+
+    def index_file(self, shard: ShardInfo) -> Path:
+        """Where a format keeps what it derives from ``shard`` (a tar's sample index): in its cached copy's folder,
+        so it is counted in the budget and evicted with the copy (``sharded.ShardSource.index_file``)."""
+        return self.dir / "shards" / shard.sha256 / INDEX_NAME
 
     def holdings(self, shards: Sequence[ShardInfo]) -> tuple[int, list[int]]:
         """``(capacity, held)`` of ``ShardedDataset.holdings``: the budget over the mean shard size (1 at least), and
@@ -214,6 +220,8 @@ class ShardCache:
                     staged = tmp.parent / f"{tmp.name}.dir"
                     staged.mkdir()
                     os.rename(tmp, staged / final.name)
+                    if final.parent.exists():  # an index written while its shard was evicted: it goes with it
+                        shutil.rmtree(final.parent)
                     os.rename(staged, final.parent)  # atomic: the folder appears with its checked file in it
                     break
                 why = (f"shard {shard.name} from {url} is {size} bytes with SHA-256 {digest[:16]}..., the manifest "

@@ -11,7 +11,9 @@ is a ``ShardFormat``:
 - ``local_name``: the file name a cached copy gets in its cache folder (``data.mdb``, ``shard.tar``, ...);
 - ``open(path, info, meta)``: a ``ShardReader`` over the local shard file at ``path`` (an LMDB shard: its
   ``data.mdb``); ``DatasetError`` if the file is not a shard of this format, ``OSError`` if it vanished meanwhile
-  (an evicted cache entry: asked for again).
+  (an evicted cache entry: asked for again). A format whose reader derives an index from the shard (a tar's
+  samples) says ``keeps_index = True`` and takes a fourth argument, ``index_file``: where its shard source lets it
+  keep that index for the next process (``sharded.ShardSource.index_file``; None: nowhere).
 
 Formats are found by name through one registry, ``shard_format(name)``: the module of each (``lmdb_dataset``,
 ``tar_shard``, ``parquet_shard``) is imported on first use, so a producer of LMDB never imports pyarrow, and a

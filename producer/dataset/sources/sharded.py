@@ -44,11 +44,14 @@ class ShardSource(Protocol):
     a shard's file (and its folder) may be removed while a reader has it open (a bounded cache): the reader then
     lets go of it and asks again;
     ``holdings(shards)``: an evicting source's capacity and cached shards (``ShardedDataset.holdings``);
-    ``prefetch(shards, number)``: fetch one ahead, in the background."""
+    ``prefetch(shards, number)``: fetch one ahead, in the background; ``index_file(shard)``: where a format that
+    derives an index from a shard (``keeps_index``: a tar's samples) may keep it for the next process, or None."""
 
     evicts: bool
 
     def local(self, shard: ShardInfo) -> Path: ...
+
+    def index_file(self, shard: ShardInfo) -> Optional[Path]: ...
 
     def holdings(self, shards: Sequence[ShardInfo]) -> tuple[int, list[int]]: ...
 
@@ -61,12 +64,22 @@ class ShardUnavailable(RuntimeError):
 
 class LocalShards:
     """Shards on local disk: under ``root`` (the manifest's folder, or its ``root``), each at its format's
-    ``object_name``."""
+    ``object_name``. Their derived indexes are kept under ``index_dir`` (``<sha256>.index``; created on first use),
+    never beside the data (read in place, maybe a read-only folder); None: not kept."""
 
     evicts = False
 
-    def __init__(self, root: Path, shard_format: ShardFormat) -> None:
-        self.root, self.format = root, shard_format
+    def __init__(self, root: Path, shard_format: ShardFormat, index_dir: Optional[Path] = None) -> None:
+        self.root, self.format, self.index_dir = root, shard_format, index_dir
+
+    def index_file(self, shard: ShardInfo) -> Optional[Path]:
+        if self.index_dir is None:
+            return None
+        try:
+            self.index_dir.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            return None  # not writable: an index that cannot be kept is built at each open (the reader logs it)
+        return self.index_dir / f"{shard.sha256}.index"
 
     def local(self, shard: ShardInfo) -> Path:
         path = self.root / self.format.object_name(shard.name)
@@ -133,7 +146,10 @@ class ShardedDataset:
                 raise RecordError(record_key(info.first), f"shard {info.name}: {exc}") from None
             try:
                 before = os.stat(path).st_ino if self.source.evicts else 0
-                dataset = self.format.open(path, info, self.meta)
+                if getattr(self.format, "keeps_index", False):
+                    dataset = self.format.open(path, info, self.meta, self.source.index_file(info))  # type: ignore
+                else:
+                    dataset = self.format.open(path, info, self.meta)
             except (DatasetError, OSError) as exc:
                 if self.source.evicts and not path.exists():
                     continue  # evicted before or while we opened it
