@@ -43,7 +43,7 @@ def block_shards(layout: Manifest, size: int, block: int, limit: int) -> list[in
         return []
     last = min(first + size, layout.meta.count) - 1
     touched = range(layout.shard_of(first), layout.shard_of(last) + 1)
-    return list(islice((n for n in touched if layout.shards[n].records), max(0, limit)))
+    return list(islice((n for n in touched if layout.shards.records[n]), max(0, limit)))
 
 
 def fetch_block_ahead(dataset: RecordSource, size: int, block: int) -> list[int]:
@@ -65,11 +65,11 @@ class BlockSpans:
     ends in global indices, its bytes): O(shards) memory, built once."""
 
     def __init__(self, layout: Manifest, size: int) -> None:
-        records = np.fromiter((s.records for s in layout.shards), np.int64, len(layout.shards))
+        records = layout.shards.records  # the table's columns: no ShardInfo made per shard
         self.numbers = np.flatnonzero(records > 0)  # position among the non-empty shards -> shard number
-        self.firsts = np.fromiter((s.first for s in layout.shards), np.int64, len(layout.shards))[self.numbers]
+        self.firsts = layout.shards.first[self.numbers]
         self.ends = self.firsts + records[self.numbers]
-        shard_bytes = np.fromiter((s.bytes for s in layout.shards), np.int64, len(layout.shards))
+        shard_bytes = layout.shards.bytes
         self.cumulative_bytes = np.concatenate([[0], np.cumsum(shard_bytes[self.numbers])])
         self.mean_shard_bytes = float(shard_bytes.sum()) / max(1, len(layout.shards))
         self.size, self.count = size, layout.meta.count

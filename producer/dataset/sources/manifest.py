@@ -17,64 +17,62 @@ that climbs out of the root, more than ``MAX_SHARDS``) is a DatasetError naming 
 
 from __future__ import annotations
 
-import bisect
 import json
 import re
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Optional
 
+import numpy as np
+
 from stoker.protocol.input_state import MAX_RECORDS
 
 from stoker.producer.dataset.sources.lmdb_format import MAX_LMDB_RECORDS, DatasetError, DatasetMeta, FieldKind
+from stoker.producer.dataset.sources.shard_table.columns import MAX_OBJECT_PATH, table_of_json
+from stoker.producer.dataset.sources.shard_table.table import ShardInfo, ShardTable
+
+__all__ = ["Manifest", "ShardInfo", "ShardTable", "parse_manifest", "MANIFEST", "MAX_SHARDS", "MAX_MANIFEST_BYTES",
+           "MAX_OBJECT_PATH", "SHARD_FORMATS"]
 
 MANIFEST = "manifest.json"
 FORMAT = "stoker-shards"
 VERSION = 1
-MAX_SHARDS = 100_000
-MAX_MANIFEST_BYTES = 64 * 1024 * 1024
+MAX_SHARDS = 1 << 20  # 1,048,576: LAION-5B in tars of 10^4 samples is ~5.8 x 10^5 (shard_table: ~90 bytes each)
+MAX_MANIFEST_BYTES = 256 * 1024 * 1024  # 10^6 tar shards' JSON is ~145 MB
 _SHARD_NAME = re.compile(r"shard-[0-9]{5,6}")  # fullmatch: no trailing newline, ASCII digits only
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 SHARD_FORMATS = ("lmdb", "tar", "parquet")
-MAX_OBJECT_PATH = 1024  # characters of a tar or Parquet shard's name (its path under the root)
 MAX_ROOT = 4096
 _OBJECT_PATH = re.compile(r"[\x20-\x5b\x5d-\x7e]+")  # printable ASCII but the backslash: one spelling on every OS
 
 
 @dataclass(frozen=True)
-class ShardInfo:
-    name: str
-    first: int  # global index of its first record
-    records: int
-    bytes: int  # size of its object (an LMDB shard's data.mdb)
-    sha256: str
-
-
-@dataclass(frozen=True)
 class Manifest:
     meta: DatasetMeta  # the whole dataset's: count, fields, classes, per-class counts
-    shards: tuple[ShardInfo, ...]
+    #: a ShardTable (arrays; ShardInfo made on demand); a sequence of ShardInfo given is made one (firsts recomputed)
+    shards: ShardTable
     shard_format: str = "lmdb"  # one of SHARD_FORMATS: how each shard object is read (shard_format.shard_format)
     root: Optional[str] = None  # where the shard objects are (URL or absolute path); None: beside the manifest
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.shards, ShardTable):
+            object.__setattr__(self, "shards", ShardTable.of(self.shards))
+
     def shard_of(self, index: int) -> int:
-        """The shard holding global record ``index``."""
+        """The shard holding global record ``index`` (the last of any empty shards before it is passed over)."""
         if not 0 <= index < self.meta.count:
             raise IndexError(f"record {index} is outside the dataset's {self.meta.count}")
-        return bisect.bisect_right(self._firsts, index) - 1
+        return int(np.searchsorted(self.shards.first, index, "right")) - 1
 
     @cached_property
     def records_per_shard(self) -> int:
         """The records every shard holds (the last may hold fewer), 0 if they differ: an elastic pool's epochs are
         two-level shuffles (shards, then records within them) only over such a layout, which is one number."""
-        first = self.shards[0].records
-        if len(self.shards) < 2 or any(s.records != first for s in self.shards[:-1]) or self.shards[-1].records > first:
+        records = self.shards.records
+        first = int(records[0])
+        if len(records) < 2 or (records[:-1] != first).any() or records[-1] > first:
             return 0
         return first
-
-    @cached_property
-    def _firsts(self) -> list[int]:
-        return [s.first for s in self.shards]
 
     @property
     def mean_shard_records(self) -> int:
@@ -83,18 +81,27 @@ class Manifest:
         where shards are near the mean (``serve/block_layout.py``)."""
         return -(-self.meta.count // len(self.shards))
 
-    def to_json(self) -> str:
-        """The manifest's JSON; an LMDB manifest without a root is written as before the keys existed."""
+    def head(self) -> dict[str, Any]:
+        """The manifest's JSON object but its ``shards``; an LMDB manifest without a root has no keys for them."""
         m = self.meta
         where = {"shard_format": self.shard_format} if self.shard_format != "lmdb" else {}
         if self.root is not None:
             where["root"] = self.root
-        return json.dumps({"format": FORMAT, "version": VERSION, **where, "count": m.count,
-                           "fields": {n: k.to_meta() for n, k in m.fields.items()}, "classes": list(m.classes),
-                           "class_counts": list(m.class_counts) if m.class_counts is not None else None,
-                           "task": m.task, "info": dict(m.info),
-                           "shards": [{"name": s.name, "records": s.records, "bytes": s.bytes, "sha256": s.sha256}
-                                      for s in self.shards]}, indent=1)
+        return {"format": FORMAT, "version": VERSION, **where, "count": m.count,
+                "fields": {n: k.to_meta() for n, k in m.fields.items()}, "classes": list(m.classes),
+                "class_counts": list(m.class_counts) if m.class_counts is not None else None,
+                "task": m.task, "info": dict(m.info)}
+
+    def to_json(self) -> str:
+        """The manifest's JSON; an LMDB manifest without a root is written as before the keys existed."""
+        return json.dumps({**self.head(), "shards": [{"name": s.name, "records": s.records, "bytes": s.bytes,
+                                                      "sha256": s.sha256} for s in self.shards]}, indent=1)
+
+    def to_compact(self) -> bytes:
+        """This manifest in the binary form a daemon hands its workers (``shard_table.compact.parse_compact`` reads
+        it back, checked as ``parse_manifest`` checks the JSON): no worker re-parses 10^6 shards of JSON."""
+        from stoker.producer.dataset.sources.shard_table.compact import to_compact  # it builds on this module
+        return to_compact(self)
 
 
 def parse_manifest(data: bytes, where: str) -> Manifest:
@@ -110,6 +117,18 @@ def parse_manifest(data: bytes, where: str) -> Manifest:
         raise bad(f"invalid JSON ({exc})") from None
     if not isinstance(body, dict) or body.get("format") != FORMAT:
         raise bad(f"'format' is not {FORMAT!r}")
+    shard_format, root = checked_head(body, bad)
+    shards, count = body.pop("shards", None), body.get("count")
+    if not isinstance(shards, list) or not 1 <= len(shards) <= MAX_SHARDS:
+        raise bad(f"'shards' must list 1-{MAX_SHARDS} shards")
+    named = _lmdb_name_ok if shard_format == "lmdb" else _object_path_ok
+    table = table_of_json(shards, shard_format, lambda s: _shard_ok(s, named), bad)
+    del shards  # 10^6 dicts: gone before the meta is checked
+    return Manifest(checked_meta(body, count, int(table.records.sum()), bad), table, shard_format, root)
+
+
+def checked_head(body: dict, bad: Any) -> tuple[str, Optional[str]]:
+    """The version, shard format and root of a manifest's JSON object (or a compact form's header), checked."""
     if body.get("version") != VERSION:
         raise bad(f"version {body.get('version')!r}; this Stoker reads version {VERSION}: upgrade it")
     shard_format, root = body.get("shard_format", "lmdb"), body.get("root")
@@ -118,30 +137,22 @@ def parse_manifest(data: bytes, where: str) -> Manifest:
     if root is not None and not _root_ok(root):
         raise bad(f"'root' must be an fsspec URL (s3://bucket/prefix) or an absolute path, printable, at most "
                   f"{MAX_ROOT} characters; got {str(root)[:80]!r}")
-    shards, count = body.get("shards"), body.get("count")
-    if not isinstance(shards, list) or not 1 <= len(shards) <= MAX_SHARDS:
-        raise bad(f"'shards' must list 1-{MAX_SHARDS} shards")
-    named = _lmdb_name_ok if shard_format == "lmdb" else _object_path_ok
-    infos, first = [], 0
-    for i, s in enumerate(shards):
-        ok = (isinstance(s, dict) and isinstance(s.get("name"), str) and named(s["name"])
-              and all(isinstance(s.get(k), int) and not isinstance(s.get(k), bool) and s[k] >= 0
-                      for k in ("records", "bytes")) and s["records"] < MAX_LMDB_RECORDS
-              and isinstance(s.get("sha256"), str) and _SHA256.fullmatch(s["sha256"]))
-        if not ok:
-            name = ("shard-NNNNN" if shard_format == "lmdb" else
-                    f"a relative path of printable ASCII, no '..', '.' or empty parts, no backslash, at most "
-                    f"{MAX_OBJECT_PATH} characters")
-            raise bad(f"shard {i} must be {{name: {name}, records: int, bytes: int, sha256: hex}} (records below "
-                      f"10^8 a shard)")
-        infos.append(ShardInfo(s["name"], first, s["records"], s["bytes"], s["sha256"]))
-        first += s["records"]
-    if len({s.name for s in infos}) != len(infos):
-        raise bad("two shards have one name")
-    if not isinstance(count, int) or isinstance(count, bool) or count != first or not 0 < count <= MAX_RECORDS:
-        raise bad(f"'count' {count!r} is not the shards' records added up ({first}), 1 to 2^40")
-    meta = _meta(body, count, bad)
-    return Manifest(meta, tuple(infos), shard_format, root)
+    return shard_format, root
+
+
+def checked_meta(body: dict, count: Any, records: int, bad: Any) -> DatasetMeta:
+    """The dataset's meta from ``body``, its ``count`` checked against the shards' ``records`` added up."""
+    if not isinstance(count, int) or isinstance(count, bool) or count != records or not 0 < count <= MAX_RECORDS:
+        raise bad(f"'count' {count!r} is not the shards' records added up ({records}), 1 to 2^40")
+    return _meta(body, count, bad)
+
+
+def _shard_ok(s: Any, named: Any) -> bool:
+    """One shard of the JSON checked alone: the reference the column checks (``shard_table.columns``) agree with."""
+    return bool(isinstance(s, dict) and isinstance(s.get("name"), str) and named(s["name"])
+                and all(isinstance(s.get(k), int) and not isinstance(s.get(k), bool) and s[k] >= 0
+                        for k in ("records", "bytes")) and s["records"] < MAX_LMDB_RECORDS
+                and isinstance(s.get("sha256"), str) and _SHA256.fullmatch(s["sha256"]))
 
 
 def _lmdb_name_ok(name: str) -> bool:

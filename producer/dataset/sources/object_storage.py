@@ -130,7 +130,7 @@ def open_manifest(parsed: Manifest, data: bytes, location: str, beside: str, cac
         index_dir = (Path(cache_dir) if cache_dir is not None else default_cache_dir()) / TAR_INDEX_DIR
         return ShardedDataset(parsed, LocalShards(Path(root), fmt, index_dir), location, data)
     fs, prefix = storage(root, storage_options)
-    largest = max(parsed.shards, key=lambda s: s.bytes)
+    largest = parsed.shards[int(parsed.shards.bytes.argmax())]
     if largest.bytes > cache_bytes:
         raise DatasetError(f"the cache's budget ({cache_bytes} bytes) is smaller than shard {largest.name} of "
                            f"{location} ({largest.bytes} bytes): raise --cache-size to a few shards at least")

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from stoker.protocol.exact_messages import MAX_HELD
-from stoker.producer.dataset.sources.manifest import ShardInfo
+from stoker.producer.dataset.sources.manifest import ShardInfo, ShardTable
 from stoker.producer.dataset.sources.shard_format import ShardFormat
 from stoker.producer.dataset.sources.sharded import ShardUnavailable
 from stoker.producer.dataset.sources.storage_retry import FetchWatch, StorageCancelled, retried
@@ -88,7 +88,7 @@ class ShardCache:
         for sub in ("shards", "tmp", "locks"):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
         self._failed: dict[str, tuple[float, str]] = {}  # sha -> (when, why): not fetched again for a while
-        self._numbers: Optional[tuple[int, dict[str, int]]] = None  # (capacity, sha -> shard number), for holdings
+        self._numbers: Optional[tuple[int, ShardTable]] = None  # (capacity, the shards it is of), for holdings
         self._prefetcher: Optional[threading.Thread] = None
         self._prefetch_queue: queue.Queue = queue.Queue(maxsize=PREFETCH_AHEAD_SHARDS)
 
@@ -124,7 +124,7 @@ class ShardCache:
         except OSError:
             return capacity, []
         for entry in entries:
-            number = numbers.get(entry.name)
+            number = numbers.number_of_sha(entry.name)  # a binary search: no dict of 10^6 SHA-256s
             try:
                 if number is not None and os.path.isfile(os.path.join(entry.path, self.local_name)):
                     held.append((entry.stat().st_mtime, number))  # its folder's time is its use (``_touch``)
@@ -159,9 +159,10 @@ class ShardCache:
 
     def holdings_capacity(self, shards: Sequence[ShardInfo]) -> int:
         """Shards the budget holds: the budget over the mean shard size, 1 at least."""
-        if self._numbers is None or len(self._numbers[1]) != len(shards):
-            self._numbers = (max(1, int(self.cache_bytes // max(1, sum(s.bytes for s in shards) / len(shards)))),
-                             {s.sha256: n for n, s in enumerate(shards)})
+        if self._numbers is None or self._numbers[1] is not shards:
+            table = ShardTable.of(shards)
+            mean = int(table.bytes.sum()) / max(1, len(table))
+            self._numbers = (max(1, int(self.cache_bytes // max(1, mean))), table)
         return self._numbers[0]
 
     def _local(self, shard: ShardInfo, final: Path) -> Path:

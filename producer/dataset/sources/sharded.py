@@ -205,10 +205,10 @@ class ShardedDataset:
             shard = self._shard(number)
         except RecordError as exc:  # the shard's failure, said of the record asked for (it names the shard)
             raise RecordError(record_key(index), exc.reason) from None
-        return shard.read(index - self.manifest.shards[number].first)
+        return shard.read(index - int(self.manifest.shards.first[number]))  # the column: no ShardInfo a read
 
     def size_bytes(self) -> int:
-        return sum(s.bytes for s in self.manifest.shards)
+        return int(self.manifest.shards.bytes.sum())
 
     def prefetch(self, number: int) -> None:
         """Fetch shard ``number`` ahead, in the background, where the source is a cache (a hint: an error is the
