@@ -117,8 +117,10 @@ class ProducerDaemon:
         with open_dataset(config.lmdb_path, config.remote, cancel) as dataset:  # cancel: ends a wait for storage
             self.meta = dataset.meta
             block = layout_block(config.shard, config.shuffle_window, dataset.layout)
-            if dataset.manifest_bytes:  # its workers read the manifest the daemon read, not a newer one
-                config = replace(config, remote=replace(config.remote, manifest=dataset.manifest_bytes))
+            if dataset.manifest_bytes and dataset.layout is not None:
+                # its workers read the manifest the daemon read, not a newer one, in compact form: 10^6 shards
+                # of JSON would cost each worker ~4 s and ~800 MB to parse again
+                config = replace(config, remote=replace(config.remote, manifest=dataset.layout.to_compact()))
                 self.config = config
         #: closed: what a pool asks of its cache (holdings) opens no shard; one LMDB holds every record locally
         self.dataset: RecordSource = dataset

@@ -30,6 +30,7 @@ from stoker.producer.dataset.sources.manifest import MANIFEST, MAX_MANIFEST_BYTE
 from stoker.producer.dataset.sources.object_storage import RemoteOptions, open_manifest, open_remote
 from stoker.producer.dataset.sources.record_source import RecordSource
 from stoker.producer.dataset.sources.sharded import ShardedDataset
+from stoker.producer.dataset.sources.shard_table.compact import parse_compact
 
 __all__ = ["open_dataset", "is_url", "RemoteOptions", "RecordSource", "LmdbDataset", "ShardedDataset", "DatasetError",
            "RecordError", "record_key"]
@@ -45,7 +46,8 @@ def open_dataset(location: str | os.PathLike, remote: Optional[RemoteOptions] = 
     """The dataset at ``location``: one LMDB's folder; a folder or URL holding ``manifest.json`` (a sharded
     dataset); or a path or URL ending in ``.json``, a manifest (an index of tars or Parquet files, whose ``root``
     says where they are). Object storage is reached with ``remote`` (``cancel``, once set, ends its waits:
-    ``object_storage.open_remote``); ``remote.manifest``, where set, is the manifest's bytes as read before.
+    ``object_storage.open_remote``); ``remote.manifest``, where set, is the manifest as read before, in compact form
+    (``Manifest.to_compact``: a producer's workers get it from the daemon).
     DatasetError naming what is wrong."""
     options = remote or RemoteOptions()
     if is_url(location):
@@ -58,9 +60,11 @@ def open_dataset(location: str | os.PathLike, remote: Optional[RemoteOptions] = 
                                "folder")
         return LmdbDataset(path)
     data = options.manifest
-    if not data:
+    if data:
+        parsed = parse_compact(data, f"the manifest of {manifest} handed over")
+    else:
         with open(manifest, "rb") as f:
             data = f.read(MAX_MANIFEST_BYTES + 1)  # parse_manifest names a larger one
+        parsed = parse_manifest(data, str(manifest))
     kwargs = {k: v for k, v in options.open_kwargs().items() if k != "manifest"}
-    return open_manifest(parse_manifest(data, str(manifest)), data, str(path), str(manifest.parent), cancel=cancel,
-                         **kwargs)
+    return open_manifest(parsed, data, str(path), str(manifest.parent), cancel=cancel, **kwargs)

@@ -27,6 +27,7 @@ from stoker.producer.dataset.sources.shard_cache import (DEFAULT_CACHE_BYTES, DE
                                                          default_cache_dir)
 from stoker.producer.dataset.sources.shard_format import shard_format
 from stoker.producer.dataset.sources.sharded import LocalShards, ShardedDataset, ShardUnavailable
+from stoker.producer.dataset.sources.shard_table.compact import parse_compact
 from stoker.producer.dataset.sources.storage_retry import StorageRefused, retried
 
 S3_CONNECT_TIMEOUT_S, S3_READ_TIMEOUT_S = 10, 60  # one S3 call's bounds (``storage``)
@@ -43,8 +44,8 @@ class RemoteOptions:
     storage_options: tuple[tuple[str, str], ...] = ()
     s3_endpoint: Optional[str] = None
     retry_seconds: float = 300.0
-    #: the manifest as the daemon read it, given to its workers: a dataset re-uploaded during a run never changes
-    #: what a worker's record index means (None: read it)
+    #: the manifest as the daemon read it, in compact form (``Manifest.to_compact``), given to its workers: a dataset
+    #: re-uploaded during a run never changes what a worker's record index means (None: read it)
     manifest: Optional[bytes] = None
 
     def fsspec_options(self) -> dict[str, Any]:
@@ -88,7 +89,7 @@ def open_remote(url: str, cache_dir: Optional[os.PathLike] = None, cache_bytes: 
                 retry_seconds: float = DEFAULT_RETRY_SECONDS, manifest: Optional[bytes] = None,
                 cancel: Optional[threading.Event] = None) -> ShardedDataset:
     """The sharded dataset at ``url`` (a prefix holding ``manifest.json``, or an index: a URL ending in ``.json``),
-    its manifest read now, or ``manifest``'s bytes as read before; shards fetched on first use. DatasetError naming
+    its manifest read now, or ``manifest`` (``Manifest.to_compact``'s bytes of it as read before); shards fetched on first use. DatasetError naming
     what is wrong with the URL, the credentials or the manifest, at once for an error that cannot heal;
     StorageCancelled once ``cancel`` is set (it also ends the shard cache's waits)."""
     where = url if url.endswith(".json") else f"{url.rstrip('/')}/{MANIFEST}"
@@ -107,7 +108,7 @@ def open_remote(url: str, cache_dir: Optional[os.PathLike] = None, cache_bytes: 
     except ShardUnavailable as exc:
         raise DatasetError(f"cannot read the dataset at {url}: {exc} (is --s3-endpoint right and the server up? "
                            "--fetch-retry-seconds sets how long it is waited for)") from None
-    parsed = parse_manifest(data, where)
+    parsed = parse_compact(data, where) if manifest else parse_manifest(data, where)
     scheme = url.split("://", 1)[0]
     if parsed.root is not None and not parsed.root.startswith(f"{scheme}://"):
         # An index from storage names shards in storage of its own kind: never this host's files (read in place,

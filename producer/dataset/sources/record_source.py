@@ -11,7 +11,8 @@ manifest and shards of any ``ShardFormat``: LMDB, WebDataset tars, Parquet; loca
   worker skips and counts it. Never anything else for bad bytes.
 - ``layout``: the ``Manifest`` (shards, their record counts, the shard format), or None for one LMDB: what the
   epoch order's blocks follow (``serve/sharding.layout_block``) and ``stoker lmdb info`` describes;
-  ``manifest_bytes``: the manifest as read (b"" without one), which the daemon pins its workers to.
+  ``manifest_bytes``: the manifest as read (b"" without one; a worker's: the compact form it was handed), whose
+  parsed layout the daemon pins its workers to (``Manifest.to_compact``).
 - ``prefetch(number)``: a hint to fetch shard ``number`` ahead (a no-op where every shard is local);
   ``holdings()``: ``(capacity, held)``: how many shards this host's cache holds at most (None: all local) and
   which it holds now (an elastic pool hands splits by them). Neither reads a record.

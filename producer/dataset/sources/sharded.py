@@ -94,7 +94,8 @@ class ShardedDataset:
 
     def __init__(self, manifest: Manifest, source: ShardSource, where: str, manifest_bytes: bytes = b"") -> None:
         self.manifest, self.source, self.path = manifest, source, where
-        self.manifest_bytes = manifest_bytes  # as read: the daemon pins its workers to it (RemoteOptions.manifest)
+        #: as read (the JSON), or the compact form a worker was handed (RemoteOptions.manifest); b"": none
+        self.manifest_bytes = manifest_bytes
         self.meta = manifest.meta
         self.format = shard_format(manifest.shard_format)
         self._open: OrderedDict[int, ShardReader] = OrderedDict()

@@ -46,7 +46,7 @@ def table_of_json(shards: list, shard_format: str, shard_ok: Callable[[Any], boo
                     f"{MAX_OBJECT_PATH} characters")
             raise bad(f"shard {first_bad} must be {{name: {name}, records: int, bytes: int, sha256: hex}} (records "
                       f"below 10^8 a shard)")
-        raise bad(why or "a shard is not {name, records, bytes, sha256}")
+        raise bad(why or "a shard's records or bytes are past 2^63")
     return table
 
 
