@@ -150,7 +150,7 @@ def cmd_lmdb_info(args: argparse.Namespace) -> int:
         if layout is not None:
             shards, kind = layout.shards, "stoker-lmdb" if layout.shard_format == "lmdb" else layout.shard_format
             print(f"format:   stoker-shards version 1: {len(shards)} shard(s) of {kind}, "
-                  f"{min(s.records for s in shards)}-{max(s.records for s in shards)} records each")
+                  f"{int(shards.records.min())}-{int(shards.records.max())} records each")
             if layout.root is not None:
                 print(f"root:     {layout.root}")
             per = layout.records_per_shard
