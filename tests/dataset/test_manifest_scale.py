@@ -173,3 +173,15 @@ def test_a_worker_opens_the_compact_form_it_was_handed_not_the_file(tmp_path) ->
         open_dataset(tmp_path / "index.json", RemoteOptions(manifest=handed.to_json().encode()))
     with open_dataset(tmp_path / "index.json") as dataset:
         assert dataset.layout == later
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.binary(min_size=32, max_size=32).map(bytes.hex), min_size=0, max_size=20),
+       st.binary(min_size=32, max_size=32).map(bytes.hex))
+def test_a_shard_is_found_by_its_sha256_as_a_dict_would_find_it(shas: list, other: str) -> None:
+    """The cache's holdings look a shard up by SHA-256 through a sorted order (no dict of 10^6): same answers."""
+    table = ShardTable.of([ShardInfo(f"s{i}", 0, 1, 1, h) for i, h in enumerate(shas)])
+    for sha in set(shas) | {other, other.upper(), "0" * 63, "zz" * 32}:
+        found = table.number_of_sha(sha)
+        assert (shas[found] == sha) if found is not None else sha not in shas
+    assert len(table) == len(shas) and list(table.first) == list(range(len(shas)))

@@ -35,7 +35,7 @@ class ShardTable(Sequence[ShardInfo]):
         self.names, self.name_ends = names, np.asarray(name_ends, np.int64)
         self.records, self.bytes = np.asarray(records, np.int64), np.asarray(sizes, np.int64)
         self.sha256 = np.asarray(sha256, np.uint8).reshape(-1, 32)
-        self.first = np.concatenate([[0], np.cumsum(self.records)[:-1]]).astype(np.int64)
+        self.first = np.cumsum(self.records) - self.records
         for array in (self.name_ends, self.records, self.bytes, self.sha256, self.first):
             array.flags.writeable = False
         self._sha_order: Optional[np.ndarray] = None  # shard numbers sorted by SHA-256, made on first lookup
