@@ -13,11 +13,11 @@ Nothing is stored but manifests: each size runs the real code on a dataset of ``
   10^5 tars) parsed in a fresh process each: ``parse_manifest`` on its JSON, and ``parse_compact`` on the compact
   form a daemon hands its workers (``Manifest.to_compact``): seconds, the process's peak RSS over its start
   (``peak_mb``, the data read included) and what stays resident once the data is dropped (``resident_mb``,
-  ``resident_b_per_shard``). On the 2-core dev box, 10^6 tar shards (145 MB of JSON): parse 2.05 s, peak +935 MB
-  (the data and json.loads' dicts, once, in the daemon), resident after 99 MB (99 B a shard); the compact form
-  (66 MB, what each worker parses): 0.74 s, peak +350 MB, resident 98 MB. Before the shards were columns (commit
+  ``resident_b_per_shard``). On the 2-core dev box, 10^6 tar shards (145 MB of JSON): parse 1.81 s, peak +897 MB
+  (the data and json.loads' dicts, once, in the daemon), resident after 85 MB (85 B a shard); the compact form
+  (66 MB, what each worker parses): 0.53 s, peak +311 MB, resident 83 MB. Before the shards were columns (commit
   9a1d429) the same JSON took 4.12 s, peak +853 MB and kept 650 MB (650 B a shard) in every producer worker, and
-  a manifest over 10^5 shards was refused. At 10^5: JSON 0.18 s, resident 29 MB; compact 0.06 s, 20 MB (before:
+  a manifest over 10^5 shards was refused. At 10^5: JSON 0.18 s, resident 29 MB; compact 0.04 s, 14 MB (before:
   0.36 s, 70 MB).
 - ``scheduler``: the real ``SplitScheduler`` of an elastic pool in epoch order 2 (``splits:N:seed:BxW:o2``, N = S x
   ``--shard-records``, nothing stored) with ``--producers`` producers each caching at most ``--cache-shards``
