@@ -14,6 +14,7 @@ import io
 import logging
 import os
 import tarfile
+import threading
 import time
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from stoker.producer.dataset.build.webdataset_index import index_webdataset
 from stoker.producer.dataset.sources import RemoteOptions, open_dataset
 from stoker.producer.dataset.sources.lmdb_format import DatasetMeta, FieldKind
 from stoker.producer.dataset.sources.manifest import MANIFEST, Manifest, ShardInfo
-from stoker.producer.dataset.sources.shard_cache import PREFETCH_AHEAD_SHARDS, fetch_log
+from stoker.producer.dataset.sources.shard_cache import PREFETCH_AHEAD_SHARDS, PREFETCH_THREAD, fetch_log
 from stoker.producer.serve.block_layout import BlockHoldings, BlockSpans, block_shards, fetch_block_ahead
 from stoker.producer.serve.policies.pool import PoolPolicy
 from stoker.producer.serve.sharding import ShardSpec, layout_block
@@ -199,6 +200,9 @@ def test_a_worker_fetches_ahead_every_shard_of_the_next_block_up_to_eight(tiny_t
         fetched = fetch_log(cache)
         assert {f["shard"] for f in fetched} == names and all(f["ahead"] for f in fetched), fetched
         assert fetch_block_ahead(dataset, 0, 0) == []  # no layout: nothing asked
+    # Closing the dataset ends its cache's prefetch thread: a process that opens and closes datasets (a test run, a
+    # notebook) does not keep one per dataset (a CI run once found this one alive in a later test's thread check).
+    assert not [t for t in threading.enumerate() if t.name == PREFETCH_THREAD]
 
 
 def test_a_very_uneven_layout_is_warned_of_once_naming_the_refetches_and_the_fix(caplog):

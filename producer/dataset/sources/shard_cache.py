@@ -56,6 +56,7 @@ PREFETCH_MIN_SHARDS = 3  # a budget of fewer shards fetches nothing ahead: it wo
 # for at its start (the budget permitting, ``prefetch``); more are dropped and fetched by their reads.
 PREFETCH_AHEAD_SHARDS = 8
 PREFETCH_THREAD = "stoker-prefetch"
+CLOSE_WAIT_S = 5.0  # close() waits this long for a fetch ahead in flight (the thread is a daemon past it)
 FETCH_LOG = "fetches.jsonl"  # one JSON line per fetch, in the cache's folder (``fetch_log``)
 INDEX_NAME = "shard.index"  # beside a cached copy: its format's index of it (``index_file``)
 
@@ -149,9 +150,25 @@ class ShardCache:
         except queue.Full:
             pass  # the reads are ahead of the fetches: this one will fetch it itself
 
+    def close(self) -> None:
+        """End the prefetch thread, if one runs: what waits to be fetched ahead is dropped, a fetch in flight is
+        waited for up to ``CLOSE_WAIT_S`` (a set ``cancel`` ends it at once). The cached shards stay."""
+        thread, self._prefetcher = self._prefetcher, None
+        if thread is None:
+            return
+        while True:
+            try:
+                self._prefetch_queue.get_nowait()
+            except queue.Empty:
+                break
+        self._prefetch_queue.put(None)  # room: just drained, and only this thread puts now
+        thread.join(CLOSE_WAIT_S)
+
     def _prefetch_loop(self) -> None:
         while True:
             shard = self._prefetch_queue.get()
+            if shard is None:  # close()
+                return
             try:
                 self.local(shard)
             except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - a hint failed (or was stopped); the read

@@ -45,7 +45,8 @@ class ShardSource(Protocol):
     lets go of it and asks again;
     ``holdings(shards)``: an evicting source's capacity and cached shards (``ShardedDataset.holdings``);
     ``prefetch(shards, number)``: fetch one ahead, in the background; ``index_file(shard)``: where a format that
-    derives an index from a shard (``keeps_index``: a tar's samples) may keep it for the next process, or None."""
+    derives an index from a shard (``keeps_index``: a tar's samples) may keep it for the next process, or None;
+    ``close()``: end what it runs in the background (a cache's fetch-ahead thread)."""
 
     evicts: bool
 
@@ -56,6 +57,8 @@ class ShardSource(Protocol):
     def holdings(self, shards: Sequence[ShardInfo]) -> tuple[int, list[int]]: ...
 
     def prefetch(self, shards: Sequence[ShardInfo], number: int) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class ShardUnavailable(RuntimeError):
@@ -86,6 +89,9 @@ class LocalShards:
         if not path.is_file():
             raise ShardUnavailable(f"shard {shard.name} is missing: no {path}")
         return path
+
+    def close(self) -> None:
+        pass  # nothing runs in the background
 
 
 class ShardedDataset:
@@ -226,8 +232,10 @@ class ShardedDataset:
         return self.source.holdings(self.manifest.shards)
 
     def close(self) -> None:
+        """Close every open shard and the source (a cache's fetch-ahead thread ends)."""
         while self._open:
             self._open.popitem()[1].close()
+        self.source.close()
 
     def __enter__(self) -> "ShardedDataset":
         return self
