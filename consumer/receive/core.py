@@ -148,6 +148,9 @@ class ReceiveCore:
             if self.stopped():
                 raise SinkClosed()
         assert self._sink is not None
+        # Counted before the put: once in the sink the consumer may take it, and what the stats say (per producer,
+        # coverage) must never lag a batch already taken (a test read them right after its last batch: 62 of 64).
+        conflict = self.stats.accepted(batch, arrays)
         with self._lock:
             self._delivering += 1
         try:
@@ -158,7 +161,6 @@ class ReceiveCore:
         self._handshake_failures_at_batch = self.receiver.failures()[0]
         self._last_batch_at = self._delivered_at = time.monotonic()
         self._stall_reported = False
-        conflict = self.stats.accepted(batch, arrays)
         if conflict and self.options.exact:
             self.fail(InputError(f"exact mode cannot hold every record once per epoch: {conflict}"))
 
