@@ -56,14 +56,20 @@ from gpu_torch import markdown_rows, section_torch_correctness, section_torch_la
 from harness import benchmark_parser, launch_sharded, producer_flags, write_json
 
 HERE = Path(__file__).resolve().parent
-SECTIONS = ("correctness", "latency_float32", "latency_mixed_float16", "scaling", "ingest") + (
-    ("torch_correctness", "torch_latency") if importlib.util.find_spec("torch") is not None else ())
+HAS_TF = importlib.util.find_spec("tensorflow") is not None
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+#: Each framework's sections run where it is installed: a PyTorch-only GPU host runs the PyTorch ones and the
+#: framework-free producer sections (scaling, ingest), and the report says which were left out and why.
+TF_SECTIONS = ("correctness", "latency_float32", "latency_mixed_float16")
+TORCH_SECTIONS = ("torch_correctness", "torch_latency", "torch_latency_bf16")
+SECTIONS = (TF_SECTIONS if HAS_TF else ()) + (TORCH_SECTIONS if HAS_TORCH else ()) + ("scaling", "ingest")
 
 
 # ---- sizes of each mode ------------------------------------------------------------------------
 
-def plan(dry: bool, cores: int) -> dict[str, Any]:
-    """What each section runs: full size on a GPU machine, seconds in dry mode."""
+def plan(dry: bool, cores: int, quick: bool = False) -> dict[str, Any]:
+    """What each section runs: full size on a GPU machine, seconds in dry mode; ``quick``: GPU sizes with fewer
+    steps, batches and worker counts, about 6 minutes in all (a short device lease)."""
     if dry:
         return {"device": "CPU", "check_size": 32, "check_batch": 8, "check_batches": 12, "check_records": 96,
                 "model": "small-cnn", "image_size": 32, "batch_size": 16, "steps": 6, "warmup": 2, "rounds": 1,
@@ -72,7 +78,13 @@ def plan(dry: bool, cores: int) -> dict[str, Any]:
                      "--decoder-seconds", "0.5", "--rounds", "1"],
                 "ingest_args": ["--producers", "1", "--rounds", "1", "--warmup", "3", "--batches", "10",
                                 "--batch-size", "8", "--image-size", "32"], "timeout_s": 240}
-    workers = [w for w in (1, 2, 4, 8, 14) if w <= max(1, cores - 2)]
+    workers = [w for w in ((1, 4, 14) if quick else (1, 2, 4, 8, 14)) if w <= max(1, cores - 2)]
+    if quick:
+        return {"quick": True, "device": "GPU", "check_size": 224, "check_batch": 64, "check_batches": 100, "check_records": 1024,
+                "model": "resnet50", "image_size": 224, "batch_size": 128, "steps": 30, "warmup": 10, "rounds": 3,
+                "profile_steps": 10, "workers": workers, "scaling_args": ["--records", "512", "--batches", "150",
+                                                                          "--rounds", "1"],
+                "ingest_args": ["--producers", "1,4", "--rounds", "2", "--batches", "300"], "timeout_s": 150}
     return {"device": "GPU", "check_size": 224, "check_batch": 64, "check_batches": 200, "check_records": 1024,
             "model": "resnet50", "image_size": 224, "batch_size": 128, "steps": 50, "warmup": 10, "rounds": 3,
             "profile_steps": 10, "workers": workers, "scaling_args":
@@ -328,9 +340,12 @@ def section_ingest(p: dict[str, Any]) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         raw = _run_benchmark("trainer_ingest.py", [*p["ingest_args"], *pin], Path(tmp) / "ingest.json", p["timeout_s"])
     rows = [{"producers": r["producers"], "bare_images_per_s": r["bare_images_per_s"],
-             "zmq_images_per_s": r["direct_images_per_s"], "ratio": r["direct_ratio"],
-             "bare_cpu_s_per_gb": r["bare_cpu_s_per_gb"], "zmq_cpu_s_per_gb": r["direct_cpu_s_per_gb"],
-             "cpu_ratio": r["direct_cpu_ratio"], "zmq_gb_per_s": r["direct_gb_per_s"]} for r in raw["rows"]]
+             "bare_cpu_s_per_gb": r["bare_cpu_s_per_gb"],
+             **({"zmq_images_per_s": r["direct_images_per_s"], "ratio": r["direct_ratio"],
+                 "zmq_cpu_s_per_gb": r["direct_cpu_s_per_gb"], "cpu_ratio": r["direct_cpu_ratio"],
+                 "zmq_gb_per_s": r["direct_gb_per_s"]} if "direct_ratio" in r else {}),
+             **({key: r[key] for key in ("torch_images_per_s", "torch_cpu_s_per_gb", "torch_ratio", "torch_cpu_ratio")}
+                if "torch_ratio" in r else {})} for r in raw["rows"]]
     return {"rows": rows, "trainer_cpus": trainer, "producer_cpus": producers, "ok": True}
 
 
@@ -339,7 +354,10 @@ def section_ingest(p: dict[str, Any]) -> dict[str, Any]:
 def markdown(result: dict[str, Any]) -> str:
     s = result["sections"]
     lines = [f"### GPU suite: {result['mode']} mode, {result['gpu'] or 'no GPU'}, {result['cpus']} cores, "
-             f"TensorFlow {result['tensorflow']}", ""]
+             f"TensorFlow {result['tensorflow'] or 'not installed'}, PyTorch {result.get('torch') or 'not installed'}"
+             + (" (quick sizes)" if result["plan"].get("quick") else ""), ""]
+    if result.get("left_out"):
+        lines += ["Left out: " + "; ".join(result["left_out"]), ""]
     c = s.get("correctness", {})
     if c.get("ok") is not None and "one_device" in c:
         lines += ["| correctness | samples checked | mismatches | Unstage ops on |", "|---|---|---|---|"]
@@ -364,12 +382,15 @@ def markdown(result: dict[str, Any]) -> str:
         lines += [f"| {r['workers']} | {r['images_per_s']:.0f} | {r['fraction_of_linear']:.2f} | "
                   f"{r['fraction_of_bare_loops_at_once']:.2f} |" for r in s["scaling"]["rows"]]
         lines.append("")
-    if "rows" in s.get("ingest", {}):
-        lines += [f"| producers (cores {s['ingest']['producer_cpus'] or 'shared'}) | bare img/s | ZMQInput img/s | "
-                  f"ratio | CPU s/GB bare | ZMQInput | CPU ratio |", "|---|---|---|---|---|---|---|"]
-        lines += [f"| {r['producers']} | {r['bare_images_per_s']:.0f} | {r['zmq_images_per_s']:.0f} | {r['ratio']:.3f} | "
-                  f"{r['bare_cpu_s_per_gb']:.3f} | {r['zmq_cpu_s_per_gb']:.3f} | {r['cpu_ratio']:.2f} |"
-                  for r in s["ingest"]["rows"]]
+    for facade, key in (("ZMQInput", "zmq"), ("TorchInput", "torch")):
+        rows = [r for r in s.get("ingest", {}).get("rows", []) if f"{key}_images_per_s" in r]
+        if not rows:
+            continue
+        ratio, cpu_ratio = ("ratio", "cpu_ratio") if key == "zmq" else ("torch_ratio", "torch_cpu_ratio")
+        lines += [f"| producers (cores {s['ingest']['producer_cpus'] or 'shared'}) | bare img/s | {facade} img/s | "
+                  f"ratio | CPU s/GB bare | {facade} | CPU ratio |", "|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['producers']} | {r['bare_images_per_s']:.0f} | {r[f'{key}_images_per_s']:.0f} | {r[ratio]:.3f} | "
+                  f"{r['bare_cpu_s_per_gb']:.3f} | {r[f'{key}_cpu_s_per_gb']:.3f} | {r[cpu_ratio]:.2f} |" for r in rows]
         lines.append("")
     lines += markdown_rows(s)
     failed = [f"{k}: {v['error'].splitlines()[0] if v.get('error') else 'failed'}" for k, v in s.items() if not v.get("ok")]
@@ -387,8 +408,8 @@ def run_section(name: str, p: dict[str, Any]) -> dict[str, Any]:
         return section_scaling(p)
     if name == "torch_correctness":
         return section_torch_correctness(p)
-    if name == "torch_latency":
-        return section_torch_latency(p)
+    if name.startswith("torch_latency"):
+        return section_torch_latency(p, "bf16" if name.endswith("_bf16") else "float32")
     return section_ingest(p)
 
 
@@ -408,6 +429,28 @@ def tensorflow_gpus() -> int:
         return 0
 
 
+def _version(module: str) -> str | None:
+    """An installed module's version without importing it (TensorFlow's import fixes devices, and takes seconds)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    if importlib.util.find_spec(module) is None:
+        return None
+    for dist in {"tensorflow": ("tensorflow", "tensorflow-cpu"), "torch": ("torch",)}.get(module, (module,)):
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            continue
+    return None
+
+
+def _write(out_dir: Path, result: dict[str, Any]) -> str:
+    """gpu_suite.json and gpu_suite.md as they stand; returns the Markdown."""
+    table = markdown(result)
+    write_json(out_dir / "gpu_suite.json", result)
+    (out_dir / "gpu_suite.md").write_text(table + "\n")
+    return table
+
+
 def _which(command: str) -> bool:
     return any((Path(d) / command).exists() for d in os.environ.get("PATH", "").split(os.pathsep))
 
@@ -415,6 +458,7 @@ def _which(command: str) -> bool:
 def main() -> int:
     parser = benchmark_parser(__doc__)
     parser.add_argument("--dry", action="store_true", help="CPU devices and a tiny model (the default without a GPU)")
+    parser.add_argument("--quick", action="store_true", help="GPU sizes, fewer steps: about 6 minutes (a short lease)")
     parser.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {', '.join(SECTIONS)}")
     parser.add_argument("--out-dir", default=str(HERE / "results"), help="where gpu_suite.json and gpu_suite.md go")
     parser.add_argument("--section", help=argparse.SUPPRESS)  # internal: run one section in this process
@@ -430,23 +474,29 @@ def main() -> int:
     dry = args.dry or not gpu
     if not args.dry and not gpu:
         print("no GPU found (nvidia-smi): running the dry mode; its figures say nothing about GPUs")
-    if not dry and tensorflow_gpus() == 0:
+    if not dry and HAS_TF and tensorflow_gpus() == 0:
         print(f"nvidia-smi shows {gpu}, but TensorFlow sees no GPU: this environment has a CPU-only TensorFlow or "
               "mismatched CUDA libraries. Install the GPU build (pip install -e '.[train]' 'tensorflow[and-cuda]'), "
               "check `python -c \"import tensorflow as tf; print(tf.config.list_physical_devices('GPU'))\"`, and run "
               "again; --dry runs the CPU dry mode instead.")
         return 2
     cores = os.cpu_count() or 1
-    p = plan(dry, cores)
-    import tensorflow as tf  # only for its version: sections import it in their own processes
-
+    p = plan(dry, cores, args.quick)
+    left_out = [f"{', '.join(names)}: {framework} is not installed" for names, framework, has in
+                ((TF_SECTIONS, "TensorFlow", HAS_TF), (TORCH_SECTIONS, "PyTorch", HAS_TORCH)) if not has]
     result: dict[str, Any] = {"benchmark": "gpu_suite", "mode": "dry" if dry else "gpu", "gpu": "" if dry else gpu,
-                              "cpus": cores, "tensorflow": tf.__version__, "python": platform.python_version(),
-                              "plan": p, "sections": {}}
-    started = time.monotonic()
-    for name in filter(None, args.sections.split(",")):
+                              "cpus": cores, "tensorflow": _version("tensorflow"), "torch": _version("torch"),
+                              "python": platform.python_version(), "plan": p, "left_out": left_out, "sections": {}}
+    for line in left_out:
+        print(f"left out: {line}")
+    names = [name for name in args.sections.split(",") if name]
+    for name in names:
         if name not in SECTIONS:
-            parser.error(f"unknown section {name!r}; choose from {', '.join(SECTIONS)}")
+            parser.error(f"unknown section {name!r}; choose from {', '.join(SECTIONS)}"
+                         + (f" (left out: {'; '.join(left_out)})" if left_out else ""))
+    started = time.monotonic()
+    out_dir = Path(args.out_dir)
+    for name in names:
         print(f"== {name}", flush=True)
         t0 = time.monotonic()
         with tempfile.TemporaryDirectory() as tmp:
@@ -464,12 +514,10 @@ def main() -> int:
         result["sections"][name] = section
         print(f"   {'ok' if section.get('ok') else 'FAILED'} in {section['seconds']:.0f} s"
               + (f": {section['error'][-600:]}" if section.get("error") else ""), flush=True)
-    result["seconds"] = time.monotonic() - started
-    table = markdown(result)
+        result["seconds"] = time.monotonic() - started
+        _write(out_dir, result)  # after each section: a run cut short keeps what it measured
+    table = _write(out_dir, result)
     print(table)
-    out_dir = Path(args.out_dir)
-    write_json(out_dir / "gpu_suite.json", result)
-    (out_dir / "gpu_suite.md").write_text(table + "\n")
     print(f"wrote {out_dir / 'gpu_suite.json'} and {out_dir / 'gpu_suite.md'} in {result['seconds']:.0f} s")
     return 0 if all(s.get("ok") for s in result["sections"].values()) else 1
 

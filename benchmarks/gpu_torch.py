@@ -180,13 +180,14 @@ def markdown_rows(sections: dict[str, Any]) -> list[str]:
                   "|---|---|---|---|---|",
                   f"| TorchInput | {c['samples']} | {c['mismatches']} | {', '.join(c['tensor_devices'])} | "
                   f"{'pinned' if c['pinned'] else 'pageable'} |", ""]
-    r = sections.get("torch_latency", {})
-    if "ratio" in r:
-        share = r["overlap"]["overlapped_share"]
+    latency = [sections[k] for k in ("torch_latency", "torch_latency_bf16") if "ratio" in sections.get(k, {})]
+    if latency:
         lines += ["| PyTorch model | precision | batch | constant ms | TorchInput ms | ratio (goal <= 1.02) | queue | "
-                  "copy overlapped |", "|---|---|---|---|---|---|---|---|",
-                  f"| {r['model']} | {r['precision']} | {r['batch_size']} | {r['constant_ms']:.1f} | {r['torch_ms']:.1f} | "
+                  "copy overlapped |", "|---|---|---|---|---|---|---|---|"]
+    for r in latency:
+        share = r["overlap"]["overlapped_share"]
+        lines += [f"| {r['model']} | {r['precision']} | {r['batch_size']} | {r['constant_ms']:.1f} | {r['torch_ms']:.1f} | "
                   f"{r['ratio']:.3f}{'' if r['goal_met'] else ' *'} | {r['queue_occupancy']:.2f} | "
                   f"{'n/a' if share is None else f'{share:.2f}'} ({r['overlap']['where']}, "
-                  f"{r['overlap']['copy_events']} copies) |", ""]
-    return lines
+                  f"{r['overlap']['copy_events']} copies) |"]
+    return lines + ([""] if latency else [])

@@ -16,7 +16,8 @@ index, epoch; decoding out of the way) on loopback. This process receives them:
   stream read over ZMTP straight into aligned memory TensorFlow then owns (no copy beyond the
   kernel's), the same step. The "ZMQInput (libzmq)" column asks for ``receive="libzmq"``;
 - TorchInput with default arguments (direct receive into torch tensors, CPU device), a loop that
-  takes each batch (``--no-torch`` leaves it out; skipped where torch is not installed).
+  takes each batch (``--no-torch`` leaves it out; skipped where torch is not installed). Where TensorFlow is not
+  installed the ZMQInput receivers are left out (a PyTorch-only GPU host) and the output says so.
 
 For each: images/s, GB/s, and this process's CPU-seconds per GB taken in (user + system),
 with 1 and 4 producers, interleaved rounds, the median kept (this VM is shared: single rounds
@@ -84,14 +85,15 @@ def parse_args():
 def measure_rounds(endpoints: list[str], args) -> dict[str, list[Measured]]:
     """Every receiver once per round, in the same order each round."""
     b, s, warmup, batches = args.batch_size, args.image_size, args.warmup, args.batches
-    results: dict[str, list[Measured]] = {"bare": [], "bare_copy": [], "zmq_convert": [], "zmq_input": [],
-                                          "zmq_direct": []}
+    results: dict[str, list[Measured]] = {"bare": [], "bare_copy": [], **(
+        {"zmq_convert": [], "zmq_input": [], "zmq_direct": []} if args.tf else {})}
     for _ in range(args.rounds):
         results["bare"].append(bare_receive(endpoints, warmup, batches))
         results["bare_copy"].append(bare_receive(endpoints, warmup, batches, copy=True))
-        results["zmq_convert"].append(zmq_input_receive(endpoints, b, s, warmup, batches, convert=True))
-        results["zmq_input"].append(zmq_input_receive(endpoints, b, s, warmup, batches))
-        results["zmq_direct"].append(zmq_input_receive(endpoints, b, s, warmup, batches, receive=None))
+        if args.tf:
+            results["zmq_convert"].append(zmq_input_receive(endpoints, b, s, warmup, batches, convert=True))
+            results["zmq_input"].append(zmq_input_receive(endpoints, b, s, warmup, batches))
+            results["zmq_direct"].append(zmq_input_receive(endpoints, b, s, warmup, batches, receive=None))
         if args.torch:
             results.setdefault("torch", []).append(torch_input_receive(endpoints, b, s, warmup, batches))
     return results
@@ -102,8 +104,16 @@ def table_row(count: int, results: dict[str, list[Measured]]) -> dict:
     best = {k: tuple(statistics.median(r[i] for r in v) for i in range(3)) for k, v in results.items()}
     return {"producers": count, "bare_images_per_s": best["bare"][0], "bare_gb_per_s": best["bare"][1] / 1e9,
             "bare_cpu_s_per_gb": best["bare"][2], "bare_copy_images_per_s": best["bare_copy"][0],
-            "bare_copy_cpu_s_per_gb": best["bare_copy"][2],
-            "convert_images_per_s": best["zmq_convert"][0], "convert_cpu_s_per_gb": best["zmq_convert"][2],
+            "bare_copy_cpu_s_per_gb": best["bare_copy"][2], **(_tf_columns(best) if "zmq_input" in best else {}),
+            **({"torch_images_per_s": best["torch"][0], "torch_cpu_s_per_gb": best["torch"][2],
+                "torch_ratio": best["torch"][0] / best["bare"][0],
+                "torch_cpu_ratio": best["torch"][2] / best["bare"][2]} if "torch" in best else {}),
+            "rounds": {k: [list(r) for r in v] for k, v in results.items()}}
+
+
+def _tf_columns(best: dict[str, tuple[float, ...]]) -> dict[str, float]:
+    """The ZMQInput receivers' medians and ratios (where TensorFlow is installed)."""
+    return {"convert_images_per_s": best["zmq_convert"][0], "convert_cpu_s_per_gb": best["zmq_convert"][2],
             "zmq_images_per_s": best["zmq_input"][0],
             "zmq_gb_per_s": best["zmq_input"][1] / 1e9, "zmq_cpu_s_per_gb": best["zmq_input"][2],
             "ratio": best["zmq_input"][0] / best["bare"][0],
@@ -113,16 +123,20 @@ def table_row(count: int, results: dict[str, list[Measured]]) -> dict:
             "direct_images_per_s": best["zmq_direct"][0], "direct_gb_per_s": best["zmq_direct"][1] / 1e9,
             "direct_cpu_s_per_gb": best["zmq_direct"][2],
             "direct_ratio": best["zmq_direct"][0] / best["bare"][0],
-            "direct_cpu_ratio": best["zmq_direct"][2] / best["bare"][2],
-            **({"torch_images_per_s": best["torch"][0], "torch_cpu_s_per_gb": best["torch"][2],
-                "torch_ratio": best["torch"][0] / best["bare"][0],
-                "torch_cpu_ratio": best["torch"][2] / best["bare"][2]} if "torch" in best else {}),
-            "rounds": {k: [list(r) for r in v] for k, v in results.items()}}
+            "direct_cpu_ratio": best["zmq_direct"][2] / best["bare"][2]}
 
 
 def print_table(rows: list[dict], args) -> None:
     print(f"trainer ingest, {args.batch_size} x {args.image_size} px batches from --repeat-batches producers on "
           f"loopback, median of {args.rounds} interleaved rounds")
+    if args.tf:
+        print_tf_table(rows)
+    else:
+        print("ZMQInput: not measured (TensorFlow is not installed)")
+    print_torch_table(rows)
+
+
+def print_tf_table(rows: list[dict]) -> None:
     print(f"{'producers':>9} | {'bare img/s':>10} | {'GB/s':>5} | {'CPU s/GB':>8} | {'+copy img/s':>11} | "
           f"{'CPU s/GB':>8} | {'before img/s':>12} | {'CPU s/GB':>8} | {'ZMQInput img/s':>14} | {'GB/s':>5} | {'CPU s/GB':>8} | {'ratio':>5} | {'copy':>5} | "
           f"{'vs copy':>7} | {'direct img/s':>12} | {'CPU s/GB':>8} | {'direct ratio':>12} | {'direct CPU':>10}")
@@ -138,6 +152,9 @@ def print_table(rows: list[dict], args) -> None:
     print("before: ZMQInput with tf.convert_to_tensor (before TensorImporter); ratio: ZMQInput / bare; "
           "copy: (bare + one copy) / bare; vs copy: ZMQInput / (bare + one copy); direct: ZMQInput() with default arguments (direct receive), "
           "direct ratio: it / bare; direct CPU: its CPU s/GB / bare's")
+
+
+def print_torch_table(rows: list[dict]) -> None:
     if any("torch_ratio" in r for r in rows):
         print(f"\n{'producers':>9} | {'bare img/s':>10} | {'TorchInput img/s':>16} | {'CPU s/GB':>8} | "
               f"{'torch ratio':>11} | {'torch CPU':>9}")
@@ -151,6 +168,9 @@ def print_table(rows: list[dict], args) -> None:
 def main() -> None:
     args = parse_args()
     args.torch = not args.no_torch and importlib.util.find_spec("torch") is not None
+    args.tf = importlib.util.find_spec("tensorflow") is not None  # ZMQInput's receivers need it; bare and torch do not
+    if not args.tf and not args.torch:
+        raise SystemExit("trainer_ingest.py: neither TensorFlow nor PyTorch is installed: no trainer input to measure")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     trainer_cpus, producer_cpus = _cpu_list(args.trainer_cpus), _cpu_list(args.producer_cpus)
     if trainer_cpus:
