@@ -28,6 +28,7 @@ from .batch_header import (
     MAX_RANK,
     MAX_STREAM_CHARS,
     PROTOCOL_VERSION,
+    SOURCE_RULE,
     STAGES_RULE,
     ArraySpec,
     Batch,
@@ -36,6 +37,7 @@ from .batch_header import (
     classes_ok,
     is_int,
     session_ok,
+    source_ok,
     stages_ok,
     stream_ok,
 )
@@ -52,6 +54,7 @@ def encode_batch(
     stages: Mapping[str, float] | None = None,
     stream: str = "",
     classes: int = 0,
+    source: str = "",
 ) -> list[Any]:
     """Return the frames of one batch message: ``[header, array0, array1, ...]``.
 
@@ -61,9 +64,10 @@ def encode_batch(
     converted (that one case copies). ``stages``: seconds spent making the batch, per
     stage (``STAGES``), for the trainer's bottleneck report. ``stream``: the shard the batch
     belongs to (``I/N:records:seed``), so a trainer sees producers whose shards overlap. ``classes``: the classes
-    the dataset names (0: not said), so a trainer checks its model against them. Raises ProtocolError for a
-    dtype outside ALLOWED_DTYPES, an invalid name or invalid stage times, so a sender
-    never emits what a receiver would refuse.
+    the dataset names (0: not said), so a trainer checks its model against them. ``source``: the dataset served,
+    ``"<kind> <location>"`` ("": not said; ``SOURCE_RULE``), which the trainer's stats, metrics and report name.
+    Raises ProtocolError for a dtype outside ALLOWED_DTYPES, an invalid name, invalid stage times, a source
+    outside its rule or a header over MAX_HEADER_BYTES, so a sender never emits what a receiver would refuse.
     """
     if not is_valid_id(producer):
         raise ProtocolError(f"producer id {producer!r} must be 1-128 printable ASCII characters without spaces")
@@ -98,11 +102,16 @@ def encode_batch(
         if not classes_ok(classes):
             raise ProtocolError(f"classes must be an integer in [0, {MAX_CLASSES}], got {classes!r}")
         header["classes"] = int(classes)
+    if source:
+        _require(source_ok(source), f"{SOURCE_RULE}, got {source!r:.300}")
+        header["source"] = source
     if stages:
         if not stages_ok(dict(stages)):
             raise ProtocolError(f"{STAGES_RULE}, got {dict(stages)!r}")
         header["stages"] = {k: float(v) for k, v in stages.items()}
     frames[0] = msgpack.packb(header, use_bin_type=True)
+    _require(len(frames[0]) <= MAX_HEADER_BYTES,
+             f"header would be {len(frames[0])} bytes, more than the {MAX_HEADER_BYTES} allowed: send fewer arrays")
     return frames
 
 
@@ -176,6 +185,8 @@ def decode_header(frame: Any, limits: DecodeLimits = DecodeLimits()) -> BatchHea
     _require(stages_ok(stages), STAGES_RULE)
     classes = header.get("classes", 0)
     _require(classes_ok(classes), f"header field 'classes' must be an integer in [0, {MAX_CLASSES}], got {classes!r}")
+    source = header.get("source", "")
+    _require(source_ok(source), f"{SOURCE_RULE}, got {source!r:.300}")
     specs_raw = header.get("arrays")
     _require(isinstance(specs_raw, list), "header field 'arrays' is missing or not a list")
     _require(len(specs_raw) <= limits.max_arrays, f"header lists {len(specs_raw)} arrays, more than the {limits.max_arrays} allowed")
@@ -193,7 +204,7 @@ def decode_header(frame: Any, limits: DecodeLimits = DecodeLimits()) -> BatchHea
         specs.append(ArraySpec(name=name, dtype=dtype, shape=tuple(shape)))
     return BatchHeader(version=version, producer=producer, seq=seq, arrays=tuple(specs), worker=worker,
                        sent_at=float(sent_at), stream=stream, session=session,
-                       stages={k: float(v) for k, v in stages.items()}, classes=classes)
+                       stages={k: float(v) for k, v in stages.items()}, classes=classes, source=source)
 
 
 def decode_batch(frames: Sequence[Any], limits: DecodeLimits = DecodeLimits()) -> Batch:

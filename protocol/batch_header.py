@@ -89,6 +89,7 @@ class BatchHeader:
     session: int = -1  # exact mode: the receiving trainer's session it was sent under
     stages: dict[str, float] = field(default_factory=dict)  # seconds the producer spent per stage on it
     classes: int = 0  # classes the producer's dataset names (0: not said), so a trainer can check its own
+    source: str = ""  # the dataset the producer serves, "<kind> <location>" ("": not said), for reports and metrics
 
 
 @dataclass
@@ -132,6 +133,20 @@ MAX_CLASSES = 10**7
 def classes_ok(classes: Any) -> bool:
     """The rule of ``classes``: an integer in [0, ``MAX_CLASSES``] (0: not said)."""
     return is_int(classes) and 0 <= classes <= MAX_CLASSES
+
+
+MAX_SOURCE_CHARS = 256
+
+
+def source_ok(source: Any) -> bool:
+    """The rule of ``source`` (``SOURCE_RULE``): a string of at most ``MAX_SOURCE_CHARS`` printable ASCII
+    characters, spaces included ("" for not said)."""
+    # isascii and isprintable together admit exactly " " to "~", in C: this runs on every batch decoded
+    return isinstance(source, str) and len(source) <= MAX_SOURCE_CHARS and source.isascii() and source.isprintable()
+
+
+SOURCE_RULE = (f"header field 'source' must be a string of at most {MAX_SOURCE_CHARS} printable ASCII characters "
+               "(the dataset served, '<kind> <location>')")
 
 
 def session_ok(session: Any) -> bool:

@@ -114,6 +114,12 @@ def test_random_msgpack_headers_raise_protocol_error(header):
         (_header(classes=True), [b"\x00" * 6], "'classes'"),
         (_header(classes=10**7 + 1), [b"\x00" * 6], "'classes'"),
         (_header(classes="4"), [b"\x00" * 6], "'classes'"),
+        (_header(source="x" * 257), [b"\x00" * 6], "'source'"),
+        (_header(source=7), [b"\x00" * 6], "'source'"),
+        (_header(source=b"tar x"), [b"\x00" * 6], "'source'"),
+        (_header(source="tar /d\n"), [b"\x00" * 6], "'source'"),
+        (_header(source="tar /d\x7f"), [b"\x00" * 6], "'source'"),
+        (_header(source="tar /d\u00e9"), [b"\x00" * 6], "'source'"),
         (msgpack.packb([1, 2, 3]), [], "must be a msgpack map"),
         (b"\xc1garbage", [], "not valid msgpack"),
         (b"\x00" * (64 * 1024 + 1), [], "header frame is"),
@@ -139,6 +145,34 @@ def test_the_dataset_class_count_travels_in_the_header():
     assert decode_batch(encode_batch({"x": np.zeros(4, np.uint8)}, producer="p", seq=0)).header.classes == 0
     with pytest.raises(ProtocolError, match="classes"):  # a sender never emits what a receiver refuses
         encode_batch({"x": np.zeros(4, np.uint8)}, producer="p", seq=0, classes=-2)
+
+
+def test_the_dataset_served_travels_in_the_header_and_an_older_receiver_ignores_it():
+    source = "tar s3://b/laion/" + "~" * 200 + "/index.json"  # 227 characters: printable ASCII, spaces too
+    frames = encode_batch({"x": np.zeros(4, np.uint8)}, producer="p", seq=0, source=source)
+    assert decode_batch(frames).header.source == source
+    assert decode_batch(encode_batch({"x": np.zeros(4, np.uint8)}, producer="p", seq=0)).header.source == ""
+    body = msgpack.unpackb(frames[0], raw=False)
+    assert body["source"] == source  # a new key beside the others: receivers ignore keys they do not know
+    assert decode_batch([_header(future_field="x" * 300), b"\x00" * 6]).header.source == ""
+    for bad in ("x" * 257, "tar /d\t", "tar /d\u00e9", 3):  # a sender never emits what a receiver refuses
+        with pytest.raises(ProtocolError, match="'source'"):
+            encode_batch({"x": np.zeros(4, np.uint8)}, producer="p", seq=0, source=bad)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(st.text(max_size=300), st.binary(max_size=8), st.integers(-(2**63), 2**64 - 1), st.none()))
+def test_a_source_is_accepted_exactly_when_a_receiver_would_and_survives_a_session_rewrite(source):
+    header = {"v": PROTOCOL_VERSION, "producer": "p", "seq": 0, "arrays": [], "source": source}
+    valid = isinstance(source, str) and len(source) <= 256 and all(" " <= c <= "~" for c in source)
+    try:
+        decoded = decode_batch([msgpack.packb(header, use_bin_type=True)]).header
+    except ProtocolError as exc:
+        assert not valid and "'source'" in str(exc)
+        return
+    assert valid and decoded.source == source
+    rewritten = with_session(encode_batch({}, producer="p", seq=0, source=source)[0], stream="0/1:4:0", session=1)
+    assert len(rewritten) <= MAX_HEADER_BYTES and decode_batch([rewritten]).header.source == source
 
 
 def test_message_size_limit_is_enforced_before_decoding():
