@@ -67,27 +67,30 @@ def parse_range(value: Pair, name: str, low: float = 0.0, high: float = float("i
     return lo, hi
 
 
-def _mode(mode: str) -> bool:
+def train_mode(mode: str) -> bool:
+    """True for ``"train"``, False for ``"eval"``; PipelineError for anything else."""
     if mode not in ("train", "eval"):
         raise PipelineError(f"mode must be train or eval, got {mode!r}")
     return mode == "train"
 
 
-def _label(record: Mapping[str, Any], field: str) -> int:
+def class_label(record: Mapping[str, Any], field: str) -> int:
+    """The class index in ``record[field]``; SampleError naming the field unless it is an int in [0, 2^31)."""
     label = record.get(field)
     if not isinstance(label, (int, np.integer)) or isinstance(label, bool) or not 0 <= int(label) < 2**31:
         raise SampleError(f"record field {field!r} is {label!r}, expected a class index >= 0")
     return int(label)
 
 
-def _encoded(record: Mapping[str, Any], field: str) -> bytes:
+def encoded_image(record: Mapping[str, Any], field: str) -> bytes:
+    """The encoded image bytes in ``record[field]``; SampleError naming the field when there are none."""
     data = record.get(field)
     if not isinstance(data, (bytes, bytearray, memoryview)) or not len(data):
         raise SampleError(f"record field {field!r} holds no encoded image bytes (got {type(data).__name__})")
     return bytes(data)
 
 
-class _DecodeClock:
+class DecodeClock:
     """Seconds spent decoding, for the producer's per-stage metrics (``Pipeline.stage_times``)."""
 
     def __init__(self) -> None:
@@ -98,54 +101,79 @@ class _DecodeClock:
         return {"decode": seconds}
 
 
+class ImagenetImage:
+    """The imagenet pipeline's image step, shared by every pipeline that wants its pixels so (``image_text``).
+
+    Train: random-resized-crop (area ``scale``, aspect ``ratio``; with ``crop_decoding`` only the crop window of a
+    JPEG is decoded) and a horizontal flip; eval: resize so the centre ``eval_crop`` fraction covers the output,
+    centre crop. The arguments are checked here (PipelineError); ``field`` is the ``images`` field it fills and
+    ``stage_times`` the seconds spent decoding since last asked.
+    """
+
+    def __init__(self, mode: str, image_size: int, size: str, scale: Pair, ratio: Pair, flip: bool,
+                 eval_crop: float, fast_dct: bool, crop_decoding: bool, image_field: str) -> None:
+        self.train = train_mode(mode)
+        self.height, self.width = parse_size(size, image_size)
+        self.scale = parse_range(scale, "scale", 0.0, 1.0)
+        self.ratio = parse_range(ratio, "ratio", 1e-3)
+        if not 0 < eval_crop <= 1:
+            raise PipelineError(f"eval_crop {eval_crop}: must be in (0, 1]")
+        self.flip, self.eval_crop, self.fast_dct, self.crop_decoding = flip, eval_crop, fast_dct, crop_decoding
+        self.image_field = image_field
+        self.field = Field("images", "uint8", (self.height, self.width, 3))
+        self._clock = DecodeClock()
+        self.stage_times = self._clock.take
+
+    def into(self, data: bytes, rng: np.random.Generator, out: np.ndarray) -> None:
+        """Decode ``data`` and write its transformed pixels into the ``uint8 [H, W, 3]`` row ``out``; SampleError
+        naming the image field when the bytes do not decode."""
+        size = (self.height, self.width)
+        t0 = time.perf_counter()
+        try:
+            pixels = (decode_train_crop(data, rng, self.fast_dct, self.crop_decoding, self.scale, self.ratio)
+                      if self.train else decode_rgb(data, self.fast_dct))
+        except DecodeError as exc:
+            raise SampleError(f"record field {self.image_field!r}: {exc}") from None
+        self._clock.seconds += time.perf_counter() - t0
+        if self.train:
+            resize_flip_into(pixels, size, rng, out, self.flip)
+        else:
+            eval_transform(pixels, size, out, self.eval_crop)
+
+
 def make_imagenet(mode: str = "train", image_size: int = 224, size: str = "", scale: Pair = SCALE,
                   ratio: Pair = RATIO, flip: bool = True, eval_crop: float = EVAL_CROP_FRACTION,
                   fast_dct: bool = False, crop_decoding: bool = CROP_DECODING, image_field: str = "image",
                   label_field: str = "label") -> Pipeline:
     """ImageNet-style classification: ``images uint8 [H, W, 3]`` (RGB) and ``labels int32 scalar`` (one per image)."""
-    train = _mode(mode)
-    height, width = parse_size(size, image_size)
-    scale_range = parse_range(scale, "scale", 0.0, 1.0)
-    ratio_range = parse_range(ratio, "ratio", 1e-3)
-    if not 0 < eval_crop <= 1:
-        raise PipelineError(f"eval_crop {eval_crop}: must be in (0, 1]")
-    clock = _DecodeClock()
+    image = ImagenetImage(mode, image_size, size, scale, ratio, flip, eval_crop, fast_dct, crop_decoding,
+                          image_field)
 
     def fill(record: Mapping[str, Any], rng: np.random.Generator, rows: dict[str, np.ndarray]) -> None:
-        data = _encoded(record, image_field)
-        label = _label(record, label_field)
-        t0 = time.perf_counter()
-        try:
-            pixels = (decode_train_crop(data, rng, fast_dct, crop_decoding, scale_range, ratio_range) if train
-                      else decode_rgb(data, fast_dct))
-        except DecodeError as exc:
-            raise SampleError(f"record field {image_field!r}: {exc}") from None
-        clock.seconds += time.perf_counter() - t0
-        if train:
-            resize_flip_into(pixels, (height, width), rng, rows["images"], flip)
-        else:
-            eval_transform(pixels, (height, width), rows["images"], eval_crop)
+        data = encoded_image(record, image_field)
+        label = class_label(record, label_field)
+        image.into(data, rng, rows["images"])
         rows["labels"][...] = label
 
-    return Pipeline([Field("images", "uint8", (height, width, 3)), Field("labels", "int32", ())], fill=fill,
-                    name="imagenet", stage_times=clock.take)
+    return Pipeline([image.field, Field("labels", "int32", ())], fill=fill, name="imagenet",
+                    stage_times=image.stage_times)
 
 
 def make_detection(mode: str = "train", image_size: int = 320, size: str = "", max_boxes: int = 100,
                    min_scale: float = 0.3, ratio: Pair = RATIO, flip: bool = True, fast_dct: bool = False,
                    image_field: str = "image", boxes_field: str = "boxes", classes_field: str = "classes") -> Pipeline:
     """Detection: ``images uint8 [H, W, 3]``, ``boxes float32 [<=max_boxes, 4]``, ``classes int32 [<=max_boxes]``."""
-    train = _mode(mode)
+    train = train_mode(mode)
     height, width = parse_size(size, image_size)
     if not 0 < min_scale <= 1:
         raise PipelineError(f"min_scale {min_scale}: must be in (0, 1]")
     if max_boxes < 1:
         raise PipelineError(f"max_boxes {max_boxes}: must be >= 1")
     ratio_range = parse_range(ratio, "ratio", 1e-3)
-    clock = _DecodeClock()
+    clock = DecodeClock()
 
     def fill(record: Mapping[str, Any], rng: np.random.Generator, rows: dict[str, np.ndarray]) -> dict[str, int]:
-        data = _encoded(record, image_field)
+        data = encoded_image(record, image_field)
         try:
             boxes = np.asarray(record.get(boxes_field, []), np.float32).reshape(-1, 4)
             classes = np.asarray(record.get(classes_field, []), np.int64).reshape(-1)
@@ -207,14 +235,14 @@ def make_segmentation(mode: str = "train", image_size: int = 256, size: str = ""
                       ratio: Pair = RATIO, flip: bool = True, fast_dct: bool = False, image_field: str = "image",
                       mask_field: str = "mask") -> Pipeline:
     """Segmentation: ``images uint8 [H, W, 3]`` and ``masks uint8 [H, W]`` (class ids, moved with the pixels)."""
-    train = _mode(mode)
+    train = train_mode(mode)
     height, width = parse_size(size, image_size)
     scale_range = parse_range(scale, "scale", 0.0, 1.0)
     ratio_range = parse_range(ratio, "ratio", 1e-3)
-    clock = _DecodeClock()
+    clock = DecodeClock()
 
     def fill(record: Mapping[str, Any], rng: np.random.Generator, rows: dict[str, np.ndarray]) -> None:
-        data = _encoded(record, image_field)
+        data = encoded_image(record, image_field)
         t0 = time.perf_counter()
         try:
             rgb = decode_rgb(data, fast_dct)

@@ -1,8 +1,9 @@
 """The built-in ``image_text`` pipeline (``stoker produce --pipeline image_text``): an image and its caption, for
 CLIP-style contrastive training.
 
-The image goes through the imagenet pipeline's own steps: train: random-resized-crop (``scale``, ``ratio``,
-decoding only the crop window of a JPEG) and a horizontal flip; eval: resize and centre crop (``eval_crop``).
+The image goes through the imagenet pipeline's own step (``builtin_pipelines.ImagenetImage``): train:
+random-resized-crop (``scale``, ``ratio``, decoding only the crop window of a JPEG) and a horizontal flip; eval:
+resize and centre crop (``eval_crop``).
 
 The caption is a ``str`` record field (``text_field``, default ``text``: a WebDataset ``.txt`` member, a Parquet
 string column, an LMDB ``str`` field) and travels as a variable-length field of at most ``text_length`` entries
@@ -26,16 +27,12 @@ a SampleError); by default no labels are declared.
 
 from __future__ import annotations
 
-import time
 from typing import Any, Callable, Mapping, Union
 
 import numpy as np
 
-from stoker.producer.images.augment import CROP_DECODING, EVAL_CROP_FRACTION, RATIO, SCALE, decode_train_crop, \
-    eval_transform, resize_flip_into
-from stoker.producer.images.builtin_pipelines import Pair, _DecodeClock, _encoded, _label, _mode, parse_range, \
-    parse_size
-from stoker.producer.images.decode import DecodeError, decode_rgb
+from stoker.producer.images.augment import CROP_DECODING, EVAL_CROP_FRACTION, RATIO, SCALE
+from stoker.producer.images.builtin_pipelines import ImagenetImage, Pair, class_label, encoded_image
 from stoker.producer.pipeline import Field, Pipeline, PipelineError, SampleError, upto
 from stoker.producer.pipeline.loading import import_reference
 
@@ -134,12 +131,8 @@ def make_image_text(mode: str = "train", image_size: int = 224, size: str = "", 
 
     PipelineError for a bad argument or a tokenizer that cannot be imported (see the module doc).
     """
-    train = _mode(mode)
-    height, width = parse_size(size, image_size)
-    scale_range = parse_range(scale, "scale", 0.0, 1.0)
-    ratio_range = parse_range(ratio, "ratio", 1e-3)
-    if not 0 < eval_crop <= 1:
-        raise PipelineError(f"eval_crop {eval_crop}: must be in (0, 1]")
+    image = ImagenetImage(mode, image_size, size, scale, ratio, flip, eval_crop, fast_dct, crop_decoding,
+                          image_field)
     if not 1 <= text_length <= MAX_TEXT_LENGTH:
         raise PipelineError(f"text_length {text_length}: must be 1 to {MAX_TEXT_LENGTH}")
     if long_text not in ("cut", "skip"):
@@ -150,32 +143,21 @@ def make_image_text(mode: str = "train", image_size: int = 224, size: str = "", 
     if not _INT32.min <= pad_id <= _INT32.max:
         raise PipelineError(f"pad_id {pad_id}: must fit int32")
     skip_long = long_text == "skip"
-    clock = _DecodeClock()
 
     def fill(record: Mapping[str, Any], rng: np.random.Generator, rows: dict[str, np.ndarray]) -> dict[str, int]:
-        data = _encoded(record, image_field)
+        data = encoded_image(record, image_field)
         text = caption(record, text_field)
         if label_field:
-            rows["labels"][...] = _label(record, label_field)
+            rows["labels"][...] = class_label(record, label_field)
         if tokenize is None:
             length = utf8_into(text, rows["texts"], skip_long, text_field)
         else:
             length = ids_into(token_ids(tokenize, text, text_field), rows["texts"], pad_id, skip_long, text_field)
-        t0 = time.perf_counter()
-        try:
-            pixels = (decode_train_crop(data, rng, fast_dct, crop_decoding, scale_range, ratio_range) if train
-                      else decode_rgb(data, fast_dct))
-        except DecodeError as exc:
-            raise SampleError(f"record field {image_field!r}: {exc}") from None
-        clock.seconds += time.perf_counter() - t0
-        if train:
-            resize_flip_into(pixels, (height, width), rng, rows["images"], flip)
-        else:
-            eval_transform(pixels, (height, width), rows["images"], eval_crop)
+        image.into(data, rng, rows["images"])
         return {"texts": length}
 
-    fields = [Field("images", "uint8", (height, width, 3)),
+    fields = [image.field,
               Field("texts", "uint8" if tokenize is None else "int32", (upto(text_length),))]
     if label_field:
         fields.append(Field("labels", "int32", ()))
-    return Pipeline(fields, fill=fill, name="image_text", stage_times=clock.take)
+    return Pipeline(fields, fill=fill, name="image_text", stage_times=image.stage_times)
