@@ -17,15 +17,20 @@ over ``--batches`` batches after ``--warmup``:
 - webdataset: ``wds.WebDataset(tars, resampled=True).shuffle(1000).map(job).batched(B)`` in a
   ``DataLoader(num_workers=--workers, batch_size=None)``, where ``job`` is the same image-text work done with
   Stoker's own decode helpers (``decode_train_crop``: the crop-window JPEG decoder; ``resize_flip_into``;
-  ``utf8_into`` padding the caption to 77), so the kernels are equal and the input paths are what differs.
+  ``utf8_into`` padding the caption to 77), so the kernels are equal and the input paths are what differs;
+- litdata (with ``--litdata-python PATH``, a Python whose venv holds litdata: its install conflicts with Stoker's
+  torch and botocore, so it runs as a subprocess, ``litdata_baseline.py``): the tars converted once with
+  ``litdata.optimize`` to LitData's own chunks (one per tar; the seconds and bytes reported apart, before the
+  rounds), read by ``StreamingDataset(shuffle=True)`` in a ``StreamingDataLoader(num_workers=--workers)`` doing
+  the same job with the same kernels. Without the option its row is "not measured: pass --litdata-python".
 
 Interleaved rounds, the order rotating each round; ratios are taken within a round (tar/LMDB, parquet/LMDB on
-the same medium; Stoker's tar-local / webdataset) and reported as median (min-max over rounds). Targets (issue
-42): in place / LMDB >= 0.95 warm, local and s3; Stoker >= 1.3x the best of the peers. LitData is not measured:
-see docs/performance.md (its install replaces the CPU torch with the CUDA build and breaks s3fs's botocore pin;
-it reads its own optimized chunks or loose files, not these tars). Everything shares this machine's cores.
+the same medium; Stoker's tar-local / webdataset, / litdata, / the faster of the two) and reported as median
+(min-max over rounds). Targets (issue 42): in place / LMDB >= 0.95 warm, local and s3; Stoker >= 1.3x the best
+of the peers. Everything shares this machine's cores.
 Prints a table and writes JSON (default benchmarks/results/in_place.json).
 Run:  python benchmarks/in_place.py [--records 2000] [--shards 4] [--rounds 3] [--workers 2] [--no-s3]
+                                    [--litdata-python /work/litvenv/bin/python]
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from typing import Any, Optional
 
 from harness import add_out_argument, benchmark_parser, launch_producer, machine_info, producer_flags, write_results
 from in_place_data import caption_records, index_sources, upload_sources, write_sources
+from litdata_baseline import convert_with, read_rate_with
 
 SOURCES = ("lmdb", "tar", "parquet")
 TEXT_LENGTH = 77
@@ -57,6 +63,8 @@ def parse_args():
     parser.add_argument("--batches", type=int, default=250, help="batches timed per measurement")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
     parser.add_argument("--no-s3", action="store_true", help="local disk only (no SeaweedFS)")
+    parser.add_argument("--litdata-python", metavar="PATH",
+                        help="a Python with litdata installed (a venv of its own): adds the LitData peer")
     add_out_argument(parser, "in_place.json")
     return parser.parse_args()
 
@@ -171,6 +179,18 @@ def measure(args, tmp: Path, s3: Any) -> dict[str, Any]:
     tars = [str(p) for p in sorted(files.tars.glob("*.tar"))]
     kinds: dict[str, Any] = {f"{s} local": (lambda s=s: stoker_rate(local[s], args)) for s in SOURCES}
     kinds["webdataset"] = lambda: webdataset_rate(tars, args)
+    litdata: dict[str, Any] = {}
+    if args.litdata_python:
+        litdata["conversion"] = convert_with(args.litdata_python, files.tars, tmp / "litdata", args.shards,
+                                             args.workers)
+        print(f"litdata conversion: {litdata['conversion']}", flush=True)
+        litdata["reads"] = []
+
+        def litdata_rate() -> float:
+            litdata["reads"].append(read_rate_with(args.litdata_python, tmp / "litdata", args))
+            return litdata["reads"][-1]["images_per_s"]
+
+        kinds["litdata"] = litdata_rate
     cold: dict[str, dict] = {}
     if s3 is not None:
         urls = upload_sources(files, s3, "inplace")
@@ -189,7 +209,7 @@ def measure(args, tmp: Path, s3: Any) -> dict[str, Any]:
             print(f"round {r} {kind}: {rates[kind][-1]:.0f} images/s", flush=True)
     sizes = {s: sum(p.stat().st_size for p in Path(getattr(files, s)).rglob("*") if p.is_file())
              for s in ("lmdb", "tars", "parquet")}
-    return {"rates": rates, "cold": cold, "dataset_bytes": sizes}
+    return {"rates": rates, "cold": cold, "dataset_bytes": sizes, "litdata": litdata}
 
 
 def summarise(args, measured: dict[str, Any]) -> dict[str, Any]:
@@ -199,6 +219,10 @@ def summarise(args, measured: dict[str, Any]) -> dict[str, Any]:
     ratios = {f"{s}/lmdb {m}": [a / b for a, b in zip(rates[f"{s} {m}"], rates[f"lmdb {m}"])]
               for m in media for s in ("tar", "parquet")}
     ratios["stoker tar local/webdataset"] = [a / b for a, b in zip(rates["tar local"], rates["webdataset"])]
+    if "litdata" in rates:
+        ratios["stoker tar local/litdata"] = [a / b for a, b in zip(rates["tar local"], rates["litdata"])]
+        ratios["stoker tar local/best peer"] = [a / max(w, l) for a, w, l in
+                                                zip(rates["tar local"], rates["webdataset"], rates["litdata"])]
     rows = {k: _spread(v) for k, v in rates.items()}
     ratio_rows = {k: _spread(v) for k, v in ratios.items()}
     print(f"{args.records} records (~{args.side} px JPEGs + captions), {args.shards} shards each; one producer, "
@@ -208,6 +232,9 @@ def summarise(args, measured: dict[str, Any]) -> dict[str, Any]:
     print(f"{'input':<20}{'images/s':>22}")
     for kind, row in rows.items():
         print(f"{kind:<20}{_fmt(row):>22}")
+    litdata = measured["litdata"]
+    if not litdata:
+        print(f"{'litdata':<20}{'not measured: pass --litdata-python':>40}")
     print(f"{'ratio':<30}{'median (min-max)':>22}")
     for kind, row in ratio_rows.items():
         print(f"{kind:<30}{_fmt(row, 3):>22}")
@@ -215,13 +242,18 @@ def summarise(args, measured: dict[str, Any]) -> dict[str, Any]:
         print(f"cold s3 first epoch, {s}: {c['images_per_s']:.0f} images/s over {c['seconds']:.1f} s from launch "
               f"(first batch {c['first_batch_s']:.1f} s); {c['fetches']} fetches, {c['fetched_mb']:.0f} MB at "
               f"{c['fetch_mb_per_s']:.0f} MB/s")
+    if litdata:
+        c, read = litdata["conversion"], litdata["reads"][-1]
+        print(f"litdata {read['litdata']} (torch {read['torch']}): optimize wrote {c['samples']} samples in "
+              f"{c['chunks']} chunks, {c['bytes'] / 1e6:.1f} MB in {c['seconds']:.1f} s ({args.workers} workers), "
+              f"once before the rounds; each read ran {read['epochs_started']} epochs back to back")
     return {"benchmark": "in_place", "records": args.records, "side": args.side, "shards": args.shards,
             "workers": args.workers, "batch_size": args.batch_size, "image_size": args.image_size,
             "batches": args.batches, "rounds": args.rounds, "images_per_s": rows, "ratios": ratio_rows,
             "cold_s3": measured["cold"], "dataset_bytes": measured["dataset_bytes"], "raw": measured["rates"],
             "raw_ratios": ratios, "targets": {"in_place_over_lmdb": 0.95, "stoker_over_best_peer": 1.3},
             "peer_decode": "Stoker's decode_train_crop + resize_flip_into + utf8_into in the DataLoader workers",
-            "litdata": "not measured: see docs/performance.md", **machine_info()}
+            "litdata": litdata or "not measured: pass --litdata-python", **machine_info()}
 
 
 def main() -> None:
