@@ -21,29 +21,16 @@ def index_destination(out: str | None, root: str) -> str:
     raise ValueError(f"{root} is not a folder this user can write: name the index's file with --out")
 
 
-def write_index(text: str, out: str, storage_options: dict) -> None:
-    """The index's JSON at ``out`` (a path or an fsspec URL), whole or not at all for a local path."""
-    if "://" in out:
-        import fsspec
-
-        with fsspec.open(out, "w", **storage_options) as stream:
-            stream.write(text)
-        return
-    partial = Path(f"{out}.partial")
-    partial.write_text(text)
-    partial.replace(out)
-
-
 def cmd_data_index(args: argparse.Namespace) -> int:
     options = storage_of(args).fsspec_options()
     fields = [f.strip() for f in args.fields.split(",") if f.strip()] if args.fields else None
     if args.parquet:
         return index_parquet_files(args, options, fields)
-    from stoker.producer.dataset.build.webdataset_index import index_webdataset
+    from stoker.producer.dataset.build.webdataset_index import index_webdataset, write_index
 
     manifest = index_webdataset(args.webdataset, options, progress=not args.quiet, fields=fields)
     out = index_destination(args.out, manifest.root or "")
-    write_index(manifest.to_json(), out, options)
+    write_index(manifest, out, options)
     meta = manifest.meta
     for problem in meta.info.get("problems", []):
         print(f"  passed over: {problem}", file=sys.stderr)
@@ -58,10 +45,11 @@ def cmd_data_index(args: argparse.Namespace) -> int:
 def index_parquet_files(args: argparse.Namespace, options: dict, columns: list[str] | None) -> int:
     """``stoker data index --parquet``: the index of Parquet files (``build/parquet_index.py``), written as a tar's."""
     from stoker.producer.dataset.build.parquet_index import index_parquet
+    from stoker.producer.dataset.build.webdataset_index import write_index
 
     manifest = index_parquet(args.parquet, options, progress=not args.quiet, columns=columns)
     out = index_destination(args.out, manifest.root or "")
-    write_index(manifest.to_json(), out, options)
+    write_index(manifest, out, options)
     meta = manifest.meta
     print(f"indexed {meta.count} rows in {len(manifest.shards)} Parquet files "
           f"({sum(s.bytes for s in manifest.shards) / 1e6:.1f} MB) under {manifest.root}; fields: "

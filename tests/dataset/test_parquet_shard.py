@@ -19,7 +19,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from conftest import random_jpeg
-from stoker.producer.dataset.build.parquet_index import index_parquet, write_index
+from stoker.producer.dataset.build.parquet_index import index_parquet
+from stoker.producer.dataset.build.webdataset_index import write_index
 from stoker.producer.dataset.sources import DatasetError, RecordError, open_dataset
 from stoker.producer.dataset.sources import parquet_shard
 from stoker.producer.dataset.sources.lmdb_format import DatasetMeta, FieldKind

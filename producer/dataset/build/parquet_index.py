@@ -4,7 +4,8 @@ file under a root, its rows, size and SHA-256, and the columns read as fields (`
 ``index_parquet(urls)`` expands each URL or path (a file, a folder of ``*.parquet``, a glob; local or any fsspec URL:
 ``s3://bucket/laion/*.parquet``, ``hf://datasets/user/name/data``), reads every file's footer for its rows and
 schema (bounded as a reader bounds it) and every byte once for its size and SHA-256, and returns the manifest; the
-root is the files' common folder and each shard's name its path under it. ``stoker data index --parquet`` writes it.
+root is the files' common folder and each shard's name its path under it (``webdataset_index.index_root``, as for
+tars). ``stoker data index --parquet`` writes it (``webdataset_index.write_index``).
 Files whose columns disagree, a column of a type Stoker does not read (name it out with ``columns``), or no files
 at all: DatasetError naming the file and column.
 """
@@ -12,12 +13,12 @@ at all: DatasetError naming the file and column.
 from __future__ import annotations
 
 import hashlib
-import posixpath
 import sys
 from typing import Any, Mapping, Optional, Sequence
 
 import pyarrow.parquet as pq
 
+from stoker.producer.dataset.build.webdataset_index import index_root
 from stoker.producer.dataset.sources.lmdb_format import DatasetError, DatasetMeta, FieldKind
 from stoker.producer.dataset.sources.manifest import Manifest, ShardInfo, parse_manifest
 from stoker.producer.dataset.sources.parquet_shard import (MAX_FOOTER_BYTES, NAME, THRIFT_LIMIT, check_row_groups,
@@ -36,10 +37,10 @@ def index_parquet(urls: str | Sequence[str], storage_options: Optional[Mapping[s
     from fsspec.core import url_to_fs  # fsspec comes with the object-storage extra; a plain path needs nothing more
 
     paths, fs = _expand([urls] if isinstance(urls, str) else list(urls), dict(storage_options or {}), url_to_fs)
-    root = posixpath.commonpath([posixpath.dirname(p) for p in paths]) if len(paths) > 1 else posixpath.dirname(paths[0])
+    where, names = index_root(fs, paths)
     fields: Optional[dict[str, FieldKind]] = None
     shards, first = [], 0
-    for number, path in enumerate(paths):
+    for number, (path, name) in enumerate(zip(paths, names)):
         with fs.open(path, "rb") as f:
             file_fields, rows = _footer(f, path, columns)
         if fields is None:
@@ -48,13 +49,11 @@ def index_parquet(urls: str | Sequence[str], storage_options: Optional[Mapping[s
             raise DatasetError(f"{path}: columns {_describe(file_fields)} differ from {paths[0]}'s "
                                f"{_describe(fields)}: index files of one schema (or name the columns to read)")
         size, digest = _hash(fs, path)
-        name = posixpath.relpath(path, root) if root else path
         shards.append(ShardInfo(name, first, rows, size, digest))
         first += rows
         if progress:
             print(f"indexed {number + 1}/{len(paths)} {name}: {rows} rows, {size / 1e6:.1f} MB", file=sys.stderr)
     assert fields is not None
-    where = root if _is_local(fs) else fs.unstrip_protocol(root)
     meta = DatasetMeta(count=first, fields=fields, classes=tuple(classes), info={"source": "parquet"})
     manifest = Manifest(meta, tuple(shards), NAME, where)
     # the written form parsed back: names, root and counts pass the checks every reader applies
@@ -125,28 +124,5 @@ def _hash(fs: Any, path: str) -> tuple[int, str]:
     return size, digest.hexdigest()
 
 
-def _is_local(fs: Any) -> bool:
-    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-    return protocol in ("file", "local")
-
-
 def _describe(fields: Mapping[str, FieldKind]) -> str:
     return "{" + ", ".join(f"{n}: {k}" for n, k in fields.items()) + "}"
-
-
-def write_index(manifest: Manifest, destination: str, storage_options: Optional[Mapping[str, Any]] = None) -> None:
-    """The index written to ``destination`` (a path or fsspec URL), whole or not at all where the storage allows
-    (a local file is written beside and renamed)."""
-    from fsspec.core import url_to_fs
-
-    fs, path = url_to_fs(destination, **dict(storage_options or {}))
-    text = manifest.to_json().encode()
-    if _is_local(fs):
-        partial = path + ".partial"
-        with fs.open(partial, "wb") as f:
-            f.write(text)
-        fs.mv(partial, path)
-    else:
-        with fs.open(path, "wb") as f:
-            f.write(text)
-

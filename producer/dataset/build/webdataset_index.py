@@ -10,6 +10,9 @@ records per tar its size, SHA-256 and whole samples. The dataset's fields are th
 keeps it anyway: a reader then names each sample without it); with ``.cls`` members, classes ``"0"``..``"max"`` and their counts. ``root`` is the folder (or URL) common to
 every tar and shard names are paths under it. What the walk passed over is counted and its first reasons kept in
 the manifest's ``info``, never dropped silently.
+
+Every in-place index (these tars, ``parquet_index.py``'s files) is rooted by ``index_root`` and written by
+``write_index``, whole or not at all.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ import re
 import sys
 import time
 from collections import Counter
-from typing import Any, Optional, Sequence
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
 
 from stoker.producer.dataset.sources.lmdb_format import DatasetError, DatasetMeta, FieldKind
 from stoker.producer.dataset.sources.manifest import MAX_SHARDS, Manifest, ShardInfo, parse_manifest
@@ -88,12 +92,35 @@ def _tars(urls: Sequence[str], storage_options: Optional[dict[str, Any]]) -> tup
     return fs, sorted(found)
 
 
-def _root(fs: Any, paths: list[str]) -> tuple[str, list[str]]:
-    """The folder common to ``paths`` (as a URL, or an absolute local path) and each path under it."""
+def is_local(fs: Any) -> bool:
+    """Whether the fsspec file system ``fs`` is this machine's own."""
+    protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
+    return bool({"file", "local"} & set(protocols))
+
+
+def index_root(fs: Any, paths: Sequence[str]) -> tuple[str, list[str]]:
+    """The root of an index of the files ``paths`` on ``fs`` (their common folder: an absolute local path, or a URL)
+    and each file's shard name, its path under that root. Every in-place index (tars, Parquet) roots its files so."""
     folder = posixpath.commonpath([posixpath.dirname(p) or "/" for p in paths])
     names = [posixpath.relpath(p, folder) for p in paths]
-    local = "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
-    return (folder if local else fs.unstrip_protocol(folder)), names
+    return (folder if is_local(fs) else fs.unstrip_protocol(folder)), names
+
+
+def write_index(manifest: Manifest, destination: str, storage_options: Optional[Mapping[str, Any]] = None) -> None:
+    """``manifest``'s JSON written to ``destination`` (a path or fsspec URL), whole or not at all where the storage
+    allows: a local file is written beside (``DESTINATION.partial``) and renamed over; an object store's put is
+    whole by itself. OSError from the storage passes through."""
+    from fsspec.core import url_to_fs
+
+    fs, path = url_to_fs(destination, **dict(storage_options or {}))
+    text = manifest.to_json().encode()
+    if is_local(fs):
+        partial = Path(f"{path}.partial")
+        partial.write_bytes(text)
+        partial.replace(path)
+    else:
+        with fs.open(path, "wb") as f:
+            f.write(text)
 
 
 def index_tar_stream(stream: Any, where: str) -> dict[str, Any]:
@@ -124,7 +151,7 @@ def index_webdataset(urls: Sequence[str], storage_options: Optional[dict[str, An
     (default: every field seen). DatasetError if the tars hold no sample, name no tar, or a kept field is unseen.
     Progress and what was passed over go to stderr when ``progress``."""
     fs, paths = _tars(urls, storage_options)
-    root, names = _root(fs, paths)
+    root, names = index_root(fs, paths)
     shards, kinds, labels, bad_labels, skipped, problems = [], {}, Counter(), 0, 0, []
     having: Counter[str] = Counter()  # field -> samples that have it
     started = time.monotonic()
