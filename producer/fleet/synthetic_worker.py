@@ -109,7 +109,7 @@ class SyntheticWorker:
         arrays["labels"][:n] = indices % self.classes
         arrays["images"][:n] = expected_pixels(indices).reshape(-1, *([1] * (arrays["images"].ndim - 1)))
         header = encode_batch(arrays, producer=self.producer_id, seq=self.batches, stream=self.stream,
-                              classes=self.classes)[0]
+                              classes=self.classes, source="synthetic fleet")[0]
         self.sock.send_multipart([READY, slot_frame(slot), header])
         self.batches += 1
 

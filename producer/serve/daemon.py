@@ -44,7 +44,7 @@ from stoker.protocol.metrics_server import MetricsServer
 
 from stoker.producer.serve.batch_slots import SlotLayout, allocate
 from stoker.producer.dataset.sources import RecordSource, open_dataset
-from stoker.producer.dataset.sources.record_source import source_kind
+from stoker.producer.dataset.sources.record_source import shown_location, source_kind
 from stoker.producer.serve.forwarder import SlotForwarder
 from stoker.producer.serve.policies.choice import policy_for
 from stoker.producer.measure.metrics import ProducerCollector
@@ -237,7 +237,7 @@ class ProducerDaemon:
         collector = ProducerCollector(self.stats, self.layout.slot_bytes, self.producer_id,
                                       workers.alive,
                                       handshake_failures=lambda: self.handshakes.failed,
-                                      source=(source_kind(self.dataset), str(self.config.lmdb_path)))
+                                      source=(source_kind(self.dataset), shown_location(str(self.config.lmdb_path))))
         metrics = MetricsServer(self.config.metrics_port, collector)
         log.info("metrics on http://0.0.0.0:%d/metrics", metrics.port)
         return metrics
@@ -249,12 +249,12 @@ class ProducerDaemon:
         log.info(
             "serving %s (%s) on %s: %s in shard %s of %d, pipeline %s (%s mode): batches of %d x {%s}, "
             "%s, seed %d, %s (stream %s), producer_id=%s",
-            cfg.lmdb_path, source_kind(self.dataset), self.endpoint, counted(self.records, "record"), cfg.shard, self.meta.count,
+            shown_location(str(cfg.lmdb_path)), source_kind(self.dataset), self.endpoint, counted(self.records, "record"), cfg.shard, self.meta.count,
             self.pipeline.name, cfg.mode, cfg.batch_size, self.pipeline.describe(), counted(cfg.workers, "worker"),
             self.seed, exact, self.stream, self.producer_id,
         )
         self.status.write("serving", endpoint=self.endpoint, producer_id=self.producer_id,
-                          source=source_kind(self.dataset), location=str(cfg.lmdb_path),
+                          source=source_kind(self.dataset), location=shown_location(str(cfg.lmdb_path)),
                           mode=policy.mode, epochs=cfg.epochs,
                           shard=str(cfg.shard), records=self.records, seed=self.seed, workers=cfg.workers,
                           metrics_port=metrics.port if metrics is not None else None)

@@ -38,6 +38,7 @@ from stoker.protocol import encode_batch
 from stoker.producer.serve.batch_maker import BatchMaker
 from stoker.producer.serve.batch_slots import GRANT, HELLO, READY, SlotLayout, decode_work, parse_slot, slot_frame
 from stoker.producer.dataset.sources import RemoteOptions, open_dataset
+from stoker.producer.dataset.sources.record_source import source_kind, source_label
 from stoker.producer.serve.logs import configure_logging
 from stoker.producer.pipeline import load_pipeline
 from stoker.producer.measure.stage_stats import StageStats, watch_storage, with_fetch
@@ -107,15 +108,16 @@ class _SlotPool:
 class _HandOff:
     """Tells the daemon a slot holds a finished batch: only its header crosses the ipc socket."""
 
-    def __init__(self, sock: zmq.Socket, worker: int, config: WorkerConfig, stream_key: str, classes: int) -> None:
+    def __init__(self, sock: zmq.Socket, worker: int, config: WorkerConfig, stream_key: str, classes: int,
+                 source: str) -> None:
         self.sock, self.worker, self.config, self.stream_key = sock, worker, config, stream_key
-        self.classes = classes
+        self.classes, self.source = classes, source
 
     def __call__(self, slot: int, arrays: dict[str, np.ndarray], batch_no: int,
                  stages: Optional[dict[str, float]] = None) -> None:
         header = encode_batch(arrays, producer=self.config.producer_id,
                               seq=batch_no * self.config.workers + self.worker, worker=self.worker, stages=stages,
-                              stream=self.stream_key, classes=self.classes)[0]
+                              stream=self.stream_key, classes=self.classes, source=self.source)[0]
         self.sock.send_multipart([READY, slot_frame(slot), header])
 
 
@@ -164,8 +166,10 @@ def run_worker(worker: int, config: WorkerConfig, stats: StageStats, stop: Any, 
     sock.connect(config.endpoint)
     sock.send(HELLO)
     pool = _SlotPool(sock, config.slots, stop, parent_pid, config.batch_size)
-    # The dataset's class count rides in every header too, so a trainer checks its model against it.
-    hand_off = _HandOff(sock, worker, config, stream_key, len(dataset.meta.classes))
+    # The dataset's class count rides in every header too, so a trainer checks its model against it; and what the
+    # dataset is ("webdataset s3://b/index.json"), which a plain-mode trainer has no hello to learn from.
+    hand_off = _HandOff(sock, worker, config, stream_key, len(dataset.meta.classes),
+                        source_label(source_kind(dataset), config.lmdb_path))
     batch_no = 0
     try:
         while not stop.is_set() and os.getppid() == parent_pid:

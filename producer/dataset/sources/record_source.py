@@ -22,9 +22,11 @@ manifest and shards of any ``ShardFormat``: LMDB, WebDataset tars, Parquet; loca
 from __future__ import annotations
 
 from typing import Any, Optional, Protocol
+from urllib.parse import urlsplit, urlunsplit
 
 from stoker.producer.dataset.sources.lmdb_format import DatasetMeta
 from stoker.producer.dataset.sources.manifest import Manifest
+from stoker.protocol.batch_header import MAX_SOURCE_CHARS
 
 
 class RecordSource(Protocol):
@@ -65,3 +67,28 @@ def source_kind(source: RecordSource) -> str:
     ``parquet``."""
     layout = source.layout
     return "lmdb" if layout is None else _KIND_OF_FORMAT.get(layout.shard_format, layout.shard_format)
+
+
+def shown_location(location: str) -> str:
+    """Where a source was opened from, safe to show (logs, the status file, metrics, batch headers): a URL without
+    its user info (``https://user:token@host/x`` -> ``https://host/x``), query or fragment, where a credential or a
+    signed token may be; a path as it is. A URL that does not parse shows its scheme alone."""
+    if "://" not in location:
+        return location
+    try:
+        parts = urlsplit(location)
+        return urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
+    except ValueError:  # an unparsable URL may still hold a secret: show none of it
+        return location.split("://", 1)[0] + "://(unparsable URL)"
+
+
+def source_label(kind: str, location: str) -> str:
+    """``"<kind> <location>"`` as batch headers carry it (``protocol.batch_header.SOURCE_RULE``): the location
+    shown (``shown_location``), characters outside printable ASCII escaped (``\\xe9``), and one longer than
+    ``MAX_SOURCE_CHARS`` cut in the middle (``...``), keeping its scheme and the file it ends in."""
+    text = f"{kind} {shown_location(location)}".encode("ascii", "backslashreplace").decode("ascii")
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text) if not text.isprintable() else text
+    if len(text) <= MAX_SOURCE_CHARS:
+        return text
+    keep = (MAX_SOURCE_CHARS - 3) // 2
+    return f"{text[:keep]}...{text[len(text) - (MAX_SOURCE_CHARS - 3 - keep):]}"
