@@ -23,12 +23,15 @@ from stoker.consumer.epochs.epoch_loop import EpochLoop, EpochSync
 from stoker.consumer.epochs.held_rows import HeldBatches, Rows
 from stoker.consumer.receive.errors import InputError
 from stoker.consumer.exact.ledger import ConsumedLedger
-from stoker.consumer.input_setup import open_core
+from stoker.consumer.input_setup import open_core, reading_also
+from stoker.consumer.placement.local_process import LocalProducerProcess
+from stoker.consumer.placement.local_producer import LocalProducer
 from stoker.consumer.receive.contract import POLL_S
 from stoker.consumer.receive.options import Addresses, ReceiveOptions
 from stoker.consumer.receive.core import ReceiveCore
 from stoker.consumer.receive.queue_sink import END, QueueSink
 from stoker.consumer.receive.input_stats import InputStats
+from stoker.consumer.sizing.pool_sizing import PoolSizing
 from stoker.protocol.batch_spec import BatchSpec
 
 
@@ -45,12 +48,21 @@ class InputBase:
     _epoch_loop: Optional[EpochLoop] = None  # epochs(), once called
     _sink: Optional[QueueSink] = None  # an iterable facade's queue, which the consume loop takes batches from
     _ended = False  # the sink's END was taken: a finite run's last batch is behind us
+    _local_producer: Optional[LocalProducerProcess] = None  # started by _open_input; the facade's close() stops it
 
-    def _open_input(self, options: ReceiveOptions) -> None:
-        """Open the receive core (may wait up to ``recv_timeout`` to learn the spec)."""
+    def _open_input(self, options: ReceiveOptions, local_producer: Optional[LocalProducer] = None) -> None:
+        """Start ``local_producer`` if given, then open the receive core reading it too (may wait up to
+        ``recv_timeout`` to learn the spec); LocalProducerError if it does not start."""
+        if local_producer is not None:
+            self._local_producer = local_producer.start()
+            options = reading_also(options, self._local_producer.address)
         self.addresses = options.addresses
         self._ledger = options.ledger
-        self._core = open_core(options)
+        try:
+            self._core = open_core(options)
+        except BaseException:
+            self._stop_local_producer()
+            raise
         self.spec = self._core.spec
         self.batch_size = self.spec.batch_size
         self.receive = "direct" if options.direct else "libzmq"
@@ -83,7 +95,22 @@ class InputBase:
     @property
     def stats(self) -> InputStats:
         """Counters so far: batches, bytes, rejects, occupancy, per producer, exact mode's control plane."""
-        return self._core.stats.snapshot()
+        stats = self._core.stats.snapshot()
+        if self._local_producer is not None:
+            stats.local_producer_deaths = self._local_producer.deaths
+        return stats
+
+    @property
+    def local_producer(self) -> Optional[LocalProducerProcess]:
+        """The producer this input started on its host (``local_producer=``): its ``producer_id``, ``address``,
+        ``pid``, ``running``, ``deaths``; None without one."""
+        return self._local_producer
+
+    @property
+    def sizing(self) -> PoolSizing:
+        """How many producers this input needs, and the formula's inputs (``consumer/sizing``): demand, capacity
+        per producer, the fractional need (headroom included; sum it over a job's trainers), the rounded answer."""
+        return self._core.sizer.latest
 
     @property
     def error(self) -> Optional[InputError]:
@@ -113,6 +140,11 @@ class InputBase:
         if self._metrics is not None:
             self._metrics.close()
             self._metrics = None
+
+    def _stop_local_producer(self) -> None:
+        """Stop the local producer, if any (SIGTERM, then SIGKILL after its ``stop_timeout``). Idempotent."""
+        if self._local_producer is not None:
+            self._local_producer.stop()
 
     # ---- batches and epochs (the iterable facades) ---------------------------------------------
 
@@ -164,6 +196,7 @@ class InputBase:
         """The iterable facade's queue: plain mode receives into it from now on; exact mode from the first batch
         taken (``_start_receiving``), so a state may be restored first."""
         self._sink = sink
+        self._core.sizer.demand.time_waits()  # an iterable facade knows when its trainer waits: _take_from_sink
         if self._ledger is None:
             self._core.start(sink)
 
@@ -195,19 +228,23 @@ class InputBase:
         """The sink's next batch, named (``_named``); ``END`` (then ``_ended``), or None if none came within ``wait``
         seconds (inf: until one comes). The input's error once the sink is empty."""
         assert self._sink is not None
-        deadline = time.monotonic() + wait
-        while True:
-            item = self._sink.take(max(0.0, min(POLL_S, deadline - time.monotonic())))
-            if item is END:
-                self._ended = True
-                return END
-            if item is not None:
-                return self._named(item)
-            error = self._core.error
-            if error is not None and self._sink.size() == 0:
-                raise error
-            if time.monotonic() >= deadline:
-                return None
+        entered = time.monotonic()
+        deadline = entered + wait
+        try:
+            while True:
+                item = self._sink.take(max(0.0, min(POLL_S, deadline - time.monotonic())))
+                if item is END:
+                    self._ended = True
+                    return END
+                if item is not None:
+                    return self._named(item)
+                error = self._core.error
+                if error is not None and self._sink.size() == 0:
+                    raise error
+                if time.monotonic() >= deadline:
+                    return None
+        finally:
+            self._core.sizer.demand.waited(time.monotonic() - entered)  # the trainer's wait for input
 
     def _named(self, arrays: list[Any]) -> tuple[dict[str, Any], Optional[Rows]]:
         """The batch by name and, exact mode, its records (to count consumed when handed out); padding rows (a

@@ -34,6 +34,7 @@ from stoker.protocol import ProtocolError
 from stoker.protocol.batch_header import Batch
 from stoker.protocol.batch_spec import BatchSpec
 
+from stoker.consumer.sizing.pool_sizing import PoolSizer
 from stoker.consumer.receive.errors import InputClosedError, InputError, InputTimeoutError
 from stoker.consumer.receive.diagnosis import InputDiagnosis
 from stoker.consumer.receive.contract import POLL_S, BatchSink, Receiver, SinkClosed, aligned_empty
@@ -45,6 +46,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("stoker.consumer")
 
 SAMPLE_EVERY_S = 0.05
+#: The pool-size estimate is updated every this many samples (about once a second).
+SIZING_EVERY_SAMPLES = 20
 #: Refused handshakes per producer, all for a mode mismatch, after which waiting longer cannot help.
 MISMATCH_REFUSALS = 3
 #: Batches that can never match the spec, from each producer of the pool and before any acceptable batch, after
@@ -100,6 +103,8 @@ class ReceiveCore:
             self._stop.set()
             self._close_receiver()
             raise
+        #: how many producers this input needs (``consumer/sizing``): fed per batch and by the sampler
+        self.sizer = PoolSizer(max(1, self.spec.batch_size))
 
     # ---- ReceiveContext: what the receivers call ---------------------------------------------------
 
@@ -151,6 +156,8 @@ class ReceiveCore:
         # Counted before the put: once in the sink the consumer may take it, and what the stats say (per producer,
         # coverage) must never lag a batch already taken (a test read them right after its last batch: 62 of 64).
         conflict = self.stats.accepted(batch, arrays)
+        self.sizer.supply.batch(batch.header.producer, batch.header.worker, len(arrays[0]) if arrays else 0,
+                                batch.header.stages)
         with self._lock:
             self._delivering += 1
         try:
@@ -280,12 +287,17 @@ class ReceiveCore:
         self._sampler.start()
 
     def _sample(self, sink: BatchSink) -> None:
+        samples = 0
         while not self._stop.wait(SAMPLE_EVERY_S):
             try:
                 size = sink.size()
             except Exception:  # its framework has shut down (a closed tf.compat.v1 Session)
                 return
             self.stats.add_occupancy(size / sink.capacity)
+            self.sizer.demand.sample(self.stats.batches_counted(), size)
+            samples += 1
+            if samples % SIZING_EVERY_SAMPLES == 0:
+                self.sizer.update(self.stats.pool_producers())
 
     def _run(self) -> None:
         try:

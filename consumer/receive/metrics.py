@@ -8,8 +8,11 @@ from typing import TYPE_CHECKING, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from stoker.consumer.sizing import DESIRED_PRODUCERS_METRIC, PRODUCERS_NEEDED_METRIC
+
 if TYPE_CHECKING:
     from stoker.consumer.receive.input_stats import WatchedInput
+    from stoker.consumer.sizing.pool_sizing import PoolSizing
 
 
 class InputCollector(Collector):
@@ -79,3 +82,30 @@ class InputCollector(Collector):
         for (shard, epoch), (seen, records) in s.coverage.items():
             coverage.add_metric([shard, str(epoch)], seen / records if records else 0.0)
         yield coverage
+        sizing = getattr(self.inp, "sizing", None)
+        if sizing is not None:
+            yield from sizing_metrics(sizing)
+
+
+def sizing_metrics(sizing: "PoolSizing") -> Iterator:
+    """The pool-size estimate and its formula's inputs (``consumer/sizing``); a value not known yet is left out, so
+    a sum over a job's trainers counts only those that know."""
+    d, s = sizing.demand, sizing.supply
+    known = [
+        (PRODUCERS_NEEDED_METRIC, "Producers this trainer's demand needs, headroom included, fractional: sum over a "
+         "job's trainers, then round up once", sizing.producers_needed),
+        (DESIRED_PRODUCERS_METRIC, "This trainer's own answer, rounded, with hysteresis (a one-trainer job)",
+         sizing.desired_producers),
+        ("stoker_trainer_demand_images_per_s", "Images/s the step would take if it never waited for input",
+         d.images_per_s if d else None),
+        ("stoker_trainer_consumed_images_per_s", "Images/s the step took (the last window)",
+         d.consumed_images_per_s if d else None),
+        ("stoker_trainer_input_wait_fraction", "Share of the last window the trainer waited for input",
+         d.wait_fraction if d else None),
+        ("stoker_trainer_producer_capacity_images_per_s", "Mean images/s one producer makes when its workers do not "
+         "wait to hand off (from the batches' stage times)", s.per_producer_images_per_s if s else None),
+        ("stoker_trainer_sizing_headroom", "Supply kept above demand in producers_needed", sizing.headroom),
+    ]
+    for name, help_text, value in known:
+        if value is not None:
+            yield GaugeMetricFamily(name, help_text, value=float(value))

@@ -244,6 +244,16 @@ class ReceiveStats:
                 return {}
             return {p: why for p, (count, why) in self._mismatched.items() if count >= refused}
 
+    def batches_counted(self) -> int:
+        """Batches accepted so far, without copying the stats (the sampler reads it 20 times a second)."""
+        with self._lock:
+            return self._stats.batches
+
+    def pool_producers(self) -> int:
+        """Producers in the pool now: its addresses, or the endpoints connected if more (a static list)."""
+        with self._lock:
+            return max(self._stats.pool_size, self._stats.connected_producers)
+
     def connected_count(self) -> int:
         """Producer endpoints connected now (``InputStats.connected_producers``) without copying the stats."""
         with self._lock:
