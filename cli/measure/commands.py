@@ -28,6 +28,30 @@ def cmd_bench_producer(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_bench_pool(args: argparse.Namespace) -> int:
+    """One core's rate on the user's pipeline and data, then the plan for ``--demand`` (``pool_plan.py``)."""
+    import json
+
+    from stoker.cli.measure.pool_plan import plan_pool
+    from stoker.producer.measure.stage_bench import measure_stages
+
+    rates = measure_stages(args.lmdb, image_size=args.image_size, batch_size=args.batch_size, seconds=args.seconds,
+                           pipeline=args.pipeline, pipeline_args=dict(args.pipeline_arg or ()), mode=args.mode)
+    try:
+        plan = plan_pool(rates.pipeline, args.demand, args.cores_per_host, args.headroom, args.workers_per_host,
+                         rates.sample_bytes)
+    except ValueError as exc:
+        print(f"stoker bench pool: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.json:
+        print(json.dumps({**plan.as_dict(), "stages": rates.as_dict()}))
+    else:
+        print(rates.table())
+        print()
+        print(plan.table())
+    return EXIT_OK
+
+
 def _measure_link(args: argparse.Namespace, command: str) -> "LinkRate | int":
     """``measure_link`` for ``stoker bench link`` and ``doctor``; on the input's error, print it (with what to do
     instead when the producers run exact mode) and return the exit code."""

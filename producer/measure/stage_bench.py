@@ -1,6 +1,7 @@
 """Each producer stage on its own, in one process and thread (like tensorpack's TestDataSpeed).
 
-``measure_stages`` reads real records from an LMDB and times read (LMDB + record
+``measure_stages`` reads real records from any dataset ``stoker produce --data`` serves (an LMDB, a sharded
+dataset, a tar or Parquet index, local or in object storage) and times read (the source + record
 decoding), the pipeline (split into decode and augment when the pipeline reports
 its decoding time, as the built-ins do) and serialize separately, so the slowest
 stage is visible; "pipeline" is all of them back to back on one core: the
@@ -19,7 +20,7 @@ import numpy as np
 from stoker.protocol import encode_batch
 
 from stoker.producer.serve.batch_slots import SlotLayout, sample_rows
-from stoker.producer.dataset.sources import DatasetError, LmdbDataset, RecordError
+from stoker.producer.dataset.sources import DatasetError, RecordError, open_dataset
 from stoker.producer.pipeline import SampleError, load_pipeline
 from stoker.producer.serve.sharding import RecordRng
 
@@ -35,6 +36,12 @@ class StageRates:
     pipeline: float
     skipped: int = 0  # records left out because they are corrupt or undecodable, as workers skip them
     pipeline_name: str = "imagenet"
+    sample_bytes: int = 0  # one sample's arrays as the pipeline makes them (what the wire carries per sample)
+
+    def as_dict(self) -> dict:
+        return {"read": self.read, "decode": self.decode, "augment": self.augment, "serialize": self.serialize,
+                "pipeline": self.pipeline, "skipped": self.skipped, "pipeline_name": self.pipeline_name,
+                "sample_bytes": self.sample_bytes}
 
     def table(self) -> str:
         rows = [("read", self.read), ("decode", self.decode), ("augment", self.augment), ("serialize", self.serialize)]
@@ -61,17 +68,18 @@ def _rate(fn: Callable[[int], object], items: int, seconds: float) -> tuple[floa
             return n / elapsed, elapsed
 
 
-def measure_stages(lmdb_path: str, image_size: int = 224, batch_size: int = 64, seconds: float = 2.0,
+def measure_stages(location: str, image_size: int = 224, batch_size: int = 64, seconds: float = 2.0,
                    records: int = 128, pipeline: str = "imagenet", pipeline_args: Mapping[str, str] | None = None,
                    mode: str = "train") -> StageRates:
-    """Time each stage for about ``seconds`` on up to ``records`` records of ``lmdb_path``."""
+    """Time each stage for about ``seconds`` on up to ``records`` records of the dataset at ``location``
+    (``open_dataset``: DatasetError naming what is wrong)."""
     cv2.setNumThreads(1)
     made = load_pipeline(pipeline, pipeline_args, {"mode": mode, "image_size": image_size})
     layout = SlotLayout(made.batch_arrays(), batch_size, slots=1)
     arrays = layout.views(bytearray(layout.slot_bytes))[0]
     row = sample_rows(arrays)[0]
     rngs = RecordRng(0)
-    with LmdbDataset(lmdb_path) as ds:
+    with open_dataset(location) as ds:
         raw, good, skipped = [], [], 0
         for index in range(min(records, len(ds))):
             try:
@@ -83,7 +91,7 @@ def measure_stages(lmdb_path: str, image_size: int = 224, batch_size: int = 64, 
             raw.append(record)
             good.append(index)
         if not raw:
-            raise DatasetError(f"none of the first {skipped} records of {lmdb_path} makes a sample; nothing to measure")
+            raise DatasetError(f"none of the first {skipped} records of {location} makes a sample; nothing to measure")
         count = len(raw)
         read, _ = _rate(lambda i: ds.read(good[i]), count, seconds)
     if made.stage_times is not None:
@@ -98,4 +106,5 @@ def measure_stages(lmdb_path: str, image_size: int = 224, batch_size: int = 64, 
     serialize = batch_size * _rate(lambda i: encode_batch(arrays, producer="bench", seq=i), 1, seconds)[0]
     ceiling = 1.0 / (1.0 / read + 1.0 / transform + 1.0 / serialize)
     return StageRates(read=read, decode=decode, augment=augment if augment is not None else transform,
-                      serialize=serialize, pipeline=ceiling, skipped=skipped, pipeline_name=made.name)
+                      serialize=serialize, pipeline=ceiling, skipped=skipped, pipeline_name=made.name,
+                      sample_bytes=sum(a.nbytes for a in arrays.values()) // batch_size)
