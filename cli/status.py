@@ -3,7 +3,8 @@
 Scrapes every ``--metrics`` URL twice, ``interval`` seconds apart, and prints one
 row per producer (images/s sent, records skipped, where its time goes) and per
 trainer (batches/s received, queue occupancy, rejected messages, connected
-producers), then one sentence on which side is the bottleneck. A URL that does
+producers, and the producers it needs where it has estimated them), then one sentence on which side is the
+bottleneck, and the producers the job needs: the trainers' fractional needs summed, rounded up once. A URL that does
 not answer (a producer that left an elastic pool) is a row marked ``down``; the
 others are still shown.
 """
@@ -11,13 +12,15 @@ others are still shown.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Optional, Sequence
 
 from stoker.cli.argument_parser import HelpFormatter
 from stoker.cli.exit_codes import EXIT_FAILURE, EXIT_OK, EXIT_SOME_DOWN
+from stoker.consumer.sizing import PRODUCERS_NEEDED_METRIC
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -49,6 +52,12 @@ def scrape(url: str, timeout: float = 5.0) -> Samples:
     return samples
 
 
+def _gauge(samples: Samples, name: str) -> Optional[float]:
+    """A label-less gauge's value, or None where the URL does not export it (not known yet, or an older trainer)."""
+    values = [v for (n, _), v in samples.items() if n == name]
+    return values[0] if values else None
+
+
 def _sum(samples: Samples, name: str, **labels: str) -> float:
     return sum(v for (n, ls), v in samples.items() if n == name and all((k, val) in ls for k, val in labels.items()))
 
@@ -60,6 +69,8 @@ class StatusRow:
     text: str
     rate: float  # images/s
     occupancy: float = 0.0
+    needed: Optional[float] = None  # a trainer's fractional need of producers (consumer/sizing), where known
+    pool: int = 0  # the producers a trainer's pool has
 
 
 def _scrape_all(urls: Sequence[str], down: dict[str, str]) -> dict[str, Samples]:
@@ -108,9 +119,14 @@ def status_rows(urls: Sequence[str], interval: float) -> list[StatusRow]:
             liveness = (f"  stuck producers {int(stuck)} (splits re-served "
                         f"{int(_sum(b, 'stoker_trainer_splits_reserved_total'))}, records wasted "
                         f"{int(_sum(b, 'stoker_trainer_wasted_records_total'))})" if stuck else "")
+            needed = _gauge(b, PRODUCERS_NEEDED_METRIC)
+            sizing = ("" if needed is None else f"  needs {needed:.2f} producers (demand "
+                      f"{_sum(b, 'stoker_trainer_demand_images_per_s'):.0f} img/s, a producer "
+                      f"{_sum(b, 'stoker_trainer_producer_capacity_images_per_s'):.0f} img/s)")
             rows.append(StatusRow(u, "trainer", f"{images / interval:8.1f} img/s  queue {occupancy:.2f}  rejected "
                                   f"{int(rejected)}  producers connected {int(_sum(b, 'stoker_trainer_connected_producers'))}"
-                                  + liveness, images / interval, occupancy))
+                                  + liveness + sizing, images / interval, occupancy, needed,
+                                  int(_sum(b, "stoker_trainer_pool_producers"))))
         else:
             rows.append(StatusRow(u, "unknown", "no stoker metrics at this URL", 0.0))
     return rows
@@ -141,7 +157,21 @@ def print_status(urls: Sequence[str], interval: float) -> list[StatusRow]:
         print(f"{r.kind:<8} {r.url:<{width}}  {r.text}")
     down = sum(r.kind == "down" for r in rows)
     print(f"bottleneck: {verdict(rows)}" + (f" ({down} of {len(rows)} URL(s) down)" if down else ""))
+    pool = pool_line(rows)
+    if pool:
+        print(pool)
     return rows
+
+
+def pool_line(rows: Sequence[StatusRow]) -> str:
+    """The job's producer count: the trainers' fractional needs summed, rounded up once (``consumer/sizing``)."""
+    needs = [r.needed for r in rows if r.kind == "trainer" and r.needed is not None]
+    if not needs:
+        return ""
+    total = sum(needs)
+    pool = max((r.pool for r in rows if r.kind == "trainer"), default=0)
+    return (f"pool: {math.ceil(total - 1e-9)} producers needed (the sum of {len(needs)} trainer(s)' needs, "
+            f"{total:.2f}, rounded up once); the pool has {pool}")
 
 
 def add_status_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]", common: argparse.ArgumentParser) -> None:

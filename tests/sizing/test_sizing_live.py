@@ -5,6 +5,7 @@ agree with the formula, the iterable facade timed its own waits, and Prometheus 
 
 from __future__ import annotations
 
+import re
 import time
 import urllib.request
 
@@ -14,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from stoker.consumer import BatchStream
 from stoker.consumer.sizing import DESIRED_PRODUCERS_METRIC, PRODUCERS_NEEDED_METRIC
 
-from conftest import one_worker_producer
+from conftest import one_worker_producer, stoker_cli
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -42,3 +43,8 @@ def test_a_batch_stream_reads_its_demand_and_its_producers_capacity_and_exports_
                      "stoker_trainer_input_wait_fraction", "stoker_trainer_producer_capacity_images_per_s"):
             assert name in families, name
         assert families[PRODUCERS_NEEDED_METRIC].samples[0].value > 0
+        status = stoker_cli("status", "--metrics", f"http://127.0.0.1:{port}/metrics", "--interval", "0.2")
+        assert status.returncode == 0, status.stderr
+        assert "needs " in status.stdout and "producers (demand" in status.stdout
+        assert re.search(r"pool: \d+ producers needed \(the sum of 1 trainer\(s\)' needs, [0-9.]+, rounded up once\); "
+                         r"the pool has 1", status.stdout), status.stdout
