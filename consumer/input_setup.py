@@ -12,7 +12,7 @@ the fix.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any, Mapping, Optional, Sequence
 
 from stoker.protocol import DEFAULT_MAX_MESSAGE_BYTES
@@ -21,6 +21,7 @@ from stoker.protocol.curve import CurveClientKeys
 from stoker.consumer.exact.ledger import ConsumedLedger
 from stoker.consumer.exact.pool.partition import partition
 from stoker.consumer.exact.receiver import ExactReceiver
+from stoker.consumer.placement.local_producer import LocalProducer
 from stoker.consumer.receive.contract import Receiver
 from stoker.consumer.receive.core import ReceiveCore
 from stoker.consumer.receive.options import (DEFAULT_REFRESH_S, STALL_AFTER_S, STALL_LIMIT_S, Addresses,
@@ -34,7 +35,8 @@ from stoker.consumer.transport.zmtp_receiver import ZMTPReceiver
 class InputOptions:
     """The keyword arguments every facade shares, as its users write them (``BatchStream``'s doc says each one).
 
-    ``queue_capacity`` is the facade's sink's, in batches; the rest go to the receive core. Constructing it
+    ``queue_capacity`` is the facade's sink's, in batches; ``local_producer`` the producer a facade starts on
+    this host (``consumer/placement/``; addresses may then be empty); the rest go to the receive core. Constructing it
     checks ``batch_size`` and ``queue_capacity``; ``receive_options()`` checks the rest (ValueError naming the
     fix)."""
 
@@ -56,6 +58,7 @@ class InputOptions:
     stall_after: Optional[float] = STALL_AFTER_S
     stall_limit: Optional[float] = STALL_LIMIT_S
     producers_per_trainer: Optional[int] = None
+    local_producer: Optional[LocalProducer] = None
 
     def __post_init__(self) -> None:
         if self.queue_capacity < 1:
@@ -81,6 +84,11 @@ class InputOptions:
         if ledger is None and (self.resume_state is not None or self.trainer_id is not None):
             raise ValueError("resume_state and trainer_id belong to exact mode: pass exact=True (and start the "
                              "producers with --exact)")
+        if self.local_producer is not None:
+            self.local_producer.check_mode(self.exact)
+            if self.receive == "direct":
+                raise ValueError("local_producer serves over ipc://, which receive='direct' does not speak (TCP only): "
+                                 "leave receive='auto' (it then receives through libzmq)")
         return ReceiveOptions(self._addresses(),
                               declared_spec(self.spec, self.batch_size, self.image_shape, self.exact),
                               receive=self.receive, recv_timeout=self.recv_timeout, rcvhwm=self.rcvhwm,
@@ -90,7 +98,10 @@ class InputOptions:
 
 
     def _addresses(self) -> Addresses:
-        """The addresses this trainer reads: all given, or its partition of them (``producers_per_trainer``)."""
+        """The addresses this trainer reads: all given, or its partition of them (``producers_per_trainer``); none
+        if a local producer is all it reads (its address is added once it runs: ``reading_also``)."""
+        if self.local_producer is not None and _none_given(self.addresses):
+            return []
         addresses = check_source(self.addresses)
         if self.producers_per_trainer is None:
             return addresses
@@ -98,6 +109,20 @@ class InputOptions:
             raise ValueError("producers_per_trainer partitions a list of addresses, the same list for every trainer; "
                              "a discovery callable's list changes as producers come and go: give the list")
         return partition(addresses, *self.share, per_trainer=self.producers_per_trainer)
+
+
+def _none_given(source: AddressSource) -> bool:
+    """No address given: an empty list or string (a local producer may be all a trainer reads)."""
+    if callable(source):
+        return False
+    return all(isinstance(a, str) and not a.strip() for a in (source.split(",") if isinstance(source, str) else source))
+
+
+def reading_also(options: ReceiveOptions, address: str) -> ReceiveOptions:
+    """``options`` reading ``address`` too (a local producer's, after any partition: each trainer reads its own)."""
+    source = options.addresses
+    addresses: Addresses = (lambda: [*source(), address]) if callable(source) else [*source, address]
+    return replace(options, addresses=addresses)
 
 
 def open_core(options: ReceiveOptions) -> ReceiveCore:

@@ -43,6 +43,7 @@ from stoker.protocol.curve import CurveClientKeys
 from stoker.consumer.epochs.held_rows import padding_arrays
 from stoker.consumer.input_base import InputBase
 from stoker.consumer.input_setup import InputOptions
+from stoker.consumer.placement.local_producer import LocalProducer
 from stoker.consumer.receive.options import SpecArg
 from stoker.consumer.receive.queue_sink import QueueSink
 
@@ -58,7 +59,9 @@ class BatchStream(InputBase):
     (``(rank, world)`` of an elastic pool's splits, exact mode); ``stall_after`` (10 s: a producer holding work
     that sends nothing new for this long is stuck, and an elastic pool gives its work to the others) and
     ``stall_limit`` (300 s: fixed shards, a producer stuck this long fails the input); ``producers_per_trainer``
-    (None: read every address; ``k``: a partitioned pool, this trainer reads only its ``k`` of them by ``share``).
+    (None: read every address; ``k``: a partitioned pool, this trainer reads only its ``k`` of them by ``share``);
+    ``local_producer`` (None; ``LocalProducer(data, workers, ...)``: a producer started on this host over ``ipc://``,
+    niced, one more in the pool, stopped at ``close()``; the input then receives through libzmq).
     """
 
     def __init__(self, addresses: Sequence[str] | str, batch_size: Optional[int] = None,
@@ -67,9 +70,10 @@ class BatchStream(InputBase):
                  curve: Optional[CurveClientKeys] = None, exact: bool = False, resume_state: Optional[bytes] = None,
                  trainer_id: Optional[str] = None, receive: str = "auto", discover_every: float = 5.0,
                  share: tuple[int, int] = (0, 1), stall_after: Optional[float] = 10.0,
-                 stall_limit: Optional[float] = 300.0, producers_per_trainer: Optional[int] = None) -> None:
+                 stall_limit: Optional[float] = 300.0, producers_per_trainer: Optional[int] = None,
+                 local_producer: Optional[LocalProducer] = None) -> None:
         options = InputOptions.from_arguments(locals())
-        self._open_input(options.receive_options())
+        self._open_input(options.receive_options(), local_producer)
         self._open_sink(QueueSink(options.queue_capacity))
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
@@ -86,9 +90,11 @@ class BatchStream(InputBase):
         return self._sink.size() / self._sink.capacity
 
     def close(self) -> None:
-        """Stop receiving and close the sockets; bounded (about 2 s). Idempotent."""
+        """Stop receiving and close the sockets, then stop any local producer; bounded (about 2 s, plus the local
+        producer's ``stop_timeout`` if SIGTERM does not stop it). Idempotent."""
         self._stop_metrics()
         self._core.close()
+        self._stop_local_producer()
 
     def __enter__(self) -> "BatchStream":
         return self

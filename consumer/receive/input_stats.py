@@ -71,6 +71,9 @@ class InputStats:
     coverage: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
     #: batches of shards past ``Coverage``'s bounds (too many shards), not in ``coverage``
     coverage_untracked_batches: int = 0
+    #: the producer the input started on its host (``local_producer=``, ``stoker train --local-producer``) exited
+    #: unasked (0 or 1: it is not restarted; the remote producers go on), logged with its log's tail
+    local_producer_deaths: int = 0
 
     @property
     def mean_queue_occupancy(self) -> float:

@@ -32,6 +32,7 @@ from stoker.consumer.tf.batch_tensors import BatchTensors, Selection
 from stoker.consumer.receive.errors import InputClosedError
 from stoker.consumer.input_base import InputBase
 from stoker.consumer.input_setup import InputOptions
+from stoker.consumer.placement.local_producer import LocalProducer
 from stoker.consumer.receive.input_stats import InputStats
 from stoker.consumer.tf.feeder import TFFeeder
 from stoker.consumer.tf.staging import training_devices
@@ -64,6 +65,10 @@ class ZMQInput(InputBase, tf.train.experimental.PythonState):
             warnings come before, at a growing interval). None: warn only.
         producers_per_trainer: a partitioned pool (default None: read every address): this trainer reads
             only ``partition(addresses, *share, k)`` (consumer/exact/pool/partition.py), ``k`` of them.
+        local_producer: a producer to start on this host (default None): ``LocalProducer(data, workers,
+            pipeline, extra_flags, cpus, nice)`` with the remote producers' dataset and flags; it serves over
+            ``ipc://`` at lower priority (nice +10), is one more producer of the pool (id ``local-...``) and
+            is stopped at ``close()``; the input then receives through libzmq. See consumer/placement/.
         batch_size, image_shape: the ``imagenet`` pipeline's batches (images uint8
             ``[batch_size, *image_shape]``, labels int32): give either (the other defaults to 64
             or ``(224, 224, 3)``) as a shortcut for its ``spec``.
@@ -149,6 +154,7 @@ class ZMQInput(InputBase, tf.train.experimental.PythonState):
         stall_after: Optional[float] = 10.0,
         stall_limit: Optional[float] = 300.0,
         producers_per_trainer: Optional[int] = None,
+        local_producer: Optional[LocalProducer] = None,
     ) -> None:
         shared = InputOptions.from_arguments(locals())
         if nr_stage < 1:
@@ -159,7 +165,7 @@ class ZMQInput(InputBase, tf.train.experimental.PythonState):
         self.queue_capacity, self.recv_timeout, self.nr_stage, self.rcvhwm = queue_capacity, recv_timeout, nr_stage, rcvhwm
         self.name = name
         self._closed = False
-        self._open_input(options)
+        self._open_input(options, local_producer)
         if "images" in self.spec:
             self.image_shape = tuple(self.spec["images"].shape[1:])
             self.batch_shape = list(self.spec["images"].shape)
@@ -202,6 +208,7 @@ class ZMQInput(InputBase, tf.train.experimental.PythonState):
         self._closed = True
         self._core.close()
         self._stop_metrics()
+        self._stop_local_producer()
 
     def activate(self) -> None:
         """Exact mode: receive from now on rather than from the first ``get()`` (a restore is refused after this,

@@ -57,6 +57,7 @@ from stoker.consumer.epochs.epoch_loop import EpochSync
 from stoker.consumer.epochs.held_rows import Rows, padding_arrays
 from stoker.consumer.input_base import InputBase
 from stoker.consumer.input_setup import InputOptions
+from stoker.consumer.placement.local_producer import LocalProducer
 from stoker.consumer.receive.options import SpecArg
 from stoker.consumer.exact.state import merge_states
 from stoker.consumer.torch.checkpoint_state import state_bytes, state_dict_of
@@ -100,7 +101,8 @@ class TorchInput(InputBase):
     ``receive`` (``"auto"``); ``discover_every`` (5 s); ``share`` (``(rank, world)``; default None: from
     ``torch.distributed`` in exact mode when it is initialised, else ``(0, 1)``); ``stall_after`` (10 s),
     ``stall_limit`` (300 s), ``producers_per_trainer`` (None: every address; ``k``: this rank's ``k`` by its share,
-    a partitioned pool). PyTorch's own, by keyword:
+    a partitioned pool), ``local_producer`` (None: a ``LocalProducer`` started on this host, as ``BatchStream``'s).
+    PyTorch's own, by keyword:
 
     - ``device``: ``"cpu"`` (default) or ``"cuda:N"``, where batches are handed out.
     - ``prefetch``: batches staged on the device ahead of the step (default 2); their copies overlap it.
@@ -126,7 +128,8 @@ class TorchInput(InputBase):
                  curve: Optional[CurveClientKeys] = None, exact: bool = False, resume_state: Optional[bytes] = None,
                  trainer_id: Optional[str] = None, receive: str = "auto", discover_every: float = 5.0,
                  share: Optional[tuple[int, int]] = None, stall_after: Optional[float] = 10.0,
-                 stall_limit: Optional[float] = 300.0, producers_per_trainer: Optional[int] = None, *,
+                 stall_limit: Optional[float] = 300.0, producers_per_trainer: Optional[int] = None,
+                 local_producer: Optional[LocalProducer] = None, *,
                  device: str | torch.device = "cpu", prefetch: int = 2,
                  channels_last: bool = False, dtypes: Optional[Mapping[str, torch.dtype]] = None,
                  pin_memory: Optional[bool] = None, consumed_when: str = "next") -> None:
@@ -148,7 +151,7 @@ class TorchInput(InputBase):
         self.queue_capacity, self.prefetch = queue_capacity, prefetch
         #: state_dict() gathers every rank's state into the job state (share from torch.distributed, world > 1)
         self.gathers_job_state = share is None and _distributed(exact) and self.share[1] > 1
-        self._open_input(shared.receive_options())
+        self._open_input(shared.receive_options(), local_producer)
         self._marks = MarkedConsumption(self._ledger) if consumed_when == "marked" and self._ledger else None
         try:
             unknown = sorted(set(dtypes or {}) - set(self.spec.names))
@@ -301,6 +304,7 @@ class TorchInput(InputBase):
         self._core.close()  # a next() waiting for a batch sees the error within POLL_S and lets go of the lock
         with self._lock:
             self._staging.close()
+        self._stop_local_producer()
 
     def __enter__(self) -> "TorchInput":
         return self

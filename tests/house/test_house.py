@@ -80,6 +80,9 @@ FORBIDDEN = {
     "consumer/torch/": ("stoker.consumer.tf", "stoker.consumer.numpy", "stoker.consumer.train", "tensorflow"),
     # the NumPy stream: neither TensorFlow nor PyTorch
     "consumer/numpy/": ("stoker.consumer.tf", "stoker.consumer.torch", "stoker.consumer.train", "tensorflow", "torch"),
+    # where producers run (a local producer): a command line and a child process, nothing of the consumer's wings
+    "consumer/placement/": ("stoker.consumer.transport", "stoker.consumer.exact", "stoker.consumer.tf",
+                            "stoker.consumer.torch", "stoker.consumer.train", "stoker.consumer.receive", *FACADES),
     # the framework-free floor every facade stands on: nothing of the consumer's wings above it
     "consumer/receive/": ("stoker.consumer.transport", "stoker.consumer.exact", "stoker.consumer.tf",
                           "stoker.consumer.torch", "stoker.consumer.train", *FACADES),
