@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from stoker.cli.argument_parser import HelpFormatter, output_file, positive_int
 from stoker.cli.train.command import cmd_train
+from stoker.cli.train.local_producer_flags import add_local_producer_flags
 
 if TYPE_CHECKING:
     Subcommands = argparse._SubParsersAction[argparse.ArgumentParser]
@@ -38,10 +39,11 @@ def add_train_parser(sub: "Subcommands", common: argparse.ArgumentParser) -> Non
     t = sub.add_parser("train", parents=[common], formatter_class=HelpFormatter, help="train a Keras model fed by producers",
                        description="Train a Keras model on batches from producer daemons through ZMQInput, with a "
                        "progress bar showing images/s and queue occupancy and TensorBoard summaries in --logdir.")
-    t.add_argument("--connect", required=True,
+    t.add_argument("--connect", default=None,
                    help="comma-separated producer addresses, e.g. tcp://hostA:5555,tcp://hostB:5555; a host name "
                    "stands for every address it resolves to, re-resolved every --discover-every s (a Kubernetes "
-                   "headless Service: tcp://stoker-producer.NAMESPACE.svc:5555 follows kubectl scale)")
+                   "headless Service: tcp://stoker-producer.NAMESPACE.svc:5555 follows kubectl scale). Required "
+                   "unless --local-producer is all the producers")
     t.add_argument("--discover-every", type=float, default=5.0, metavar="S",
                    help="seconds between re-resolving producer names (0: resolve once)")
     t.add_argument("--share", type=share, default="0/1", metavar="RANK/WORLD",
@@ -97,4 +99,5 @@ def add_train_parser(sub: "Subcommands", common: argparse.ArgumentParser) -> Non
     t.add_argument("--curve-secret-key", default=None, metavar="FILE",
                    help="this trainer's NAME.key_secret: enables CurveZMQ (with --curve-server-key)")
     t.add_argument("--curve-server-key", default=None, metavar="FILE", help="the producers' public NAME.key")
+    add_local_producer_flags(t)
     t.set_defaults(func=cmd_train)

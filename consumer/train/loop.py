@@ -22,6 +22,8 @@ import tensorflow as tf
 
 from stoker.protocol.curve import CurveClientKeys
 
+from stoker.consumer.placement.local_producer import LocalProducer
+
 from stoker.consumer.receive.errors import InputMismatchError
 from stoker.consumer.train.checkpoints import CheckpointMismatchError, RunSettings, TrainCheckpoints
 from stoker.consumer.train.interrupts import close_on_signal
@@ -68,6 +70,7 @@ class TrainConfig:
     checkpoint_dir: Optional[str] = None  # model, optimizer, step and input state saved here (checkpoints.py)
     checkpoint_every: int = 0  # steps between checkpoints (0: only at the end and on Ctrl-C/SIGTERM)
     resume: bool = False  # continue from checkpoint_dir's latest checkpoint (none there: start afresh)
+    local_producer: Optional[LocalProducer] = None  # a producer started on this host (consumer/placement/)
 
 
 def _open_input(config: TrainConfig, stack: contextlib.ExitStack) -> tuple[ZMQInput, threading.Event]:
@@ -81,7 +84,7 @@ def _open_input(config: TrainConfig, stack: contextlib.ExitStack) -> tuple[ZMQIn
         queue_capacity=config.queue_capacity, recv_timeout=config.recv_timeout, curve=config.curve,
         exact=config.exact, trainer_id=config.trainer_id, receive=config.receive,
         discover_every=config.discover_every, share=config.share, stall_after=config.stall_after,
-        stall_limit=config.stall_limit))
+        stall_limit=config.stall_limit, local_producer=config.local_producer))
     interrupted = stack.enter_context(close_on_signal(inp.close, SIGNAL_GRACE))
     if config.metrics_port is not None:
         log.info("metrics on http://0.0.0.0:%d/metrics", inp.serve_metrics(config.metrics_port))
