@@ -339,6 +339,7 @@ def test_each_dataset_opened_owns_its_decoded_row_groups_and_frees_them_with_it(
     assert shard_format("parquet") is not shard_format("parquet") and shard_format("tar") is shard_format("tar")
     first, second = open_dataset(index), open_dataset(index)
     first.read(0)
+    assert first.format is first.source.format  # one format a dataset: no second cache made beside the source's
     assert first.format.decoded is not second.format.decoded
     assert (len(first.format.decoded), len(second.format.decoded)) == (1, 0)  # one dataset's reads fill its own
     cache = weakref.ref(first.format.decoded)

@@ -129,7 +129,7 @@ def open_manifest(parsed: Manifest, data: bytes, location: str, beside: str, cac
     root, fmt = parsed.root or beside, shard_format(parsed.shard_format)
     if "://" not in root:  # read in place; derived indexes (a tar's samples) are kept in the cache's folder
         index_dir = (Path(cache_dir) if cache_dir is not None else default_cache_dir()) / TAR_INDEX_DIR
-        return ShardedDataset(parsed, LocalShards(Path(root), fmt, index_dir), location, data)
+        return ShardedDataset(parsed, LocalShards(Path(root), fmt, index_dir), location, data, fmt)
     fs, prefix = storage(root, storage_options)
     largest = parsed.shards[int(parsed.shards.bytes.argmax())]
     if largest.bytes > cache_bytes:
@@ -137,4 +137,4 @@ def open_manifest(parsed: Manifest, data: bytes, location: str, beside: str, cac
                            f"{location} ({largest.bytes} bytes): raise --cache-size to a few shards at least")
     cache = ShardCache(Path(cache_dir) if cache_dir is not None else default_cache_dir(), cache_bytes, fs, prefix, fmt,
                        retry_seconds, cancel)
-    return ShardedDataset(parsed, cache, location, data)
+    return ShardedDataset(parsed, cache, location, data, fmt)

@@ -29,7 +29,7 @@ from typing import Any, Optional, Protocol, Sequence
 
 from stoker.producer.dataset.sources.lmdb_format import DatasetError, RecordError, record_key
 from stoker.producer.dataset.sources.manifest import Manifest, ShardInfo
-from stoker.producer.dataset.sources.shard_format import ShardFormat, ShardReader, shard_format
+from stoker.producer.dataset.sources.shard_format import ShardFormat, ShardReader, shard_format as registered_format
 
 OPEN_SHARDS = 16  # shard readers a reader keeps open at once (least recently used closed first)
 CHECK_EVICTED_S = 0.5  # how often a reader checks an open shard of a bounded cache is still there
@@ -96,14 +96,17 @@ class LocalShards:
 
 class ShardedDataset:
     """A ``record_source.RecordSource`` over a sharded dataset of any shard format (module doc). One per process,
-    like LmdbDataset. DatasetError at construction if the manifest's shard format cannot be read here."""
+    like LmdbDataset. ``shard_format``: the manifest's format as its ``source`` was made with, so a dataset has one
+    (a Parquet format holds the dataset's decoded row groups); None: made here from the manifest. DatasetError at
+    construction if the manifest's shard format cannot be read here."""
 
-    def __init__(self, manifest: Manifest, source: ShardSource, where: str, manifest_bytes: bytes = b"") -> None:
+    def __init__(self, manifest: Manifest, source: ShardSource, where: str, manifest_bytes: bytes = b"",
+                 shard_format: Optional[ShardFormat] = None) -> None:
         self.manifest, self.source, self.path = manifest, source, where
         #: as read (the JSON), or the compact form a worker was handed (RemoteOptions.manifest); b"": none
         self.manifest_bytes = manifest_bytes
         self.meta = manifest.meta
-        self.format = shard_format(manifest.shard_format)
+        self.format = shard_format if shard_format is not None else registered_format(manifest.shard_format)
         self._open: OrderedDict[int, ShardReader] = OrderedDict()
         self._checked: dict[int, float] = {}  # shard -> when its open file was last seen in place
         self._inode: dict[int, tuple[Path, int]] = {}  # shard -> (its file, the inode opened): a re-fetch is another
