@@ -7,6 +7,7 @@ name and what the trainers consumed ``elastic.py``. Needs root and iproute2; a m
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from typing import TYPE_CHECKING
 
@@ -50,6 +51,21 @@ def add_cluster_parser(sub: "Subcommands", common: argparse.ArgumentParser) -> N
     cl.add_argument("--remove-host-at", type=float, default=None, metavar="S",
                     help="elastic pool: the first data host leaves S seconds into training (scaled down)")
     cl.add_argument("--no-progress", action="store_true", help="log lines instead of the trainer's progress bar")
+    cl.add_argument("--pipeline", default=None, metavar="REF",
+                    help="the producers' pipeline (path/file.py:make_pipeline or module:attr; none: the built-in)")
+    cl.add_argument("--pipeline-arg", action="append", default=[], metavar="K=V", help="argument of --pipeline")
+    au = cl.add_argument_group("autoscale", "--autoscale: an elastic pool of --min-producers to --max-producers "
+                               "data hosts follows the trainers' summed stoker_trainer_producers_needed, rounded once "
+                               "(up at once, down after --autoscale-down-hold, newest host first, its splits handed "
+                               "back); every decision is logged with its inputs")
+    au.add_argument("--autoscale", action="store_true", help="size the pool from the trainers' metrics")
+    au.add_argument("--autoscale-metrics", default=None, metavar="URL[,URL...]",
+                    help="trainer metrics URLs to read (default: the cluster's own trainers')")
+    au.add_argument("--min-producers", type=positive_int, default=1, help="smallest pool")
+    au.add_argument("--max-producers", type=positive_int, default=8, help="largest pool (data hosts made, <= 64)")
+    au.add_argument("--autoscale-interval", type=float, default=5.0, metavar="S", help="seconds between decisions")
+    au.add_argument("--autoscale-down-hold", type=float, default=60.0, metavar="S",
+                    help="the need must stay below the pool for S seconds before a host leaves")
     cl.set_defaults(func=cmd_cluster)
 
 
@@ -62,7 +78,24 @@ def cmd_cluster(args: argparse.Namespace) -> int:
                      queue_capacity=args.queue_capacity, seed=args.seed,
                      no_progress=args.no_progress, trainers=args.trainers,
                      epochs=args.epochs, mode=args.mode, log_consumed=args.log_consumed,
-                     add_host_at=args.add_host_at, remove_host_at=args.remove_host_at)
+                     add_host_at=args.add_host_at, remove_host_at=args.remove_host_at,
+                     pipeline=args.pipeline, pipeline_args=tuple(args.pipeline_arg))
+    if args.autoscale:
+        from stoker.cli.cluster.autoscaled import AutoscaleOptions
+
+        if args.add_host_at is not None or args.remove_host_at is not None:
+            print("stoker cluster: error: --autoscale sizes the pool itself: leave out --add-host-at and "
+                  "--remove-host-at", file=sys.stderr)
+            return EXIT_USAGE
+        try:
+            options = AutoscaleOptions(
+                metrics=tuple(u for u in (args.autoscale_metrics or "").split(",") if u),
+                min_producers=args.min_producers, max_producers=args.max_producers,
+                interval_s=args.autoscale_interval, down_hold_s=args.autoscale_down_hold)
+        except ValueError as exc:
+            print(f"stoker cluster: error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        run = dataclasses.replace(run, autoscale=options)
     try:
         return run_cluster(run)
     except ClusterError as exc:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 SUBNET = ipaddress.ip_network("10.213.0.0/24")
-TRAINER_BASE, DATA_BASE = 1, 101
+TRAINER_BASE, DATA_BASE, OPERATOR = 1, 101, 254
 
 
 class ClusterError(RuntimeError):
@@ -70,11 +70,13 @@ class LocalCluster:
     """``producers`` data hosts and ``trainers`` trainer hosts on one switch; see the module docstring."""
 
     def __init__(self, producers: int, rate: Optional[str] = None, trainer_namespace: bool = True,
-                 trainers: int = 1) -> None:
+                 trainers: int = 1, operator: bool = False) -> None:
         if not 1 <= producers <= 64 or not 1 <= trainers <= 16:
             raise ValueError("producers must be between 1 and 64, trainers between 1 and 16")
         if trainers > 1 and not trainer_namespace:
             raise ValueError("several trainer hosts each need a namespace of their own")
+        if operator and not trainer_namespace:
+            raise ValueError("operator=True links this namespace to the switch, which trainer_namespace=False does")
         check_available()
         self.tag = secrets.token_hex(2)
         self.namespaces: list[str] = []
@@ -82,6 +84,7 @@ class LocalCluster:
         self.trainers: list[Host] = []
         self.hosts: list[Host] = []
         self._root_link: Optional[str] = None
+        self.operator: Optional[Host] = None
         try:
             self._add_namespace(self.switch)
             _ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
@@ -92,6 +95,8 @@ class LocalCluster:
                                                     TRAINER_BASE + j, f"t{j}", None))
             for i in range(producers):
                 self.hosts.append(self._add_host(f"data{i}", f"stk{self.tag}-d{i}", DATA_BASE + i, f"d{i}", rate))
+            # operator: this namespace on the switch too (a controller here reads the trainers' metrics)
+            self.operator = self._add_host("operator", None, OPERATOR, "op", None) if operator else None
         except BaseException:
             self.close()
             raise

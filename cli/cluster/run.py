@@ -24,7 +24,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 from stoker.producer.dataset.sources import LmdbDataset
 from stoker.producer.process import ProducerProcess
@@ -32,6 +32,9 @@ from stoker.producer.process import ProducerProcess
 from stoker.cli.cluster.elastic import POOL_NAME, ConsumedWatcher, PoolNames
 from stoker.cli.cluster.local_cluster import ClusterError, LocalCluster, check_available
 from stoker.cli.command_lines import produce_flags, train_command
+
+if TYPE_CHECKING:
+    from stoker.cli.cluster.autoscaled import AutoscaleOptions
 
 PORT = 5555
 
@@ -57,18 +60,23 @@ class ClusterRun:
     log_consumed: Optional[str] = None  # folder: trainer<j>.jsonl per trainer (each step's records)
     add_host_at: Optional[float] = None  # elastic pool: a data host joins this many seconds into training
     remove_host_at: Optional[float] = None  # ... and the first data host leaves (scaled down) at this time
+    pipeline: Optional[str] = None  # the producers' --pipeline REF (none: the built-in of --mode)
+    pipeline_args: tuple[str, ...] = ()  # its --pipeline-arg K=V
+    autoscale: Optional["AutoscaleOptions"] = None  # the pool follows the trainers' summed need (autoscaled.py)
 
     @property
     def elastic(self) -> bool:
-        return self.add_host_at is not None or self.remove_host_at is not None
+        return self.add_host_at is not None or self.remove_host_at is not None or self.autoscale is not None
 
 
-def _start_producer(run: ClusterRun, cluster: LocalCluster, i: int) -> ProducerProcess:
+def start_producer(run: ClusterRun, cluster: LocalCluster, i: int) -> ProducerProcess:
     host = cluster.hosts[i]
     shard = "auto" if run.elastic else f"{i}/{run.hosts}"
     flags = produce_flags(workers=run.workers, batch_size=run.batch_size, mode=run.mode, image_size=run.image_size,
                           shard=shard, seed=run.seed, producer_id=f"{host.name}#{shard}", epochs=run.epochs,
                           min_trainers=run.trainers if run.epochs is not None and not run.elastic else None)
+    if run.pipeline is not None:
+        flags += ["--pipeline", run.pipeline, *(f for arg in run.pipeline_args for f in ("--pipeline-arg", arg))]
     producer = ProducerProcess(run.lmdb_path, bind=f"tcp://{host.address}:{PORT}", extra_args=flags,
                                command_prefix=host.command([]))
     print(f"{host.name}: producer on {producer.endpoint} (namespace {host.namespace}, "
@@ -81,6 +89,10 @@ def run_cluster(run: ClusterRun) -> int:
     if run.remove_host_at is not None and run.hosts + (run.add_host_at is not None) < 2:
         raise ClusterError("--remove-host-at needs a data host to remain: give --hosts 2 or more (or --add-host-at)")
     check_available()  # before anything else: say "needs root" rather than fail on a file
+    if run.autoscale is not None:
+        from stoker.cli.cluster.autoscaled import run_autoscaled
+
+        return run_autoscaled(run, run.autoscale)
     with LmdbDataset(run.lmdb_path) as dataset:
         classes, records = len(dataset.meta.classes), dataset.meta.count
     exact = run.epochs is not None or run.elastic  # an elastic pool's splits are handed out in exact mode
@@ -92,7 +104,7 @@ def run_cluster(run: ClusterRun) -> int:
         trainers_started: Optional[float] = None
         try:
             for i in range(run.hosts):
-                producers.append(_start_producer(run, cluster, i))
+                producers.append(start_producer(run, cluster, i))
             if names is not None:
                 names.set([h.address for h in cluster.hosts[:run.hosts]])
                 connect = f"tcp://{POOL_NAME}:{PORT}"
@@ -118,7 +130,7 @@ def run_cluster(run: ClusterRun) -> int:
                 assert names is not None
                 watcher = ConsumedWatcher([log_dir / f"{t.name}.jsonl" for t in cluster.trainers])
                 pool = _ElasticPool(run, cluster, producers, names, watcher)
-                code = _run_prefixed(commands, [t.name for t in cluster.trainers], tick=pool.tick)
+                code = run_prefixed(commands, [t.name for t in cluster.trainers], tick=pool.tick)
                 watcher.poll()
                 print("coverage (records the steps consumed, all trainers):", flush=True)
                 for line in watcher.coverage(records):
@@ -126,7 +138,7 @@ def run_cluster(run: ClusterRun) -> int:
                 return code
             if len(commands) == 1:
                 return subprocess.run(commands[0], stdin=subprocess.DEVNULL).returncode
-            return _run_prefixed(commands, [t.name for t in cluster.trainers])
+            return run_prefixed(commands, [t.name for t in cluster.trainers])
         finally:
             trainers_ended = time.monotonic()
             for producer in producers:
@@ -184,7 +196,7 @@ class _ElasticPool:
         if self.run.add_host_at is not None and not self.added and t >= self.run.add_host_at:
             self.added = True
             i = len(self.cluster.hosts) - 1
-            self.producers.append(_start_producer(self.run, self.cluster, i))
+            self.producers.append(start_producer(self.run, self.cluster, i))
             self.in_pool.append(i)
             self.names.set([self.cluster.hosts[k].address for k in self.in_pool])
             print(f"cluster t={t:.0f}s: {self.cluster.hosts[i].name} joined the pool ({len(self.in_pool)} hosts)",
@@ -204,7 +216,7 @@ class _ElasticPool:
             self._last = (now, self.watcher.rows)
 
 
-def _run_prefixed(commands: list[list[str]], names: list[str], tick: Optional[Callable[[], None]] = None) -> int:
+def run_prefixed(commands: list[list[str]], names: list[str], tick: Optional[Callable[[], None]] = None) -> int:
     """Run the trainers at once, each output line prefixed with its name; the worst exit code.
 
     When one trainer fails the others are stopped: in a synchronous job (``--min-trainers``) they

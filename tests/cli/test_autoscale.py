@@ -1,0 +1,140 @@
+"""``stoker cluster --autoscale``'s controller: real metrics endpoints serving given gauges, one policy on an
+injected clock, a real pool of producer processes on loopback (``ScaledPool`` knows nothing of namespaces)."""
+
+import http.server
+import threading
+
+import pytest
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
+
+from conftest import one_worker_producer, unused_port
+from stoker.cli.cluster.autoscale import Autoscaler, ScrapeError, TrainerScraper, scrape_needed
+from stoker.cli.cluster.autoscaled import AutoscaleLoop
+from stoker.cli.cluster.scaled_pool import ScaledPool
+from stoker.consumer.sizing import PRODUCERS_NEEDED_METRIC
+from stoker.consumer.sizing.policy import SizingPolicy
+
+
+class Trainer:
+    """A real HTTP metrics endpoint serving a trainer's need (None: the gauge left out, as a trainer that does
+    not know yet), or raw bytes."""
+
+    def __init__(self, need=None, raw=None):
+        self.registry = CollectorRegistry()
+        self.gauge = Gauge(PRODUCERS_NEEDED_METRIC, "need", registry=self.registry)
+        self.need, self.raw = need, raw
+        owner = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                body = owner.raw if owner.raw is not None else self._page()
+                self.send_response(200)
+                self.end_headers()
+                self.wfile.write(body)
+
+            def _page(self):
+                if owner.need is None:
+                    return b"# no reading yet\n"
+                owner.gauge.set(owner.need)
+                return generate_latest(owner.registry)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/metrics"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def trainers():
+    made = []
+    yield lambda *a, **kw: made.append(Trainer(*a, **kw)) or made[-1]
+    for t in made:
+        t.close()
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_a_scrape_reads_the_need_and_refuses_what_is_not_a_trainer_page(trainers):
+    assert scrape_needed(trainers(1.25).url) == pytest.approx(1.25)
+    assert scrape_needed(trainers(None).url) is None  # the trainer does not know yet: not an error
+    with pytest.raises(ScrapeError, match="not Prometheus text format"):
+        scrape_needed(trainers(raw=b"\x00\xff not { metrics").url)
+    with pytest.raises(ScrapeError, match="finite number"):
+        scrape_needed(trainers(raw=f"{PRODUCERS_NEEDED_METRIC} NaN\n".encode()).url)
+    with pytest.raises(ScrapeError, match="is `--metrics-port` set"):
+        scrape_needed(f"http://127.0.0.1:{unused_port()}/metrics", timeout_s=2)
+
+
+def test_the_needs_of_several_trainers_are_summed_and_rounded_once(trainers):
+    # Three trainers needing 0.3 each: ceil(0.9) = 1 producer for the job, not one each.
+    urls = [trainers(0.3).url for _ in range(3)]
+    scaler = Autoscaler(TrainerScraper(urls, log=lambda _: None), SizingPolicy(clock=Clock()))
+    decision = scaler.step(current=1)
+    assert decision.total == pytest.approx(0.9) and decision.desired == 1
+    assert "needed sum 0.90" in decision.line() and "hold" in decision.line()
+
+
+def test_an_unreachable_trainer_is_logged_and_its_last_reading_kept_for_a_bounded_time(trainers):
+    clock, lines = Clock(), []
+    flaky, steady = trainers(1.6), trainers(0.7)
+    scaler = Autoscaler(TrainerScraper([flaky.url, steady.url], stale_after_s=30, clock=clock, log=lines.append),
+                        SizingPolicy(down_hold_s=0, clock=clock), clock=clock)
+    assert scaler.step(1).desired == 3  # 2.3 -> 3
+    flaky.close()
+    clock.now += 10
+    decision = scaler.step(3)
+    assert decision.total == pytest.approx(2.3) and flaky.url in decision.errors
+    assert any("keeping its last reading" in line for line in lines)
+    clock.now += 25  # 35 s after its last good read: left out, only the steady trainer counts
+    decision = scaler.step(3)
+    assert decision.needs[flaky.url] is None and decision.total == pytest.approx(0.7)
+    assert any("left out of the sum" in line for line in lines)
+
+
+def test_the_pool_grows_at_once_and_shrinks_after_the_hold_newest_first(trainers, synth_lmdb):
+    clock, lines = Clock(), []
+    need = trainers(0.5)
+    published = []
+    pool = ScaledPool(["h0", "h1", "h2"],
+                      lambda i: one_worker_producer(synth_lmdb, batch=4, bind="tcp://127.0.0.1:*").__enter__(),
+                      published.append, drain_s=5, clock=clock, log=lines.append)
+    scaler = Autoscaler(TrainerScraper([need.url], log=lines.append), SizingPolicy(down_hold_s=60, clock=clock),
+                        clock=clock)
+    loop = AutoscaleLoop(scaler, pool, interval_s=5, clock=clock, log=lines.append)
+    try:
+        loop.tick()
+        assert pool.addresses() == ["h0"]
+        need.need = 2.4  # up: at the next decision, no hold
+        clock.now += 5
+        loop.tick()
+        assert pool.addresses() == ["h0", "h1", "h2"] and published[-1] == ["h0", "h1", "h2"]
+        assert any("needed sum 2.40" in line and "scale up to 3" in line for line in lines)
+        need.need = 0.8  # down: not before the need stayed below for the hold
+        for _ in range(12):  # first seen below at 1015; held through 1070
+            clock.now += 5
+            loop.tick()
+            assert pool.size == 3, clock.now
+        clock.now += 5  # 60 s below: down
+        loop.tick()
+        assert pool.addresses() == ["h0"] and published[-1] == ["h0"]  # the newest left first, h0 stays
+        assert any("scale down to 1" in line for line in lines)
+        gone = pool.producers[1:]
+        assert all(p.proc.poll() is None for p in gone)  # draining: still serving what it has
+        clock.now += 5
+        loop.tick()
+        assert all(p.proc.poll() is not None for p in gone) and pool.draining() == 0
+        assert "1 data host(s) in the pool, 0 draining" in loop.status()
+    finally:
+        pool.close()
