@@ -15,11 +15,9 @@ connections need, or says how.
 
 from __future__ import annotations
 
-import errno
 import heapq
 import itertools
 import logging
-import resource
 import selectors
 import socket
 import threading
@@ -27,6 +25,7 @@ import time
 from typing import Callable
 
 from stoker.consumer.transport.loop_connection import LoopConnection
+from stoker.protocol.descriptors import raise_open_files_limit
 
 log = logging.getLogger("stoker.consumer")
 
@@ -36,16 +35,9 @@ MAX_THREADS = 8
 
 def reserve_descriptors(connections: int, per_connection: int = 1, spare: int = 256) -> None:
     """Raise the soft limit on open files to what ``connections`` need (up to the hard limit); an OSError that names
-    ``ulimit -n`` when the hard limit is too low."""
-    needed = connections * per_connection + spare
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY or soft >= needed:
-        return
-    if hard != resource.RLIM_INFINITY and hard < needed:
-        raise OSError(errno.EMFILE, f"{connections} producer connections need about {needed} open files but this "
-                      f"process may open at most {hard}: raise the limit (ulimit -n {needed}, or LimitNOFILE= in a "
-                      "systemd unit) or connect this trainer to fewer producers")
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    ``ulimit -n`` when the hard limit is too low (``protocol/descriptors.py``)."""
+    raise_open_files_limit(connections * per_connection + spare, f"{connections} producer connections",
+                           "connect this trainer to fewer producers")
 
 
 class ConnectionLoop:

@@ -9,7 +9,7 @@ and sockets are the daemon's (endpoint.py); only the loop is the fleet's.
 
 Limits a thousand sockets meet are raised at start: libzmq's sockets per context (``zmq.MAX_SOCKETS``, 1,023 by
 default) to what the endpoints need, and the soft limit on open files (``RLIMIT_NOFILE``) to the hard one; an
-OSError naming ``ulimit -n`` when even that is too low.
+OSError naming ``ulimit -n`` when even that is too low (``protocol/descriptors.py``).
 
 Status, as a daemon's (status_file.py): one "serving" line per endpoint once all are bound, one "stopped" line for
 the process (``endpoints``, ``batches`` made to send).
@@ -17,10 +17,8 @@ the process (``endpoints``, ``batches`` made to send).
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
-import resource
 import threading
 import time
 import zmq
@@ -29,22 +27,11 @@ from stoker.producer.fleet.endpoint import SOCKETS_PER_ENDPOINT, FleetEndpoint
 from stoker.producer.fleet.fleet_config import FleetConfig
 from stoker.producer.serve.exact_forwarder import IDLE_POLL_MS
 from stoker.producer.serve.status_file import StatusFile
+from stoker.protocol.descriptors import raise_open_files_limit
 
 log = logging.getLogger("stoker.producer.fleet")
 
 FILES_PER_ENDPOINT = 6  # three sockets' mailboxes, the listener, a trainer's connection, a spare
-
-
-def raise_open_files_limit(needed: int) -> None:
-    """The soft RLIMIT_NOFILE raised to the hard limit when below ``needed``; OSError naming ``ulimit -n`` when
-    the hard limit is below it too."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY or soft >= needed:
-        return
-    if hard != resource.RLIM_INFINITY and hard < needed:
-        raise OSError(errno.EMFILE, f"a fleet process needs about {needed} open files but may open at most {hard}: "
-                      f"raise the limit (ulimit -n {needed}) or run fewer endpoints per process")
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 class ProducerFleet:
@@ -53,7 +40,8 @@ class ProducerFleet:
 
     def __init__(self, config: FleetConfig) -> None:
         self.config = config
-        raise_open_files_limit(config.count * FILES_PER_ENDPOINT + 64)
+        raise_open_files_limit(config.count * FILES_PER_ENDPOINT + 64, f"a fleet process's {config.count} endpoints",
+                               "run fewer endpoints per process")
         self.status = StatusFile(config.status_file)
         self._ctx = zmq.Context()
         self._ctx.set(zmq.MAX_SOCKETS, config.count * SOCKETS_PER_ENDPOINT + 64)
