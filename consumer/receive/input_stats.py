@@ -34,6 +34,9 @@ class InputStats:
     occupancy_samples: int = 0
     #: producer -> the stream it serves (``I/N:records:seed``), from its batch headers
     producer_streams: dict[str, str] = field(default_factory=dict)
+    #: producer -> the dataset it serves, ``"<kind> <location>"`` (``"webdataset s3://b/laion/index.json"``), the
+    #: latest its batch headers named (producers of an older release name none); at most ``MAX_SOURCE_PRODUCERS``
+    producer_sources: dict[str, str] = field(default_factory=dict)
     #: the most classes any producer's dataset names in its batch headers (0: none said); ``stoker train`` checks
     #: its model's class count against it
     dataset_classes: int = 0

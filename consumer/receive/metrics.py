@@ -27,6 +27,12 @@ class InputCollector(Collector):
         for producer, n in sorted(s.per_producer.items()):
             per.add_metric([producer], n)
         yield per
+        sources = GaugeMetricFamily("stoker_trainer_producer_source_info", "The dataset each producer serves, "
+                                    "'<kind> <location>' as its latest batch named it; always 1",
+                                    labels=["producer", "source"])
+        for producer, source in sorted(s.producer_sources.items()):
+            sources.add_metric([producer, source], 1)
+        yield sources
         yield CounterMetricFamily("stoker_trainer_images_received", "Images received",
                                   value=s.batches * self.inp.batch_size)
         yield CounterMetricFamily("stoker_trainer_bytes_received", "Array bytes received", value=s.bytes)

@@ -32,6 +32,7 @@ log = logging.getLogger("stoker.consumer")
 
 _REJECT_LOG_EVERY_S = 10.0
 MAX_MISMATCHED_PRODUCERS = 1024  # producer names tracked for ``misconfigured_producers`` (names are the sender's)
+MAX_SOURCE_PRODUCERS = 4096  # producers whose source ``producer_sources`` keeps; past it the longest unchanged goes
 
 
 def shard_conflict(a: str, a_stream: str, b: str, b_stream: str) -> Optional[str]:
@@ -65,6 +66,15 @@ def shard_conflict(a: str, a_stream: str, b: str, b_stream: str) -> Optional[str
             "epoch; start N producers with --shard 0/N ... N-1/N (each a different shard, the same N)")
 
 
+def _keep_latest(named: dict[str, str], key: str, value: str, bound: int) -> None:
+    """Set ``named[key]`` last in order; past ``bound`` keys, drop the one set longest ago (a producer restarted
+    comes back under a new id: an old one's entry would otherwise stay for the run)."""
+    named.pop(key, None)
+    if len(named) >= bound:
+        del named[next(iter(named))]
+    named[key] = value
+
+
 class ReceiveStats:
     """Thread-safe counters behind ``InputStats``; see the module doc."""
 
@@ -87,7 +97,8 @@ class ReceiveStats:
             s = self._stats
             return replace(s, per_producer=dict(s.per_producer), samples_per_producer=dict(s.samples_per_producer),
                            stage_seconds={p: dict(t) for p, t in s.stage_seconds.items()},
-                           producer_streams=dict(s.producer_streams), coverage=self._coverage.snapshot(),
+                           producer_streams=dict(s.producer_streams), producer_sources=dict(s.producer_sources),
+                           coverage=self._coverage.snapshot(),
                            coverage_untracked_batches=self._coverage.untracked_batches)
 
     def accepted(self, batch: Any, arrays: Sequence[np.ndarray]) -> Optional[str]:
@@ -114,6 +125,8 @@ class ReceiveStats:
                 rows = batch["mask"].astype(bool) if "mask" in batch.arrays else slice(None)
                 self._coverage.add(header.stream, np.asarray(batch["epoch"]), np.asarray(batch["index"]), rows)
             stats.dataset_classes = max(stats.dataset_classes, header.classes)
+            if header.source and stats.producer_sources.get(producer) != header.source:
+                _keep_latest(stats.producer_sources, producer, header.source, MAX_SOURCE_PRODUCERS)
             if header.stream and stats.producer_streams.get(producer) != header.stream:
                 stats.producer_streams[producer] = header.stream
                 self._streams.put(producer, header.stream)

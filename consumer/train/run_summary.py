@@ -55,6 +55,33 @@ def coverage_summary(s: InputStats) -> list[str]:
             *(f"  {line}" for line in lines)]
 
 
+#: producers named per dataset where producers serve different ones; the rest are counted
+NAMED_PER_SOURCE = 8
+
+
+def _named(producers: list[str]) -> str:
+    more = len(producers) - NAMED_PER_SOURCE
+    return ", ".join(producers[:NAMED_PER_SOURCE]) + (f" and {more} more" if more > 0 else "")
+
+
+def served_sources(s: InputStats) -> tuple[str, str]:
+    """What the producers serve (``InputStats.producer_sources``) and a warning, "" when none: one dataset,
+    ``"webdataset s3://b/laion/index.json (64 producers)"``, when every producer that named one agrees; several,
+    each with the producers serving it (the most served first), and the warning naming them."""
+    by_source: dict[str, list[str]] = {}
+    for producer, source in sorted(s.producer_sources.items()):
+        by_source.setdefault(source, []).append(producer)
+    if not by_source:
+        return "not named (no batch yet, or producers of an older release)", ""
+    if len(by_source) == 1:
+        (source, producers), = by_source.items()
+        return f"{source} ({len(producers)} producer{'s' if len(producers) != 1 else ''})", ""
+    text = "; ".join(f"{source}: {_named(producers)}"
+                     for source, producers in sorted(by_source.items(), key=lambda kv: (-len(kv[1]), kv[0])))
+    return text, (f"producers serve {len(by_source)} different datasets ({text}): every batch mixes them; if that "
+                  "is not meant, start every producer with the same --data")
+
+
 @dataclass
 class TrainReport:
     """What a run measured, after the warm-up steps (tracing, pre-fill) are excluded.
@@ -101,7 +128,9 @@ class TrainReport:
     def facts(self) -> dict[str, str]:
         """The run's key figures, for the report's table."""
         s = self.input_stats
+        served, mixed = served_sources(s)
         return {"steps": str(self.steps), self.rate_label: f"{self.images_per_s:.0f}",
+                "dataset served": f"warning: {mixed}" if mixed else served,
                 "mean queue occupancy": f"{self.mean_queue_occupancy:.2f}",
                 f"batches received per producer (images/s over the timed {self.seconds:.1f} s)":
                     "; ".join(self.producer_lines()) or "none",
@@ -119,6 +148,7 @@ class TrainReport:
 
     def summary(self) -> str:
         s = self.input_stats
+        served, mixed = served_sources(s)
         return "\n".join([
             f"trained {self.steps} steps in {self.seconds:.1f} s: {self.images_per_s:.0f} images/s"
             + (" (timed from the first step, tracing and pre-fill included: the run did not outlast its warm-up)"
@@ -128,6 +158,7 @@ class TrainReport:
             f"batches received: {s.batches:,}, rejected: {s.protocol_errors + s.mismatched_batches}; per producer "
             f"(batches and images over the whole run, images/s over the {self.seconds:.1f} s timed above):",
             *(f"  {line}" for line in self.producer_lines() or ["none"]),
+            f"warning: {mixed}" if mixed else f"source: {served}",
             *([f"warning: {s.shard_conflicts} pair(s) of producers whose shards overlap: {s.last_shard_conflict}"]
               if s.shard_conflicts else []),
             *([f"producer pool: {s.connected_producers} connected now ({s.pool_size} address(es)); "

@@ -47,6 +47,7 @@ def test_producer_and_trainer_metrics_are_scraped_and_status_names_the_bottlenec
         assert _value(produced, "stoker_producer_stage_seconds_total[('producer'") > 0
         received = _metrics(f"http://127.0.0.1:{trainer_port}/metrics")
         assert _value(received, "stoker_trainer_batches_received_total") >= 20
+        assert received[f"stoker_trainer_producer_source_info{sorted({'producer': producer.producer_id, 'source': f'lmdb {synth_lmdb}'}.items())}"] == 1
         assert _value(received, "stoker_trainer_connected_producers") == 1
         assert "stoker_trainer_queue_occupancy[]" in received
         assert _value(received, "stoker_trainer_protocol_errors_total") == 0

@@ -46,8 +46,13 @@ def tar_producer(index: Path, *flags: str) -> ProducerProcess:
                                               "--batch-size", "4", "--image-size", "16", *flags])
 
 
-def test_every_batch_of_a_producer_over_tars_names_them(tmp_path: Path):
-    index = write_tar_index(tmp_path)
+@pytest.fixture(scope="module")
+def tar_index(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tar_index(tmp_path_factory.mktemp("named"))
+
+
+def test_every_batch_of_a_producer_over_tars_names_them(tar_index: Path):
+    index = tar_index
     with tar_producer(index) as producer:
         ctx = zmq.Context()
         sock = ctx.socket(zmq.PULL)
@@ -61,6 +66,31 @@ def test_every_batch_of_a_producer_over_tars_names_them(tmp_path: Path):
             sock.close(0)
             ctx.term()
     assert sources == {f"webdataset {index}"}
+
+
+def test_a_trainer_names_the_tars_its_producers_serve_in_its_stats_and_metrics(tar_index: Path):
+    from prometheus_client.core import CollectorRegistry
+    from prometheus_client.exposition import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from stoker.consumer import BatchStream
+    from stoker.consumer.receive.metrics import InputCollector
+    from stoker.consumer.train.run_summary import served_sources
+
+    with tar_producer(tar_index) as first, tar_producer(tar_index) as second, \
+            BatchStream([first.endpoint, second.endpoint], recv_timeout=30) as stream:
+        while len(stream.stats.per_producer) < 2:  # a batch from each: each named its source
+            next(stream)
+        registry = CollectorRegistry()
+        registry.register(InputCollector(stream))
+        scraped = {tuple(sorted(s.labels.items())): s.value for family in
+                   text_string_to_metric_families(generate_latest(registry).decode())
+                   for s in family.samples if s.name == "stoker_trainer_producer_source_info"}
+        stats = stream.stats
+    source = f"webdataset {tar_index}"
+    assert stats.producer_sources == {first.producer_id: source, second.producer_id: source}
+    assert scraped == {(("producer", p), ("source", source)): 1.0 for p in (first.producer_id, second.producer_id)}
+    assert served_sources(stats) == (f"{source} (2 producers)", "")
 
 
 @pytest.mark.parametrize("location, shown", [

@@ -110,6 +110,9 @@ def test_stoker_train_report_opens_in_a_browser_with_every_plot_drawn(synth_lmdb
     whole = r"; the latest may be in progress\): epoch 0: 96/96 \(100%\), epoch 1: 96/96"
     assert re.search(re.escape(received) + whole, out.stdout), out.stdout
     assert f"<td>{received})</td><td class='value'>epoch 0: 96/96 (100%), epoch 1: 96/96" in report.read_text()
+    # The dataset served, named by the producer's batch headers (issue 42), in the summary and the report.
+    assert f"\nsource: lmdb {synth_lmdb} (1 producer)\n" in out.stdout, out.stdout
+    assert f"<td>dataset served</td><td class='value'>lmdb {synth_lmdb} (1 producer)</td>" in report.read_text()
 
 
 def test_the_summary_and_report_give_coverage_per_shard_where_each_producer_counts_its_shards_epochs():
@@ -132,6 +135,23 @@ def test_the_summary_and_report_give_coverage_per_shard_where_each_producer_coun
     assert report.written() == []  # no report, no TensorBoard logs: nothing to point at
     report.input_stats.coverage_untracked_batches = 3  # shards past Coverage's bounds: said, not hidden
     assert "; 3 batch(es) of shards past the number tracked not counted):" in report.summary()
+
+
+def test_producers_serving_different_datasets_are_named_in_a_warning():
+    from stoker.consumer.receive.input_stats import InputStats
+    from stoker.consumer.train.run_summary import TrainReport
+
+    sources = {f"p{i:02d}": "webdataset s3://b/laion/index.json" for i in range(10)}
+    sources.update({"odd1": "parquet /data/hf/index.json", "odd0": "parquet /data/hf/index.json"})
+    report = TrainReport(steps=3, seconds=2.0, images_per_s=12.0, mean_queue_occupancy=0.5, final_loss=1.0,
+                         final_accuracy=0.5, input_stats=InputStats(producer_sources=sources))
+    mixed = ("producers serve 2 different datasets (webdataset s3://b/laion/index.json: p00, p01, p02, p03, p04, "
+             "p05, p06, p07 and 2 more; parquet /data/hf/index.json: odd0, odd1): every batch mixes them; if that is "
+             "not meant, start every producer with the same --data")
+    assert f"\nwarning: {mixed}\n" in report.summary()
+    assert report.facts()["dataset served"] == f"warning: {mixed}"
+    report.input_stats = InputStats()  # producers of an older release name nothing: said, not guessed
+    assert "\nsource: not named (no batch yet, or producers of an older release)\n" in report.summary()
 
 
 def test_doctor_advice_fits_the_device_the_step_ran_on():
