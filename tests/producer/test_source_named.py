@@ -1,6 +1,7 @@
-"""The dataset a producer serves is named on every batch it sends (header field ``source``, issue 42): a real
-producer over an index of real tars, read raw off its socket; the label it sends keeps to the header's rule and
-never shows a credential."""
+"""The dataset a producer serves is named on every batch it sends (header field ``source``, issue 42), and a
+trainer names it back: real producers over an index of real tars, read raw off a socket and by a BatchStream whose
+stats and metrics name them; the label keeps to the header's rule and never shows a credential; the trainer keeps
+the latest of a bounded number of producers."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import io
 import tarfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 import zmq
 from hypothesis import given, settings
@@ -118,3 +120,25 @@ def test_any_location_makes_a_label_a_receiver_accepts(kind, location):
         assert label.endswith(location[-120:]) and "..." in label
     tail = location.replace("/", "").replace("s3cret", "")
     assert "s3cret" not in source_label(kind, f"s3://k:s3cret@b/{tail}")
+
+
+def test_a_trainer_keeps_the_latest_source_of_at_most_so_many_producers():
+    from stoker.consumer.receive import stats as receive_stats
+    from stoker.protocol import encode_batch
+
+    def batch(producer: str, source: str):
+        return decode_batch(encode_batch({"x": np.zeros(2, np.uint8)}, producer=producer, seq=0, source=source))
+
+    counted = receive_stats.ReceiveStats()
+    bound = receive_stats.MAX_SOURCE_PRODUCERS
+    for i in range(bound + 2):
+        b = batch(f"p{i}", f"lmdb /d/{i}")
+        counted.accepted(b, list(b.arrays.values()))
+    older = batch("p0", "")  # a producer that names nothing keeps what it named before, here nothing
+    counted.accepted(older, list(older.arrays.values()))
+    moved = batch("p5", "parquet /d/moved")  # the latest named wins, and is kept the longest
+    counted.accepted(moved, list(moved.arrays.values()))
+    sources = counted.snapshot().producer_sources
+    assert len(sources) == bound and "p0" not in sources and "p1" not in sources
+    assert sources["p5"] == "parquet /d/moved" and list(sources)[-1] == "p5"
+    assert sources[f"p{bound + 1}"] == f"lmdb /d/{bound + 1}"
