@@ -96,6 +96,7 @@ class InputBase:
     def stats(self) -> InputStats:
         """Counters so far: batches, bytes, rejects, occupancy, per producer, exact mode's control plane."""
         stats = self._core.stats.snapshot()
+        stats.sizing = self._core.sizer.latest  # how many producers this input needs (consumer/sizing)
         if self._local_producer is not None:
             stats.local_producer_deaths = self._local_producer.deaths
         return stats

@@ -9,7 +9,9 @@ collector, the timeline) see it. No TensorFlow here.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Optional, Protocol
+
+from stoker.consumer.sizing.pool_sizing import PoolSizing
 
 
 @dataclass
@@ -74,6 +76,8 @@ class InputStats:
     coverage: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
     #: batches of shards past ``Coverage``'s bounds (too many shards), not in ``coverage``
     coverage_untracked_batches: int = 0
+    #: how many producers this input needs and why (``consumer/sizing``), as of the snapshot
+    sizing: Optional[PoolSizing] = None
     #: the producer the input started on its host (``local_producer=``, ``stoker train --local-producer``) exited
     #: unasked (0 or 1: it is not restarted; the remote producers go on), logged with its log's tail
     local_producer_deaths: int = 0

@@ -64,6 +64,14 @@ def _named(producers: list[str]) -> str:
     return ", ".join(producers[:NAMED_PER_SOURCE]) + (f" and {more} more" if more > 0 else "")
 
 
+def sizing_text(s: InputStats) -> str:
+    """The pool-size estimate at the end of the run, with the sentence that shows its formula."""
+    sizing = s.sizing
+    if sizing is None or sizing.producers_needed is None:
+        return "not estimated: " + (sizing.why if sizing is not None else "no reading")
+    return f"{sizing.producers_needed:.2f} -> {sizing.desired_producers} ({sizing.why})"
+
+
 def served_sources(s: InputStats) -> tuple[str, str]:
     """What the producers serve (``InputStats.producer_sources``) and a warning, "" when none: one dataset,
     ``"webdataset s3://b/laion/index.json (64 producers)"``, when every producer that named one agrees; several,
@@ -142,6 +150,7 @@ class TrainReport:
                     (("per shard, each producer counting its own shard's epochs: " if per_shard(s) else "")
                      + coverage_text(s.coverage) + untracked_text(s)) if s.coverage
                     else "not known (no stream in the headers)",
+                "producers needed (consumer/sizing)": sizing_text(s),
                 "final loss / accuracy": f"{self.final_loss:.3f} / {self.final_accuracy:.2f}",
                 "how step times were taken": "waiting for each step's result (a sync per step; staging still "
                                              "runs ahead, a step's dispatch no longer overlaps the previous one)"}
@@ -167,6 +176,7 @@ class TrainReport:
             *([f"stuck or slow producers: {liveness_text(s)}"] if has_liveness_events(s) else []),
             *coverage_summary(s),
             f"bottleneck: {self.bottleneck()}",
+            f"producers needed: {sizing_text(s)}",
         ])
 
     def written(self) -> list[str]:

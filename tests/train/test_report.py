@@ -113,6 +113,33 @@ def test_stoker_train_report_opens_in_a_browser_with_every_plot_drawn(synth_lmdb
     # The dataset served, named by the producer's batch headers (issue 42), in the summary and the report.
     assert f"\nsource: lmdb {synth_lmdb} (1 producer)\n" in out.stdout, out.stdout
     assert f"<td>dataset served</td><td class='value'>lmdb {synth_lmdb} (1 producer)</td>" in report.read_text()
+    # How many producers the job needs (issue 43): estimated, or why not yet, in both.
+    assert re.search(r"\nproducers needed: ([0-9.]+ -> \d+ \(the step takes|not estimated: )", out.stdout), out.stdout
+    assert "<td>producers needed (consumer/sizing)</td>" in report.read_text()
+
+
+def test_the_summary_gives_the_producers_needed_with_the_formula_that_made_the_number():
+    from stoker.consumer.receive.input_stats import InputStats
+    from stoker.consumer.sizing.pool_sizing import PoolSizer
+    from stoker.consumer.train.run_summary import TrainReport
+
+    now = [0.0]
+    sizer = PoolSizer(batch_size=10, headroom=0.15, clock=lambda: now[0])
+    sizer.demand.time_waits()
+    for i in range(1, 61):  # 6 s at 10 batches/s, waiting a fifth of the time
+        now[0] = i * 0.1
+        sizer.demand.waited(0.02)
+        sizer.demand.sample(i, 0)
+    sizer.supply.batch("p0", 0, 50, {"decode": 1.0})  # 50 images/s per producer
+    sizing = sizer.update(pool_producers=2)
+    report = TrainReport(steps=3, seconds=2.0, images_per_s=12.0, mean_queue_occupancy=0.1, final_loss=1.0,
+                         final_accuracy=0.5, input_stats=InputStats(sizing=sizing))
+    # 100 images/s consumed in 80% of the time: 125 when not waiting, x 1.15 / 50 = 2.875 -> 3
+    assert "producers needed: 2.88 -> 3 (the step takes 125 images/s when not waiting (input-bound, waiting 20% " \
+           "of the time); a producer makes 50 images/s (mean of 1); x 1.15 headroom: 2.88 producers -> 3, the pool " \
+           "has 2)" in report.summary(), report.summary()
+    assert TrainReport(steps=1, seconds=1.0, images_per_s=1.0, mean_queue_occupancy=0.0, final_loss=0.0,
+                       final_accuracy=0.0).facts()["producers needed (consumer/sizing)"] == "not estimated: no reading"
 
 
 def test_the_summary_and_report_give_coverage_per_shard_where_each_producer_counts_its_shards_epochs():
