@@ -179,7 +179,8 @@ def _train(config: TrainConfig, stack: contextlib.ExitStack, checkpoints: Option
                                           "or give another --checkpoint-dir")
 
     check_resume()
-    log.info("waiting for the first batches from %s (pre-filling the queue)", ", ".join(config.addresses))
+    log.info("waiting for the first batches from %s (pre-filling the queue)",  # the local producer's address too
+             "the discovered producers" if callable(inp.addresses) else ", ".join(inp.addresses))
     # A resumed model is built with the saved classes before the input receives (its state is restored first).
     classes = saved.classes if saved else model_classes(config.num_classes, _dataset_classes(inp))
     model = build_model(config.model, image_shape, classes)
