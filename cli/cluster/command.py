@@ -1,7 +1,8 @@
 """``stoker cluster``: its flags and what runs it: producers on simulated hosts feeding trainers, on this machine.
 
 The hosts are network namespaces (``local_cluster.py``), the run and its teardown ``run.py``, the elastic pool's
-name and what the trainers consumed ``elastic.py``. Needs root and iproute2; a missing one is exit 2, named.
+name and what the trainers consumed ``elastic.py``; ``--autoscale``: ``autoscaled.py`` (the controller
+``autoscale.py``, the hosts ``scaled_pool.py``). Needs root and iproute2; a missing one is exit 2, named.
 """
 
 from __future__ import annotations

@@ -2,7 +2,10 @@
 injected clock, a real pool of producer processes on loopback (``ScaledPool`` knows nothing of namespaces)."""
 
 import http.server
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
@@ -10,6 +13,7 @@ from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from conftest import one_worker_producer, unused_port
 from stoker.cli.cluster.autoscale import Autoscaler, ScrapeError, TrainerScraper, scrape_needed
 from stoker.cli.cluster.autoscaled import AutoscaleLoop
+from stoker.cli.cluster.local_cluster import ClusterError, check_available
 from stoker.cli.cluster.scaled_pool import ScaledPool
 from stoker.consumer.sizing import PRODUCERS_NEEDED_METRIC
 from stoker.consumer.sizing.policy import SizingPolicy
@@ -138,3 +142,43 @@ def test_the_pool_grows_at_once_and_shrinks_after_the_hold_newest_first(trainers
         assert "1 data host(s) in the pool, 0 draining" in loop.status()
     finally:
         pool.close()
+
+
+def _cluster_missing():
+    try:
+        check_available()
+    except ClusterError as exc:
+        return str(exc)
+    return None
+
+
+def test_stoker_cluster_autoscale_scales_up_then_down_mid_run_and_every_record_comes_once(trainers, synth_lmdb):
+    """The CLI end to end, the need given by a metrics endpoint this test controls: 2.5 until the trainer has
+    stepped (3 producers, at once), then 0.3 (down to 1 after the hold, drained): every epoch exactly once."""
+    missing = _cluster_missing()
+    if missing:
+        pytest.skip(missing)
+    need = trainers(2.5)
+    pipeline = Path(__file__).parents[2] / "benchmarks" / "fixed_supply_pipeline.py"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stoker.cli.main", "cluster", "--lmdb", str(synth_lmdb), "--autoscale",
+         "--autoscale-metrics", need.url, "--max-producers", "3", "--autoscale-interval", "1",
+         "--autoscale-down-hold", "2", "--epochs", "8", "--steps", "100000", "--batch-size", "4",
+         "--image-size", "32", "--queue-capacity", "2", "--pipeline", f"{pipeline}:make_pipeline",
+         "--pipeline-arg", "sample_s=0.05", "--pipeline-arg", "images_px=32"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if "trainer: " in line and " step=" in line and any("scale up to 3" in seen for seen in lines):
+                need.need = 0.3
+        assert proc.wait(60) == 0, "".join(lines[-60:])
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    out = "".join(lines)
+    assert "pool 1, desired 3: scale up to 3" in out and "desired 1: scale down to 1" in out, out[-4000:]
+    assert out.index("scale up to 3") < out.index(" step=") < out.index("scale down to 1"), out[-4000:]
+    assert "  epochs 0-7 (8 epochs): 96/96 records each (100.0%), none seen more than once\n" in out, out[-4000:]
