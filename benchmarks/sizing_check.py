@@ -6,9 +6,9 @@
 2. Under-provisioned: ``--producers`` producers (``--workers`` decode workers each, the imagenet pipeline on a
    synthetic LMDB) feed ``TorchInput``; after ``--seconds`` of training, ``inp.sizing`` gives the estimate: demand,
    one producer's capacity, the fractional need, the answer D.
-3. The answer checked: D producers, then D - 2 (where >= 1). With D the step should not wait for input (fed / constant
-   step time near 1); with D - 2 it should (else D is more than one too many). The wait fraction and step-time
-   ratio of each are reported, with the estimate each phase made of itself.
+3. The answer checked: D, D - 1 and D - 2 producers (where >= 1). With D the step should not wait for input; with
+   D - 2 it should (else D is more than one too many). Each phase reports the images/s taken (the mean over its
+   second half, waits included), the share of time waited, the fed / constant step time, and its own estimate.
 
 Prints a table and writes JSON (default benchmarks/results/sizing_check.json). Needs PyTorch (and torchvision for
 ResNet-50). Run:  python benchmarks/sizing_check.py [--precision bf16] [--producers 3] [--workers 1] [--seconds 30]
@@ -61,7 +61,9 @@ def phase(path, count: int, args, train, device, size: int) -> dict[str, Any]:
         sizing = inp.sizing
     late = times[len(times) // 2:]
     d, s = sizing.demand, sizing.supply
-    return {"producers": count, "steps": len(times), "fed_step_s": statistics.median(late),
+    # The mean over the second half, waits included: a median would hide an input-bound run's long steps.
+    return {"producers": count, "steps": len(times), "fed_step_s": statistics.fmean(late),
+            "fed_images_per_s": args.batch_size * len(late) / sum(late),
             "wait_fraction": d.wait_fraction if d else None, "demand_images_per_s": d.images_per_s if d else None,
             "capacity_per_producer": s.per_producer_images_per_s if s else None,
             "producers_needed": sizing.producers_needed, "desired": sizing.desired_producers, "why": sizing.why}
@@ -97,18 +99,19 @@ def main() -> None:
         phases.append(first)
         answer = first["desired"]
         if answer is not None:
-            for count in dict.fromkeys([answer, answer - 2]):
+            for count in dict.fromkeys([answer, answer - 1, answer - 2]):
                 if count >= 1 and count != args.producers:
                     phases.append(phase(path, count, args, train, device, size))
+                    print(f"{count} producers: {phases[-1]['fed_images_per_s']:,.0f} images/s", flush=True)
     for p in phases:
         p["fed_over_constant"] = p["fed_step_s"] / constant_s
     print(f"sizing check: {model_name} {args.precision} batch {args.batch_size} on {device}; constant-batch step "
           f"{1000 * constant_s:.1f} ms = {true_demand:,.0f} images/s (the true demand)")
-    print(f"{'producers':>9} | {'fed/const':>9} | {'waited':>6} | {'est. demand':>11} | {'per producer':>12} | "
+    print(f"{'producers':>9} | {'images/s':>8} | {'fed/const':>9} | {'waited':>6} | {'est. demand':>11} | {'per producer':>12} | "
           f"{'needed':>6} | {'answer':>6}")
     for p in phases:
         fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
-        print(f"{p['producers']:>9} | {p['fed_over_constant']:>9.3f} | {fmt(p['wait_fraction'], '.0%'):>6} | "
+        print(f"{p['producers']:>9} | {p['fed_images_per_s']:>8,.0f} | {p['fed_over_constant']:>9.3f} | {fmt(p['wait_fraction'], '.0%'):>6} | "
               f"{fmt(p['demand_images_per_s'], ',.0f'):>11} | {fmt(p['capacity_per_producer'], ',.0f'):>12} | "
               f"{fmt(p['producers_needed'], '.2f'):>6} | {fmt(p['desired'], 'd'):>6}")
     print(f"estimate read with {args.producers} producers: {first['why']}")
