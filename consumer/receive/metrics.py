@@ -88,6 +88,9 @@ class InputCollector(Collector):
         for (shard, epoch), (seen, records) in s.coverage.items():
             coverage.add_metric([shard, str(epoch)], seen / records if records else 0.0)
         yield coverage
+        yield CounterMetricFamily("stoker_trainer_local_producer_deaths", "Times the producer this trainer started "
+                                  "on its own host (--local-producer) died unasked; it is not restarted",
+                                  value=s.local_producer_deaths)
         sizing = getattr(self.inp, "sizing", None)
         if sizing is not None:
             yield from sizing_metrics(sizing)

@@ -92,6 +92,10 @@ def test_a_killed_local_producer_leaves_the_input_on_the_remote_and_is_counted(s
         os.killpg(local.pid, signal.SIGKILL)  # the producer and its workers, as a crash of them would
         assert local.wait_exit(30) == -signal.SIGKILL
         assert stream.stats.local_producer_deaths == 1
+        from stoker.consumer.receive.metrics import InputCollector  # where the user looks: Prometheus
+
+        deaths = {f.name: f for f in InputCollector(stream).collect()}["stoker_trainer_local_producer_deaths"]
+        assert deaths.samples[0].value == 1
         after = stream.stats.per_producer[remote.producer_id]
         _take_until(stream, lambda s: s.per_producer[remote.producer_id] >= after + 3)
         assert not local.running and stream.error is None
