@@ -6,14 +6,16 @@ operator link) to read them, unless ``--autoscale-metrics`` names other URLs. ``
 trainers' wait loop (``run.run_prefixed``'s tick, every 0.2 s): every ``interval_s`` one ``Autoscaler.step`` (scrape,
 sum, one ``SizingPolicy``), then ``ScaledPool.resize``; each decision that moves the pool, and the first, is logged
 with the policy's inputs, and the status line every ``STATUS_EVERY_S`` says the pool's size and the last decision.
-Everything stops with the trainers, on Ctrl-C or SIGTERM as ``run.py``'s teardown does: no step waits longer than
+Everything stops with the trainers, or on Ctrl-C or SIGTERM (made a KeyboardInterrupt here) through ``run.py``'s teardown: no step waits longer than
 one scrape's timeout per trainer.
 """
 
 from __future__ import annotations
 
 import shutil
+import signal
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,8 +95,23 @@ class AutoscaleLoop:
                 f"last decision: {said}")
 
 
+def _interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def run_autoscaled(run: ClusterRun, options: AutoscaleOptions) -> int:
-    """``run_cluster`` with the pool under ``AutoscaleLoop``; the worst trainer exit code."""
+    """``run_cluster`` with the pool under ``AutoscaleLoop``; the worst trainer exit code. SIGTERM, as Ctrl-C,
+    ends the run through the teardown (trainers, producers, namespaces); from the main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        return _run_autoscaled(run, options)
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        return _run_autoscaled(run, options)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run_autoscaled(run: ClusterRun, options: AutoscaleOptions) -> int:
     with LmdbDataset(run.lmdb_path) as dataset:
         classes, records = len(dataset.meta.classes), dataset.meta.count
     with LocalCluster(options.max_producers, rate=run.rate, trainers=run.trainers,

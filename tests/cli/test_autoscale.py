@@ -2,6 +2,8 @@
 injected clock, a real pool of producer processes on loopback (``ScaledPool`` knows nothing of namespaces)."""
 
 import http.server
+import re
+import signal
 import subprocess
 import sys
 import threading
@@ -15,6 +17,7 @@ from stoker.cli.cluster.autoscale import Autoscaler, ScrapeError, TrainerScraper
 from stoker.cli.cluster.autoscaled import AutoscaleLoop
 from stoker.cli.cluster.local_cluster import ClusterError, check_available
 from stoker.cli.cluster.scaled_pool import ScaledPool
+from stoker.cli.exit_codes import EXIT_INTERRUPTED
 from stoker.consumer.sizing import PRODUCERS_NEEDED_METRIC
 from stoker.consumer.sizing.policy import SizingPolicy
 
@@ -182,3 +185,37 @@ def test_stoker_cluster_autoscale_scales_up_then_down_mid_run_and_every_record_c
     assert "pool 1, desired 3: scale up to 3" in out and "desired 1: scale down to 1" in out, out[-4000:]
     assert out.index("scale up to 3") < out.index(" step=") < out.index("scale down to 1"), out[-4000:]
     assert "  epochs 0-7 (8 epochs): 96/96 records each (100.0%), none seen more than once\n" in out, out[-4000:]
+
+
+def test_sigterm_stops_an_autoscaled_cluster_and_tears_it_down(trainers, synth_lmdb):
+    """SIGTERM mid-run (right after a scale-up) ends the controller and the run through the teardown: interrupted,
+    its producers stopped and counted, its namespaces deleted."""
+    missing = _cluster_missing()
+    if missing:
+        pytest.skip(missing)
+    need = trainers(1.5)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stoker.cli.main", "cluster", "--lmdb", str(synth_lmdb), "--autoscale",
+         "--autoscale-metrics", need.url, "--max-producers", "2", "--autoscale-interval", "1", "--steps", "100000",
+         "--batch-size", "4", "--image-size", "32"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if "scale up to 2" in line:
+                proc.send_signal(signal.SIGTERM)
+                break
+        lines += proc.stdout.readlines()
+        code = proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    out = "".join(lines)
+    assert code == EXIT_INTERRUPTED and "stoker cluster: interrupted" in out, out[-3000:]
+    assert "producers (each daemon's own count at its stop):" in out, out[-3000:]
+    tags = set(re.findall(r"namespace (stk[0-9a-f]+)-", out))
+    assert tags, out[-3000:]
+    namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30).stdout
+    assert not [ns for ns in namespaces.split() if ns.split("-")[0] in tags], namespaces
