@@ -229,8 +229,9 @@ class InputBase:
         """The sink's next batch, named (``_named``); ``END`` (then ``_ended``), or None if none came within ``wait``
         seconds (inf: until one comes). The input's error once the sink is empty."""
         assert self._sink is not None
-        entered = time.monotonic()
-        deadline = entered + wait
+        deadline = time.monotonic() + wait
+        demand = self._core.sizer.demand
+        demand.begin_wait()  # the trainer's wait for input (consumer/sizing), booked as it goes
         try:
             while True:
                 item = self._sink.take(max(0.0, min(POLL_S, deadline - time.monotonic())))
@@ -245,7 +246,7 @@ class InputBase:
                 if time.monotonic() >= deadline:
                     return None
         finally:
-            self._core.sizer.demand.waited(time.monotonic() - entered)  # the trainer's wait for input
+            demand.end_wait()
 
     def _named(self, arrays: list[Any]) -> tuple[dict[str, Any], Optional[Rows]]:
         """The batch by name and, exact mode, its records (to count consumed when handed out); padding rows (a

@@ -18,11 +18,14 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Sequence
 
+from stoker.consumer.sizing.supply import LOCAL_PRODUCER_PREFIX
+
 if TYPE_CHECKING:
     from stoker.consumer.placement.local_process import LocalProducerProcess
 
-#: the producer id's prefix, so stats and metrics show which producer ran on the trainer's host
-LOCAL_PREFIX = "local-"
+#: the producer id's prefix, so stats and metrics show which producer ran on the trainer's host, and the pool-size
+#: estimate counts it apart (the pool adds remote producers): one prefix, owned by consumer/sizing
+LOCAL_PREFIX = LOCAL_PRODUCER_PREFIX
 #: ``stoker produce`` flags the local producer's launcher sets itself (``extra_flags`` must leave them out)
 OWNED_FLAGS = ("--data", "--lmdb", "--bind", "--id", "--parent-pid", "--status-file", "--workers")
 #: CPU numbers a CPU list may name (Linux's CONFIG_NR_CPUS is at most 8192): a range is bounded before it is made

@@ -113,6 +113,9 @@ def sizing_metrics(sizing: "PoolSizing") -> Iterator:
          d.wait_fraction if d else None),
         ("stoker_trainer_producer_capacity_images_per_s", "Mean images/s one producer makes when its workers do not "
          "wait to hand off (from the batches' stage times)", s.per_producer_images_per_s if s else None),
+        ("stoker_trainer_local_producer_capacity_images_per_s", "Images/s the producers on this trainer's host "
+         "make (--local-producer): producers_needed counts the remote producers for what they leave",
+         s.local_images_per_s if s else None),
         ("stoker_trainer_sizing_headroom", "Supply kept above demand in producers_needed", sizing.headroom),
     ]
     for name, help_text, value in known:

@@ -5,7 +5,8 @@ whether the input kept up or not. Not input-bound (the trainer waited under ``IN
 demand is what it took; input-bound, it is more, by the share of time it waited.
 
 Where the wait comes from: an iterable facade (BatchStream, TorchInput) times it where it blocks on its queue
-(``waited``, exact); a facade whose framework takes batches inside its own graph (ZMQInput) cannot, and the meter
+(``begin_wait``/``end_wait``, exact; a wait in progress is booked at each sample, so a long one lands in the
+windows it spans, not all in the one it ends in); a facade whose framework takes batches inside its own graph (ZMQInput) cannot, and the meter
 counts the time its queue was seen empty at the core's samples instead. That over-counts near balance (an empty
 queue whose next batch arrives in time costs the step nothing), which errs towards more producers; once they come,
 the queue fills and the estimate is exact again. Consumed batches are those counted delivered minus those queued
@@ -58,6 +59,7 @@ class DemandMeter:
         self._lock = threading.Lock()
         self._wait_timed = False
         self._waited_s = 0.0  # cumulative seconds the trainer waited (timed, or estimated from empty samples)
+        self._waiting_since: Optional[float] = None  # a timed wait in progress, booked up to this time
         self._samples: deque[tuple[float, int, float]] = deque()  # (time, consumed batches, waited seconds)
 
     def time_waits(self) -> None:
@@ -65,11 +67,19 @@ class DemandMeter:
         with self._lock:
             self._wait_timed = True
 
-    def waited(self, seconds: float) -> None:
-        """The trainer waited ``seconds`` for a batch (an iterable facade, where it blocks on its queue)."""
-        if seconds > 0:
-            with self._lock:
-                self._waited_s += seconds
+    def begin_wait(self) -> None:
+        """The trainer starts waiting for a batch (an iterable facade, where it blocks on its queue)."""
+        now = self._clock()
+        with self._lock:
+            self._waiting_since = now
+
+    def end_wait(self) -> None:
+        """The wait ``begin_wait`` began is over: what is not booked yet is."""
+        now = self._clock()
+        with self._lock:
+            if self._waiting_since is not None:
+                self._waited_s += max(0.0, now - self._waiting_since)
+                self._waiting_since = None
 
     def sample(self, delivered: int, queued: int) -> None:
         """The core's periodic sample: batches counted delivered so far and batches queued now."""
@@ -77,6 +87,9 @@ class DemandMeter:
         with self._lock:
             if not self._wait_timed and queued == 0 and self._samples:
                 self._waited_s += now - self._samples[-1][0]  # empty since the last sample, as far as we know
+            if self._waiting_since is not None:  # a wait in progress: book it up to now, in this window
+                self._waited_s += max(0.0, now - self._waiting_since)
+                self._waiting_since = now
             self._samples.append((now, max(0, delivered - queued), self._waited_s))
             while len(self._samples) > 2 and now - self._samples[1][0] >= self.window_s:
                 self._samples.popleft()

@@ -1,6 +1,7 @@
 """How many producers this trainer needs, with the formula's inputs: ``PoolSizing`` and its one writer.
 
-``needed = demand x (1 + headroom) / capacity per producer`` (``demand.py``, ``supply.py``), fractional, exported as
+``needed = (demand x (1 + headroom) - what producers on the trainer's host make) / capacity per remote producer``
+(``demand.py``, ``supply.py``; the pool adds remote producers, so it counts those), fractional, exported as
 is so that several trainers sharing a pool add up their needs and the job rounds once (16 trainers needing 0.3
 each ask for ceil(4.8) = 5 producers, not 16): Prometheus sums ``stoker_trainer_producers_needed`` and the HPA's
 ``AverageValue`` target of 1 takes the ceiling; ``stoker cluster --autoscale`` does the same sum and rounds with the
@@ -48,7 +49,8 @@ class PoolSizing:
                 "input_wait_fraction": d.wait_fraction if d else None, "input_bound": d.input_bound if d else None,
                 "wait_timed": d.wait_timed if d else None,
                 "capacity_per_producer_images_per_s": s.per_producer_images_per_s if s else None,
-                "producers_timed": s.producers if s else 0, "headroom": self.headroom,
+                "producers_timed": s.producers if s else 0,
+                "local_capacity_images_per_s": s.local_images_per_s if s else None, "headroom": self.headroom,
                 "producers_needed": self.producers_needed, "desired_producers": self.desired_producers,
                 "pool_producers": self.pool_producers, "why": self.why}
 
@@ -77,7 +79,8 @@ class PoolSizer:
         demand, supply = self.demand.estimate(), self.supply.estimate()
         needed = None
         if demand is not None and supply is not None and supply.per_producer_images_per_s > 0:
-            needed = demand.images_per_s * (1 + self.headroom) / supply.per_producer_images_per_s
+            wanted = demand.images_per_s * (1 + self.headroom)
+            needed = max(0.0, wanted - supply.local_images_per_s) / supply.per_producer_images_per_s
         desired = self.policy.decide(needed)
         sizing = PoolSizing(demand, supply, self.headroom, needed, desired, pool_producers,
                             explain(demand, supply, self.headroom, needed, desired, pool_producers))
@@ -96,6 +99,8 @@ def explain(demand: Optional[Demand], supply: Optional[Supply], headroom: float,
                 "batches, or producers too old to time their stages)")
     state = (f"input-bound, waiting {demand.wait_fraction:.0%} of the time" if demand.input_bound
              else f"not input-bound (waiting {demand.wait_fraction:.0%})")
+    local = (f"; the {supply.local_producers} on this host make {supply.local_images_per_s:,.0f}"
+             if supply.local_producers else "")
     return (f"the step takes {demand.images_per_s:,.0f} images/s when not waiting ({state}); a producer makes "
-            f"{supply.per_producer_images_per_s:,.0f} images/s (mean of {supply.producers}); x {1 + headroom:.2f} "
-            f"headroom: {needed:.2f} producers -> {desired}, the pool has {pool}")
+            f"{supply.per_producer_images_per_s:,.0f} images/s (mean of {supply.producers}){local}; x "
+            f"{1 + headroom:.2f} headroom: {needed:.2f} producers -> {desired}, the pool has {pool}")

@@ -4,9 +4,11 @@ Every batch header carries the seconds its worker spent per stage (``protocol/ba
 work (fetch, read, decode, augment) and ``send``, the wait to hand the batch off (backpressure). A producer whose
 trainers are not input-bound is throttled, so its observed rate says nothing of what it could do; its work time
 does. Per (producer, worker): rows made per second of work, recency-weighted (a decay of ``tau_s``); a producer's
-capacity is the sum over its workers seen within ``window_s``. Across producers, the mean is the supply one more
-producer adds. A worker this trainer has not heard from within the window (many trainers, slow batches) is left
-out: capacity is under-read, which errs towards more producers.
+capacity is its workers' mean rate times its workers, counted as the highest worker index heard within
+``window_s`` plus one: with many trainers each hears a share of a producer's batches, and some of a throttled
+producer's workers not at all, so summing the workers heard would under-read it. Across remote producers, the mean
+is the supply one more producer adds. Producers on the trainer's own host (ids ``LOCAL_PRODUCER_PREFIX``,
+``consumer/placement``) are summed apart: the pool adds remote ones, so the need is what the local ones leave.
 
 Bounded: at most ``max_workers`` (producer, worker) entries, the stalest dropped first. Thread-safe.
 """
@@ -23,15 +25,21 @@ from typing import Callable, Mapping, Optional
 WAIT_STAGES = frozenset({"send"})
 #: A batch's work under this many seconds is not timed (pre-made batches, ``--repeat-batches``): it says nothing.
 MIN_WORK_S = 1e-4
+#: The ids of producers a trainer starts on its own host (``consumer/placement``): not what the pool adds.
+LOCAL_PRODUCER_PREFIX = "local-"
 
 
 @dataclass(frozen=True)
 class Supply:
-    """``per_producer_images_per_s``: mean capacity of the producers heard from in the window (``producers``)."""
+    """``per_producer_images_per_s``: mean capacity of the remote producers heard from in the window (of the local
+    ones where no remote one was heard); ``producers``: remote producers heard; ``local_images_per_s``: the
+    capacity of the producers on the trainer's host, ``local_producers`` of them."""
 
     per_producer_images_per_s: float
     producers: int
     total_images_per_s: float
+    local_images_per_s: float = 0.0
+    local_producers: int = 0
 
 
 class SupplyMeter:
@@ -69,13 +77,19 @@ class SupplyMeter:
     def estimate(self) -> Optional[Supply]:
         """The producers' capacities now; None before any timed batch within the window."""
         now = self._clock()
-        per_producer: dict[str, float] = {}
+        rates: dict[str, list[float]] = {}
+        workers: dict[str, int] = {}
         with self._lock:
-            for (producer, _), (rows, work, seen) in self._workers.items():
+            for (producer, worker), (rows, work, seen) in self._workers.items():
                 if now - seen <= self.window_s and work > 0:
-                    per_producer[producer] = per_producer.get(producer, 0.0) + rows / work
-        if not per_producer:
+                    rates.setdefault(producer, []).append(rows / work)
+                    workers[producer] = max(workers.get(producer, 0), worker + 1)
+        if not rates:
             return None
-        total = sum(per_producer.values())
-        return Supply(per_producer_images_per_s=total / len(per_producer), producers=len(per_producer),
-                      total_images_per_s=total)
+        capacity = {p: workers[p] * sum(r) / len(r) for p, r in rates.items()}
+        local = [c for p, c in capacity.items() if p.startswith(LOCAL_PRODUCER_PREFIX)]
+        remote = [c for p, c in capacity.items() if not p.startswith(LOCAL_PRODUCER_PREFIX)]
+        typical = remote or local
+        return Supply(per_producer_images_per_s=sum(typical) / len(typical), producers=len(remote),
+                      total_images_per_s=sum(capacity.values()), local_images_per_s=sum(local),
+                      local_producers=len(local))

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from stoker.consumer.sizing.demand import DemandMeter
 from stoker.consumer.sizing.policy import SizingPolicy
 from stoker.consumer.sizing.pool_sizing import PoolSizer
-from stoker.consumer.sizing.supply import SupplyMeter
+from stoker.consumer.sizing.supply import LOCAL_PRODUCER_PREFIX, SupplyMeter
 
 
 class Clock:
@@ -31,9 +31,14 @@ def run_demand(meter: DemandMeter, clock: Clock, seconds: float, batches_per_s: 
     """Feed ``seconds`` of samples: ``batches_per_s`` consumed, ``queued`` in the queue, ``waited_per_s`` timed."""
     delivered = getattr(meter, "_test_delivered", 0.0)
     for _ in range(round(seconds / dt)):
-        clock.now += dt
+        if waited_per_s:  # the trainer blocks on its queue for part of each interval, then steps
+            meter.begin_wait()
+            clock.now += waited_per_s * dt
+            meter.end_wait()
+            clock.now += (1 - waited_per_s) * dt
+        else:
+            clock.now += dt
         delivered += batches_per_s * dt
-        meter.waited(waited_per_s * dt)
         meter.sample(int(delivered) + queued, queued)
     meter._test_delivered = delivered  # type: ignore[attr-defined]
 
@@ -72,6 +77,29 @@ def test_without_timed_waits_an_empty_queue_counts_as_waiting_and_a_full_one_doe
     assert d is not None and d.input_bound and d.images_per_s == pytest.approx(20 * 100, rel=0.05)
 
 
+def test_a_wait_longer_than_the_window_is_booked_where_it_was_not_all_in_the_window_it_ends_in():
+    """Producers still starting: the first batch took 30 s. The windows after it must read the step's own rate,
+    not 20x it (the whole wait booked at its end, in a window it mostly preceded)."""
+    clock = Clock()
+    meter = DemandMeter(batch_size=10, window_s=10, clock=clock)
+    meter.time_waits()
+    meter.begin_wait()
+    for _ in range(600):  # 30 s waiting, sampled: nothing consumed, so no reading
+        clock.now += 0.05
+        meter.sample(0, 0)
+        assert meter.estimate() is None
+    meter.end_wait()
+    readings = []
+    for i in range(1, 401):  # then 20 s of steady steps at 10 batches/s, never waiting
+        clock.now += 0.05
+        meter.sample(i // 2, 0)
+        d = meter.estimate()
+        if d is not None:
+            readings.append(d.images_per_s)
+    assert readings and max(readings) <= 100 * 1.05  # never more than the step's rate (100 images/s)
+    assert readings[-1] == pytest.approx(100, rel=0.02)
+
+
 def test_a_paused_trainer_says_nothing_about_its_step():
     clock = Clock()
     meter = DemandMeter(batch_size=8, window_s=5, clock=clock)
@@ -92,6 +120,35 @@ def test_capacity_is_rows_per_second_of_work_summed_over_workers_and_waiting_to_
     assert s.total_images_per_s == pytest.approx(4 * 128 + 64) and s.per_producer_images_per_s == pytest.approx(288)
     clock.now += 61  # nothing heard within the window: no estimate rather than a stale one
     assert supply.estimate() is None
+
+
+def test_a_producer_shared_by_many_trainers_is_read_whole_from_the_workers_one_trainer_hears():
+    """256 trainers share a producer of 16 workers: one trainer hears a few of them. Its capacity is the workers'
+    mean rate times 16 (the highest worker index heard, plus one), not the sum of the few heard."""
+    clock = Clock()
+    supply = SupplyMeter(clock=clock)
+    for worker in (2, 7, 15):  # the workers this trainer happened to get a batch from
+        clock.now += 1
+        supply.batch("p0", worker, 128, {"decode": 0.25})  # 512 images/s each
+    s = supply.estimate()
+    assert s is not None and s.per_producer_images_per_s == pytest.approx(16 * 512)
+
+
+def test_producers_on_the_trainers_host_are_counted_apart_and_the_need_is_what_they_leave():
+    clock = Clock()
+    sizer = PoolSizer(batch_size=10, headroom=0.0, clock=clock)
+    sizer.demand.time_waits()
+    run_demand(sizer.demand, clock, 5, batches_per_s=100, queued=2)  # 1,000 images/s
+    sizer.supply.batch("remote-a", 0, 300, {"decode": 1.0})  # remote producers: 300 images/s each
+    sizer.supply.batch("remote-b", 0, 300, {"decode": 1.0})
+    sizer.supply.batch("local-trainer0-1-ab12", 0, 400, {"decode": 1.0})  # the trainer's host: 400 images/s
+    s = sizer.update(pool_producers=3)
+    assert s.supply.per_producer_images_per_s == pytest.approx(300) and s.supply.local_images_per_s == 400
+    assert s.producers_needed == pytest.approx(600 / 300, rel=0.03)  # (1,000 - 400) / 300 remote producers
+    assert "the 1 on this host make 400" in s.why
+    from stoker.consumer.placement.local_process import local_producer_id
+
+    assert local_producer_id().startswith(LOCAL_PRODUCER_PREFIX)  # the ids placement gives are the ones counted
 
 
 def test_untimed_batches_say_nothing_and_the_table_of_workers_is_bounded():
