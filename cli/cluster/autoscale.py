@@ -14,8 +14,10 @@ trainer known, the sum is None and the policy's answer stands.
 
 from __future__ import annotations
 
+import http.client
 import math
 import time
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional, Sequence
@@ -27,6 +29,10 @@ from stoker.consumer.sizing.policy import SizingPolicy
 
 #: A metrics page larger than this is refused (a trainer's page is a few KB).
 MAX_METRICS_BYTES = 1 << 20
+#: The page is read this much at a time, the scrape's deadline checked between reads.
+READ_CHUNK_BYTES = 64 << 10
+#: The only URLs read: a trainer's ``--metrics-port`` endpoint (urllib would also open file:// and ftp://).
+METRICS_SCHEMES = ("http", "https")
 DEFAULT_INTERVAL_S = 5.0
 DEFAULT_TIMEOUT_S = 2.0
 DEFAULT_STALE_AFTER_S = 30.0
@@ -36,18 +42,34 @@ class ScrapeError(RuntimeError):
     """One trainer's metrics could not be read or parsed; the message names the URL and why."""
 
 
+def check_metrics_url(url: str) -> str:
+    """``url`` if it is http:// or https:// with a host; ValueError naming the fix otherwise."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme.lower() not in METRICS_SCHEMES or not parts.netloc:
+        raise ValueError(f"metrics URL {url!r} (--autoscale-metrics): only http:// or https:// URLs are read, a trainer's `--metrics-port` "
+                         f"endpoint (e.g. http://HOST:9400/metrics)")
+    return url
+
+
 def scrape_needed(url: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> Optional[float]:
     """``stoker_trainer_producers_needed`` on the page at ``url``; None where the trainer does not know it yet (the
-    gauge is left out until it does). ScrapeError if the page cannot be fetched, is too large, or does not parse,
-    or the value is not a finite number >= 0."""
+    gauge is left out until it does). ScrapeError if the URL is not http(s), the page cannot be fetched, is too
+    large, or does not parse, or the value is not a finite number >= 0.
+
+    Time: connecting and the response's headers are bounded per socket operation (``timeout_s`` each: urllib has
+    no whole-request deadline); the body is read in chunks until ``timeout_s`` from the start, so a page that
+    trickles in costs at most ``timeout_s`` plus one socket operation."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as response:  # noqa: S310 (the user's URL, http only)
-            body = response.read(MAX_METRICS_BYTES + 1)
+        check_metrics_url(url)
+    except ValueError as exc:
+        raise ScrapeError(str(exc)) from exc
+    deadline = time.monotonic() + timeout_s
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:  # noqa: S310 (http(s) only, checked)
+            body = _read_bounded(url, response, deadline)
     except (OSError, ValueError) as exc:
         raise ScrapeError(f"{url}: cannot read the trainer's metrics ({exc}); is `--metrics-port` set on it and the "
                           "address reachable from here?") from exc
-    if len(body) > MAX_METRICS_BYTES:
-        raise ScrapeError(f"{url}: the metrics page is over {MAX_METRICS_BYTES} bytes; is this a trainer's /metrics?")
     try:
         families = list(text_string_to_metric_families(body.decode("utf-8")))
     except (ValueError, UnicodeDecodeError) as exc:
@@ -60,6 +82,25 @@ def scrape_needed(url: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> Optional[fl
                     raise ScrapeError(f"{url}: {PRODUCERS_NEEDED_METRIC} is {value}, not a finite number >= 0")
                 return value
     return None
+
+
+def _read_bounded(url: str, response: http.client.HTTPResponse, deadline: float) -> bytes:
+    """The body, at most ``MAX_METRICS_BYTES``, read before ``deadline`` (checked between chunks); ScrapeError
+    otherwise. ``read1``: at most one socket read per chunk, so a trickle cannot stretch one chunk."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        if time.monotonic() > deadline:
+            raise ScrapeError(f"{url}: the metrics page was still arriving at the scrape's deadline; is the trainer "
+                              "overloaded, or is this not a trainer's /metrics?")
+        chunk = response.read1(READ_CHUNK_BYTES)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > MAX_METRICS_BYTES:
+            raise ScrapeError(f"{url}: the metrics page is over {MAX_METRICS_BYTES} bytes; is this a trainer's "
+                              "/metrics?")
 
 
 @dataclass(frozen=True)
@@ -97,7 +138,7 @@ class TrainerScraper:
                  log: Callable[[str], None] = print) -> None:
         if not urls:
             raise ValueError("the autoscaler needs at least one trainer metrics URL")
-        self.urls = list(urls)
+        self.urls = [check_metrics_url(url) for url in urls]
         self.timeout_s, self.stale_after_s = timeout_s, stale_after_s
         self._clock, self._log = clock, log
         self._last: dict[str, tuple[float, Optional[float]]] = {}  # url -> (read at, need)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from stoker.cli.cluster.autoscale import (DEFAULT_INTERVAL_S, DEFAULT_STALE_AFTER_S, DEFAULT_TIMEOUT_S, Autoscaler,
-                                          Decision, TrainerScraper)
+                                          Decision, TrainerScraper, check_metrics_url)
 from stoker.cli.cluster.elastic import POOL_NAME, ConsumedWatcher, PoolNames
 from stoker.cli.cluster.local_cluster import LocalCluster
 from stoker.cli.cluster.run import PORT, ClusterRun, producer_lines, run_prefixed, start_producer
@@ -54,6 +54,8 @@ class AutoscaleOptions:
                              f"{self.min_producers} and {self.max_producers}")
         if self.interval_s <= 0 or self.down_hold_s < 0 or self.drain_s < 0 or self.timeout_s <= 0:
             raise ValueError("--autoscale-interval and the scrape timeout must be > 0, the down hold and drain >= 0")
+        for url in self.metrics:
+            check_metrics_url(url)  # before any host is made: file:// and the like are refused, named
 
     def policy(self, clock: Callable[[], float] = time.monotonic) -> SizingPolicy:
         return SizingPolicy(down_hold_s=self.down_hold_s, min_producers=self.min_producers,

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
 from conftest import one_worker_producer, unused_port
 from stoker.cli.cluster.autoscale import Autoscaler, ScrapeError, TrainerScraper, scrape_needed
-from stoker.cli.cluster.autoscaled import AutoscaleLoop
+from stoker.cli.cluster.autoscaled import AutoscaleLoop, AutoscaleOptions
 from stoker.cli.cluster.local_cluster import ClusterError, check_available
 from stoker.cli.cluster.scaled_pool import ScaledPool
 from stoker.cli.exit_codes import EXIT_INTERRUPTED
@@ -24,12 +25,12 @@ from stoker.consumer.sizing.policy import SizingPolicy
 
 class Trainer:
     """A real HTTP metrics endpoint serving a trainer's need (None: the gauge left out, as a trainer that does
-    not know yet), or raw bytes."""
+    not know yet), or raw bytes, or (``trickle``) a comment line every 50 ms for 20 s."""
 
-    def __init__(self, need=None, raw=None):
+    def __init__(self, need=None, raw=None, trickle=False):
         self.registry = CollectorRegistry()
         self.gauge = Gauge(PRODUCERS_NEEDED_METRIC, "need", registry=self.registry)
-        self.need, self.raw = need, raw
+        self.need, self.raw, self.trickle = need, raw, trickle
         owner = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -37,6 +38,10 @@ class Trainer:
                 body = owner.raw if owner.raw is not None else self._page()
                 self.send_response(200)
                 self.end_headers()
+                for _ in range(400 if owner.trickle else 0):
+                    self.wfile.write(b"# still coming\n")
+                    self.wfile.flush()
+                    time.sleep(0.05)
                 self.wfile.write(body)
 
             def _page(self):
@@ -82,6 +87,25 @@ def test_a_scrape_reads_the_need_and_refuses_what_is_not_a_trainer_page(trainers
         scrape_needed(trainers(raw=f"{PRODUCERS_NEEDED_METRIC} NaN\n".encode()).url)
     with pytest.raises(ScrapeError, match="is `--metrics-port` set"):
         scrape_needed(f"http://127.0.0.1:{unused_port()}/metrics", timeout_s=2)
+
+
+def test_only_http_metrics_urls_are_read_refused_before_any_host_is_made(tmp_path):
+    page = tmp_path / "metrics"
+    page.write_text(f"{PRODUCERS_NEEDED_METRIC} 2\n")  # a page that parses: refused for its scheme, not its text
+    for url in (page.as_uri(), "ftp://127.0.0.1/metrics", "127.0.0.1:9400/metrics"):
+        with pytest.raises(ValueError, match="only http:// or https://.*--metrics-port"):
+            AutoscaleOptions(metrics=(url,))
+        with pytest.raises(ValueError, match="only http:// or https://"):
+            TrainerScraper([url])
+        with pytest.raises(ScrapeError, match="only http:// or https://"):
+            scrape_needed(url)
+    AutoscaleOptions(metrics=("http://10.0.0.2:9400/metrics", "HTTPS://trainer/metrics"))
+
+
+def test_a_page_that_trickles_in_is_cut_at_the_scrape_deadline(trainers):
+    # A line every 50 ms never trips urllib's per-read timeout; only the scrape's own deadline ends it.
+    with pytest.raises(ScrapeError, match="still arriving at the scrape's deadline"):
+        scrape_needed(trainers(1.0, trickle=True).url, timeout_s=0.5)
 
 
 def test_the_needs_of_several_trainers_are_summed_and_rounded_once(trainers):
