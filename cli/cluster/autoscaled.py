@@ -17,6 +17,7 @@ import signal
 import tempfile
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
@@ -66,11 +67,16 @@ class AutoscaleLoop:
     """One ``Autoscaler`` acting on one ``ScaledPool``; ``tick`` as often as convenient, it acts when due."""
 
     STATUS_EVERY_S = 5.0
+    #: Decisions kept in ``decisions``: a long run's record stays bounded (``decisions_logged`` counts them all).
+    KEEP_DECISIONS = 1000
 
     def __init__(self, autoscaler: Autoscaler, pool: ScaledPool, interval_s: float,
-                 clock: Callable[[], float] = time.monotonic, log: Callable[[str], None] = print) -> None:
+                 clock: Callable[[], float] = time.monotonic, log: Callable[[str], None] = print,
+                 keep_decisions: int = KEEP_DECISIONS) -> None:
         self.autoscaler, self.pool, self.interval_s, self._clock, self._log = autoscaler, pool, interval_s, clock, log
-        self.decisions: list[Decision] = []  # those that moved the pool (and the first): the run's record
+        #: The latest decisions that moved the pool (and the first), oldest first: the run's record.
+        self.decisions: deque[Decision] = deque(maxlen=keep_decisions)
+        self.decisions_logged = 0
         self._next = self._status_at = clock()
 
     def tick(self) -> Optional[Decision]:
@@ -81,9 +87,10 @@ class AutoscaleLoop:
         if now >= self._next:
             self._next = now + self.interval_s
             decision = self.autoscaler.step(self.pool.size)
-            if decision.target != decision.current or not self.decisions:
+            if decision.target != decision.current or not self.decisions_logged:
                 self._log(decision.line())
                 self.decisions.append(decision)
+                self.decisions_logged += 1
             self.pool.resize(decision.target)
         if now >= self._status_at:
             self._status_at = now + self.STATUS_EVERY_S

@@ -143,7 +143,7 @@ def test_the_pool_grows_at_once_and_shrinks_after_the_hold_newest_first(trainers
                       published.append, drain_s=5, clock=clock, log=lines.append)
     scaler = Autoscaler(TrainerScraper([need.url], log=lines.append), SizingPolicy(down_hold_s=60, clock=clock),
                         clock=clock)
-    loop = AutoscaleLoop(scaler, pool, interval_s=5, clock=clock, log=lines.append)
+    loop = AutoscaleLoop(scaler, pool, interval_s=5, clock=clock, log=lines.append, keep_decisions=2)
     try:
         loop.tick()
         assert pool.addresses() == ["h0"]
@@ -167,6 +167,8 @@ def test_the_pool_grows_at_once_and_shrinks_after_the_hold_newest_first(trainers
         loop.tick()
         assert all(p.proc.poll() is not None for p in gone) and pool.draining() == 0
         assert "1 data host(s) in the pool, 0 draining" in loop.status()
+        # Three logged (the first, up, down); the record keeps the last two, bounded however long the run.
+        assert loop.decisions_logged == 3 and [d.target for d in loop.decisions] == [3, 1]
     finally:
         pool.close()
 
