@@ -155,11 +155,8 @@ def test_the_tolerance_field_needs_kubernetes_1_33_and_the_documented_fallback_v
 
 
 def test_the_adapter_reads_the_metric_the_trainer_exports():
-    sizing = pytest.importorskip("stoker.consumer.sizing",
-                                 reason="consumer/sizing (issue 43, the trainer's estimate) has not landed yet")
-    name = getattr(sizing, "PRODUCERS_NEEDED_METRIC", None)
-    if name is None:
-        pytest.skip("consumer/sizing does not define PRODUCERS_NEEDED_METRIC yet")
+    from stoker.consumer.sizing import PRODUCERS_NEEDED_METRIC as name  # renamed or gone: this fails, never skips
+
     (rule,) = _external_rules()
     assert _series_read(rule) == name
     collector = (ROOT / "consumer" / "receive" / "metrics.py").read_text()
