@@ -7,20 +7,24 @@ trainers' wait loop (``run.run_prefixed``'s tick, every 0.2 s): every ``interval
 sum, one ``SizingPolicy``), then ``ScaledPool.resize``; each decision that moves the pool, and the first, is logged
 with the policy's inputs, and the status line every ``STATUS_EVERY_S`` says the pool's size and the last decision.
 Everything stops with the trainers, or on Ctrl-C or SIGTERM (made a KeyboardInterrupt here) through ``run.py``'s teardown: no step waits longer than
-one scrape's timeout per trainer.
+one scrape's timeout per trainer. Only the first signal interrupts: one more during the teardown is said and ignored
+(``InterruptOnce``), so the producers are always stopped and the namespaces deleted.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 import time
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 from stoker.cli.cluster.autoscale import (DEFAULT_INTERVAL_S, DEFAULT_STALE_AFTER_S, DEFAULT_TIMEOUT_S, Autoscaler,
                                           Decision, TrainerScraper, check_metrics_url)
@@ -104,23 +108,51 @@ class AutoscaleLoop:
                 f"last decision: {said}")
 
 
-def _interrupt(signum: int, _frame: object) -> None:
-    raise KeyboardInterrupt(signal.Signals(signum).name)
+class InterruptOnce:
+    """The SIGTERM and SIGINT handler of a run: the first signal raises KeyboardInterrupt (the run stops at once,
+    through its teardown); one more, or any once ``tearing_down`` is set (a run ending on its own), is written to
+    stderr and ignored, so a second signal cannot cut the teardown short and leave namespaces behind."""
+
+    def __init__(self) -> None:
+        self.tearing_down = False
+
+    def __call__(self, signum: int, _frame: object) -> None:
+        name = signal.Signals(signum).name
+        if self.tearing_down:
+            # os.write, not print: a handler that prints can land inside a print (a reentrant-call error).
+            try:
+                os.write(sys.stderr.fileno(), f"stoker cluster: {name} during the teardown: ignored; stopping the "
+                                              "producers and deleting the namespaces first\n".encode())
+            except (OSError, ValueError):
+                pass
+            return
+        self.tearing_down = True
+        raise KeyboardInterrupt(name)
+
+
+@contextmanager
+def interrupt_once() -> Iterator[InterruptOnce]:
+    """``InterruptOnce`` on SIGTERM and SIGINT for the block, the previous handlers restored after it; main thread."""
+    guard = InterruptOnce()
+    previous = {signum: signal.signal(signum, guard) for signum in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield guard
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def run_autoscaled(run: ClusterRun, options: AutoscaleOptions) -> int:
     """``run_cluster`` with the pool under ``AutoscaleLoop``; the worst trainer exit code. SIGTERM, as Ctrl-C,
-    ends the run through the teardown (trainers, producers, namespaces); from the main thread only."""
+    ends the run through the teardown (trainers, producers, namespaces), which no further signal interrupts; the
+    signals are handled from the main thread only."""
     if threading.current_thread() is not threading.main_thread():
-        return _run_autoscaled(run, options)
-    previous = signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        return _run_autoscaled(run, options)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+        return _run_autoscaled(run, options, InterruptOnce())  # no handler here: the flag is only written
+    with interrupt_once() as guard:
+        return _run_autoscaled(run, options, guard)
 
 
-def _run_autoscaled(run: ClusterRun, options: AutoscaleOptions) -> int:
+def _run_autoscaled(run: ClusterRun, options: AutoscaleOptions, guard: InterruptOnce) -> int:
     with LmdbDataset(run.lmdb_path) as dataset:
         classes, records = len(dataset.meta.classes), dataset.meta.count
     with LocalCluster(options.max_producers, rate=run.rate, trainers=run.trainers,
@@ -155,6 +187,7 @@ def _run_autoscaled(run: ClusterRun, options: AutoscaleOptions) -> int:
                 print(f"  {line}", flush=True)
             return code
         finally:
+            guard.tearing_down = True  # from here to LocalCluster's exit, a signal is said and ignored
             ended = time.monotonic()
             pool.close()
             if started is not None:
