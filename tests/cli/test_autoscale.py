@@ -2,6 +2,7 @@
 injected clock, a real pool of producer processes on loopback (``ScaledPool`` knows nothing of namespaces)."""
 
 import http.server
+import os
 import re
 import signal
 import subprocess
@@ -15,7 +16,7 @@ from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
 from conftest import one_worker_producer, unused_port
 from stoker.cli.cluster.autoscale import Autoscaler, ScrapeError, TrainerScraper, scrape_needed
-from stoker.cli.cluster.autoscaled import AutoscaleLoop, AutoscaleOptions
+from stoker.cli.cluster.autoscaled import AutoscaleLoop, AutoscaleOptions, interrupt_once
 from stoker.cli.cluster.local_cluster import ClusterError, check_available
 from stoker.cli.cluster.scaled_pool import ScaledPool
 from stoker.cli.exit_codes import EXIT_INTERRUPTED
@@ -173,6 +174,33 @@ def test_the_pool_grows_at_once_and_shrinks_after_the_hold_newest_first(trainers
         pool.close()
 
 
+def test_the_first_signal_interrupts_and_no_later_one_cuts_the_teardown_short(capfd):
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    with interrupt_once() as guard:
+        with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
+            signal.raise_signal(signal.SIGTERM)  # real signals: the handler runs before raise_signal returns
+        signal.raise_signal(signal.SIGTERM)  # the teardown goes on
+        signal.raise_signal(signal.SIGINT)
+    assert capfd.readouterr().err.count("during the teardown: ignored") == 2
+    with interrupt_once() as guard:
+        guard.tearing_down = True  # a run that ended on its own, tearing down: not even the first interrupts
+        signal.raise_signal(signal.SIGINT)
+    assert "SIGINT during the teardown: ignored" in capfd.readouterr().err
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
+
+
+def _stop(proc):
+    """A cluster left running by a failed test: SIGTERM first (its teardown deletes its namespaces), bounded, then
+    SIGKILL."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
 def _cluster_missing():
     try:
         check_available()
@@ -181,25 +209,31 @@ def _cluster_missing():
     return None
 
 
-def test_stoker_cluster_autoscale_scales_up_then_down_mid_run_and_every_record_comes_once(trainers, synth_lmdb):
+def test_stoker_cluster_autoscale_scales_up_then_down_mid_run_and_every_record_comes_once(trainers, synth_lmdb,
+                                                                                         tmp_path):
     """The CLI end to end, the need given by a metrics endpoint this test controls: 2.5 until the trainer has
     stepped (3 producers, at once), then 0.3 (down to 1 after the hold, drained): every epoch exactly once.
 
-    Why the scale-down lands mid-run on any machine: the supply is sleep-bound (3 producers x 20 images/s at most,
-    however fast the host), the first step line comes at step 50 (100 of the 768 records), so the run lasts at
-    least 668 / 60 = 11 s after it, while the controller reacts within its interval and hold (1 s + 2 s). A slower
-    host makes the run longer, not shorter."""
+    Why the scale-down lands mid-run, by construction and not by a margin: each producer's one worker makes
+    150 samples, then waits at a gate (``fixed_supply_pipeline``'s ``gate``/``hold_after``) that this test opens
+    only once it has read "scale down to 1". Three producers make at most 450 records before that, fewer than the
+    run's 768, so the run cannot end first; one producer alone makes the 100 records the first step line (step 50,
+    batches of 2) needs, so the line that triggers the scale-down always comes. The gate gives up after 120 s (said
+    in the log), so a failure here is a failed assertion, not a hang. The scale-up comes first because the
+    controller decides at its first tick, before the trainer it starts has made a step."""
     missing = _cluster_missing()
     if missing:
         pytest.skip(missing)
     need = trainers(2.5)
     pipeline = Path(__file__).parents[2] / "benchmarks" / "fixed_supply_pipeline.py"
+    gate = tmp_path / "scaled-down"
     proc = subprocess.Popen(
         [sys.executable, "-m", "stoker.cli.main", "cluster", "--lmdb", str(synth_lmdb), "--autoscale",
          "--autoscale-metrics", need.url, "--max-producers", "3", "--autoscale-interval", "1",
          "--autoscale-down-hold", "2", "--epochs", "8", "--steps", "100000", "--batch-size", "2",
-         "--image-size", "32", "--queue-capacity", "2", "--pipeline", f"{pipeline}:make_pipeline",
-         "--pipeline-arg", "sample_s=0.05", "--pipeline-arg", "images_px=32"],
+         "--image-size", "32", "--queue-capacity", "2", "--workers", "1", "--pipeline", f"{pipeline}:make_pipeline",
+         "--pipeline-arg", "sample_s=0.05", "--pipeline-arg", "images_px=32", "--pipeline-arg", f"gate={gate}",
+         "--pipeline-arg", "hold_after=150"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []
     try:
@@ -207,20 +241,21 @@ def test_stoker_cluster_autoscale_scales_up_then_down_mid_run_and_every_record_c
             lines.append(line)
             if "trainer: " in line and " step=" in line and any("scale up to 3" in seen for seen in lines):
                 need.need = 0.3
+            if "scale down to 1" in line:
+                gate.touch()
         assert proc.wait(60) == 0, "".join(lines[-60:])
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+        _stop(proc)
     out = "".join(lines)
     assert "pool 1, desired 3: scale up to 3" in out and "desired 1: scale down to 1" in out, out[-4000:]
     assert out.index("scale up to 3") < out.index(" step=") < out.index("scale down to 1"), out[-4000:]
     assert "  epochs 0-7 (8 epochs): 96/96 records each (100.0%), none seen more than once\n" in out, out[-4000:]
+    assert "going on without it" not in out, out[-4000:]  # the gate held until the scale-down, as designed
 
 
 def test_sigterm_stops_an_autoscaled_cluster_and_tears_it_down(trainers, synth_lmdb):
     """SIGTERM mid-run (right after a scale-up) ends the controller and the run through the teardown: interrupted,
-    its producers stopped and counted, its namespaces deleted."""
+    its producers stopped and counted, its namespaces deleted, though a second SIGTERM comes during the teardown."""
     missing = _cluster_missing()
     if missing:
         pytest.skip(missing)
@@ -236,13 +271,11 @@ def test_sigterm_stops_an_autoscaled_cluster_and_tears_it_down(trainers, synth_l
             lines.append(line)
             if "scale up to 2" in line:
                 proc.send_signal(signal.SIGTERM)
-                break
-        lines += proc.stdout.readlines()
+            if "producers (each daemon's own count" in line:  # tearing down: a second one must not cut it short
+                proc.send_signal(signal.SIGTERM)
         code = proc.wait(60)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+        _stop(proc)
     out = "".join(lines)
     assert code == EXIT_INTERRUPTED and "stoker cluster: interrupted" in out, out[-3000:]
     assert "producers (each daemon's own count at its stop):" in out, out[-3000:]
