@@ -54,7 +54,8 @@ def add_cluster_parser(sub: "Subcommands", common: argparse.ArgumentParser) -> N
     cl.add_argument("--no-progress", action="store_true", help="log lines instead of the trainer's progress bar")
     cl.add_argument("--pipeline", default=None, metavar="REF",
                     help="the producers' pipeline (path/file.py:make_pipeline or module:attr; none: the built-in)")
-    cl.add_argument("--pipeline-arg", action="append", default=[], metavar="K=V", help="argument of --pipeline")
+    cl.add_argument("--pipeline-arg", action="append", metavar="K=V",
+                    help="argument of --pipeline (repeatable), passed to each producer")
     au = cl.add_argument_group("autoscale", "--autoscale: an elastic pool of --min-producers to --max-producers "
                                "data hosts follows the trainers' summed stoker_trainer_producers_needed, rounded once "
                                "(up at once, down after --autoscale-down-hold, newest host first, its splits handed "
@@ -80,7 +81,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
                      no_progress=args.no_progress, trainers=args.trainers,
                      epochs=args.epochs, mode=args.mode, log_consumed=args.log_consumed,
                      add_host_at=args.add_host_at, remove_host_at=args.remove_host_at,
-                     pipeline=args.pipeline, pipeline_args=tuple(args.pipeline_arg))
+                     pipeline=args.pipeline, pipeline_args=tuple(args.pipeline_arg or ()))
     if args.autoscale:
         from stoker.cli.cluster.autoscaled import AutoscaleOptions
 
