@@ -165,3 +165,20 @@ def benchmark_module(name: str) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)  # type: ignore[union-attr]
     return module
+
+
+def promql_selectors(node: Any) -> list:
+    """Every vector selector in an expression ``promql_parser.parse`` gave, through calls, aggregations and
+    subqueries (the dashboard's and the autoscaler's queries are checked against the metrics we export)."""
+    import promql_parser
+
+    if isinstance(node, promql_parser.VectorSelector):
+        return [node]
+    found = []
+    for attr in ("lhs", "rhs", "expr", "vector_selector"):
+        child = getattr(node, attr, None)
+        if child is not None:
+            found += promql_selectors(child)
+    for arg in getattr(node, "args", None) or []:
+        found += promql_selectors(arg)
+    return found

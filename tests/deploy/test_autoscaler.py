@@ -16,7 +16,7 @@ import promql_parser
 import pytest
 import yaml
 
-from conftest import installed_tool
+from conftest import installed_tool, promql_selectors
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
@@ -38,26 +38,12 @@ def _external_rules() -> list[dict]:
     return yaml.safe_load(config_map["data"]["config.yaml"])["externalRules"]
 
 
-def _selectors(node) -> list:
-    """Every vector selector in a parsed PromQL expression, through calls, aggregations and subqueries."""
-    if isinstance(node, promql_parser.VectorSelector):
-        return [node]
-    found = []
-    for attr in ("lhs", "rhs", "expr", "vector_selector"):
-        child = getattr(node, attr, None)
-        if child is not None:
-            found += _selectors(child)
-    for arg in getattr(node, "args", None) or []:
-        found += _selectors(arg)
-    return found
-
-
 def _series_read(rule: dict) -> str:
     """The one metric a rule's metricsQuery reads, checked against its seriesQuery and name pattern."""
     query = rule["metricsQuery"]
     assert set(re.findall(r"<<\.(\w+)>>", query)) <= {"LabelMatchers", "Series"}, query
     parsed = promql_parser.parse(query.replace("<<.LabelMatchers>>", LABEL_MATCHERS))
-    selectors = _selectors(parsed)
+    selectors = promql_selectors(parsed)
     names = {s.name for s in selectors}
     discovered = promql_parser.parse(rule["seriesQuery"]).name
     assert names == {discovered}, f"{query!r} reads {sorted(names)}, but the rule discovers {discovered!r}"

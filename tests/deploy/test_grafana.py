@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from stoker.consumer import ZMQInput
 from stoker.producer.process import ProducerProcess
 
-from conftest import unused_port, installed_tool
+from conftest import installed_tool, promql_selectors, unused_port
 
 pytestmark = pytest.mark.timeout(120)
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
@@ -60,23 +60,9 @@ def _queries(dashboard: Path) -> list[str]:
     return [target["expr"] for panel in panels for target in panel.get("targets", [])]
 
 
-def _selectors(node) -> list:
-    """Every vector selector in a parsed PromQL expression."""
-    if isinstance(node, promql_parser.VectorSelector):
-        return [node]
-    found = []
-    for attr in ("lhs", "rhs", "expr", "vector_selector"):
-        child = getattr(node, attr, None)
-        if child is not None:
-            found += _selectors(child)
-    for arg in getattr(node, "args", None) or []:
-        found += _selectors(arg)
-    return found
-
-
 def _check(node, exported: dict[str, set[str]], expr: str) -> None:
     """Metric names, matcher labels and ``by`` labels of ``node`` all exist in ``exported``."""
-    selectors = _selectors(node)
+    selectors = promql_selectors(node)
     assert selectors, f"{expr!r} reads no metric"
     for selector in selectors:
         assert selector.name in exported, f"{expr!r} reads {selector.name!r}, which Stoker does not export"
@@ -105,7 +91,7 @@ def test_every_dashboard_query_names_a_metric_and_labels_stoker_exports(dashboar
         for variable, value in GRAFANA_VARIABLES.items():
             text = text.replace(variable, value)
         _check(promql_parser.parse(text), exported, expr)
-    read = {s.name for expr in queries for s in _selectors(promql_parser.parse(
+    read = {s.name for expr in queries for s in promql_selectors(promql_parser.parse(
         expr.replace("$__rate_interval", "1m").replace("$__range", "30m")))}
     # What the issue asks the dashboard to show, at least.
     for metric in ("stoker_trainer_queue_occupancy", "stoker_producer_images_sent_total",
