@@ -181,10 +181,7 @@ def _run_autoscaled(run: ClusterRun, options: AutoscaleOptions, guard: Interrupt
             watcher = ConsumedWatcher([log_dir / f"{t.name}.jsonl" for t in cluster.trainers])
             started = time.monotonic()
             code = run_prefixed(commands, [t.name for t in cluster.trainers], tick=loop.tick)
-            watcher.poll()
-            print("coverage (records the steps consumed, all trainers):", flush=True)
-            for line in watcher.coverage(records):
-                print(f"  {line}", flush=True)
+            watcher.print_coverage(records)
             return code
         finally:
             guard.tearing_down = True  # from here to LocalCluster's exit, a signal is said and ignored

@@ -75,6 +75,13 @@ class ConsumedWatcher:
         self.rows += new
         return new
 
+    def print_coverage(self, records: int) -> None:
+        """Read what the trainers logged last, then print ``coverage`` under its heading (the end of a run)."""
+        self.poll()
+        print("coverage (records the steps consumed, all trainers):", flush=True)
+        for line in self.coverage(records):
+            print(f"  {line}", flush=True)
+
     def coverage(self, records: int) -> list[str]:
         """Each epoch's coverage, summarised: one line for the epochs whose ``records`` all came exactly once
         ("epochs 0-56, 58 (58 epochs): ..."), then one per other epoch (cut short, or with records seen more than

@@ -131,10 +131,7 @@ def run_cluster(run: ClusterRun) -> int:
                 watcher = ConsumedWatcher([log_dir / f"{t.name}.jsonl" for t in cluster.trainers])
                 pool = _ElasticPool(run, cluster, producers, names, watcher)
                 code = run_prefixed(commands, [t.name for t in cluster.trainers], tick=pool.tick)
-                watcher.poll()
-                print("coverage (records the steps consumed, all trainers):", flush=True)
-                for line in watcher.coverage(records):
-                    print(f"  {line}", flush=True)
+                watcher.print_coverage(records)
                 return code
             if len(commands) == 1:
                 return subprocess.run(commands[0], stdin=subprocess.DEVNULL).returncode

@@ -9,10 +9,23 @@ import argparse
 from typing import TYPE_CHECKING
 
 from stoker.cli.argument_parser import HelpFormatter, key_value, output_file, positive_int
+from stoker.consumer.sizing.pool_sizing import DEFAULT_HEADROOM
 from stoker.cli.measure.commands import cmd_bench_link, cmd_bench_pool, cmd_bench_producer, cmd_bench_trainer, cmd_doctor
 
 if TYPE_CHECKING:
     Subcommands = argparse._SubParsersAction[argparse.ArgumentParser]
+
+
+def _add_stage_bench_flags(parser: argparse.ArgumentParser) -> None:
+    """What ``bench producer`` and ``bench pool`` measure the stages on: the dataset, the output size, the time per
+    stage, the pipeline and its arguments."""
+    parser.add_argument("--data", "--lmdb", dest="lmdb", required=True, metavar="DATASET",
+                        help="what `stoker produce --data` serves: an LMDB, a sharded dataset, a tar or Parquet index")
+    parser.add_argument("--image-size", type=positive_int, default=224, help="output image size")
+    parser.add_argument("--seconds", type=float, default=2.0, help="seconds per stage")
+    parser.add_argument("--pipeline", default="imagenet", metavar="NAME", help="pipeline, as for stoker produce")
+    parser.add_argument("--pipeline-arg", action="append", type=key_value, metavar="KEY=VALUE",
+                        help="pipeline argument (repeatable)")
 
 
 def add_bench_parser(sub: "Subcommands", common: argparse.ArgumentParser) -> None:
@@ -23,14 +36,8 @@ def add_bench_parser(sub: "Subcommands", common: argparse.ArgumentParser) -> Non
                         "(the step on constant input).")
     besub = be.add_subparsers(dest="bench_command", required=True, metavar="STAGE")
     bp = besub.add_parser("producer", parents=[common], formatter_class=HelpFormatter, help="producer stages, one core")
-    bp.add_argument("--data", "--lmdb", dest="lmdb", required=True, metavar="DATASET",
-                    help="what `stoker produce --data` serves: an LMDB, a sharded dataset, a tar or Parquet index")
-    bp.add_argument("--image-size", type=positive_int, default=224, help="output image size")
+    _add_stage_bench_flags(bp)
     bp.add_argument("--batch-size", type=positive_int, default=64, help="batch size (serialize stage)")
-    bp.add_argument("--seconds", type=float, default=2.0, help="seconds per stage")
-    bp.add_argument("--pipeline", default="imagenet", metavar="NAME", help="pipeline, as for stoker produce")
-    bp.add_argument("--pipeline-arg", action="append", type=key_value, metavar="KEY=VALUE",
-                    help="pipeline argument (repeatable)")
     bp.add_argument("--mode", choices=("train", "eval"), default="train", help="pipeline mode")
     bp.set_defaults(func=cmd_bench_producer)
     bo = besub.add_parser("pool", parents=[common], formatter_class=HelpFormatter, help="data hosts for a demand",
@@ -38,18 +45,13 @@ def add_bench_parser(sub: "Subcommands", common: argparse.ArgumentParser) -> Non
                           "then print the decode workers and data hosts a trainer demand needs, with headroom. The demand "
                           "of a running job: its trainers' stoker_trainer_demand_images_per_s (summed), or "
                           "`stoker bench trainer`'s images/s times the trainers.")
-    bo.add_argument("--data", "--lmdb", dest="lmdb", required=True, metavar="DATASET",
-                    help="what `stoker produce --data` serves: an LMDB, a sharded dataset, a tar or Parquet index")
+    _add_stage_bench_flags(bo)
     bo.add_argument("--demand", type=float, required=True, metavar="IMAGES_PER_S",
                     help="images/s the job's trainers take together when never waiting")
     bo.add_argument("--cores-per-host", type=positive_int, default=16, help="cores of one data host")
     bo.add_argument("--workers-per-host", type=positive_int, help="decode workers per host (default: cores - 1)")
-    bo.add_argument("--headroom", type=float, default=0.15, help="supply kept above demand (as the trainers' estimate)")
-    bo.add_argument("--image-size", type=positive_int, default=224, help="output image size")
-    bo.add_argument("--seconds", type=float, default=2.0, help="seconds per stage")
-    bo.add_argument("--pipeline", default="imagenet", metavar="NAME", help="pipeline, as for stoker produce")
-    bo.add_argument("--pipeline-arg", action="append", type=key_value, metavar="KEY=VALUE",
-                    help="pipeline argument (repeatable)")
+    bo.add_argument("--headroom", type=float, default=DEFAULT_HEADROOM,
+                    help="supply kept above demand (as the trainers' estimate)")
     bo.add_argument("--json", action="store_true", help="print the plan as one JSON object")
     bo.set_defaults(func=cmd_bench_pool, mode="train", batch_size=64)
     bl = besub.add_parser("link", parents=[common], formatter_class=HelpFormatter, help="what arrives from producers",

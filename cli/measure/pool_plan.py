@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from stoker.consumer.sizing.pool_sizing import DEFAULT_HEADROOM
+
 
 @dataclass(frozen=True)
 class PoolPlan:
@@ -52,7 +54,8 @@ class PoolPlan:
         return "\n".join(f"{name:<{width}} | {value}" for name, value in rows)
 
 
-def plan_pool(per_core_images_per_s: float, demand_images_per_s: float, cores_per_host: int, headroom: float = 0.15,
+def plan_pool(per_core_images_per_s: float, demand_images_per_s: float, cores_per_host: int,
+              headroom: float = DEFAULT_HEADROOM,
               workers_per_host: int | None = None, sample_bytes: int = 0) -> PoolPlan:
     """The plan; ValueError for a rate, demand or host size that cannot be planned for, naming it."""
     if not per_core_images_per_s > 0:
