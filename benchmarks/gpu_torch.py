@@ -71,7 +71,7 @@ def build_torch_model(name: str, classes: int):
     return torchvision.models.get_model(name, weights=None, num_classes=classes)
 
 
-def _trainer(model, device, precision: str) -> Callable:
+def train_step(model, device, precision: str) -> Callable:
     import torch
 
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -132,7 +132,7 @@ def section_torch_latency(p: dict[str, Any], precision: str = "float32") -> dict
 
     device, size, batch, classes = torch.device(torch_device(p)), p["image_size"], p["batch_size"], 1000
     model = build_torch_model(p["model"], classes)
-    train = _trainer(model.to(device, memory_format=torch.channels_last), device, precision)
+    train = train_step(model.to(device, memory_format=torch.channels_last), device, precision)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     const_images = torch.randint(0, 255, (batch, 3, size, size), device=device).float().contiguous(
         memory_format=torch.channels_last)

@@ -21,7 +21,7 @@ import time
 from contextlib import ExitStack
 from typing import Any
 
-from gpu_torch import _trainer, build_torch_model
+from gpu_torch import build_torch_model, train_step
 from harness import add_out_argument, benchmark_parser, launch_sharded, producer_flags, synthetic_lmdb, write_results
 
 
@@ -81,7 +81,7 @@ def main() -> None:
     if args.dry:
         args.batch_size, args.seconds, args.records = 16, min(args.seconds, 6.0), 64
     model = build_torch_model(model_name, 1000)
-    train = _trainer(model.to(device, memory_format=torch.channels_last), device, args.precision)
+    train = train_step(model.to(device, memory_format=torch.channels_last), device, args.precision)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     images = torch.randint(0, 255, (args.batch_size, 3, size, size), device=device).float().contiguous(
         memory_format=torch.channels_last)
