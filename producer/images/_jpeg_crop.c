@@ -1,5 +1,5 @@
 /*
- * decode_crop(data, y, x, h, w, fast) -> bytes: the RGB pixels of one window of a JPEG.
+ * decode_crop(data, y, x, h, w, fast) -> (pixels, stride, offset): one window of a JPEG, as RGB rows.
  *
  * libjpeg(-turbo)'s partial decoding, as tf.io.decode_and_crop_jpeg does it: columns
  * outside the window skip the IDCT and colour conversion (jpeg_crop_scanline), rows
@@ -9,9 +9,13 @@
  * decode's except in the two columns at each side edge (chroma upsampling there lacks
  * the neighbours outside the decoded MCU columns).
  *
- * Returns h*w*3 bytes, row-major RGB. Raises ValueError with libjpeg's message for any
- * error or warning (corrupt or truncated data), and for a window outside the image.
- * The GIL is released while decoding.
+ * Returns (pixels, stride, offset): the window's rows are decoded straight into
+ * ``pixels`` (bytes), each ``stride`` pixels wide (the window widened to iMCU
+ * boundaries, at most w + MAX_WIDENING), the window starting ``offset`` pixels into
+ * each row; RGB, row-major. So no pixel is copied after libjpeg writes it: the caller
+ * takes a strided view (augment.decode_train_crop). Raises ValueError with libjpeg's
+ * message for any error or warning (corrupt or truncated data), and for a window
+ * outside the image. The GIL is released while decoding.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -20,6 +24,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <jpeglib.h>
+
+/* jpeg_crop_scanline moves the window's left edge down to an iMCU boundary: at most
+ * max_h_samp_factor (<= 4) x DCT size (8) - 1 pixels. */
+#define MAX_WIDENING 32
 
 typedef struct {
     struct jpeg_error_mgr pub;
@@ -49,7 +57,8 @@ static PyObject *decode_crop(PyObject *self, PyObject *args) {
         PyBuffer_Release(&data);
         return PyErr_Format(PyExc_ValueError, "invalid crop window y=%d x=%d h=%d w=%d", y, x, h, w);
     }
-    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)h * w * 3);
+    const size_t stride_max = (size_t)w + MAX_WIDENING;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)((size_t)h * stride_max * 3));
     if (out == NULL) {
         PyBuffer_Release(&data);
         return NULL;
@@ -57,9 +66,10 @@ static PyObject *decode_crop(PyObject *self, PyObject *args) {
     unsigned char *dst = (unsigned char *)PyBytes_AS_STRING(out);
     struct jpeg_decompress_struct cinfo;
     ErrorManager err;
-    JSAMPLE *volatile row = NULL;
+    JSAMPROW *volatile rows = NULL;
     volatile int failure = 0; /* 1: libjpeg error, 2: window outside the image */
     unsigned int image_w = 0, image_h = 0;
+    volatile JDIMENSION stride = 0, offset = 0;
 
     Py_BEGIN_ALLOW_THREADS
     cinfo.err = jpeg_std_error(&err.pub);
@@ -83,29 +93,36 @@ static PyObject *decode_crop(PyObject *self, PyObject *args) {
             jpeg_start_decompress(&cinfo);
             JDIMENSION xoffset = (JDIMENSION)x, width = (JDIMENSION)w;
             jpeg_crop_scanline(&cinfo, &xoffset, &width); /* widens to iMCU boundaries */
-            row = (JSAMPLE *)malloc((size_t)cinfo.output_width * cinfo.output_components);
-            if (row == NULL) {
+            stride = cinfo.output_width;
+            offset = (JDIMENSION)x - xoffset;
+            if (cinfo.output_components != 3 || (size_t)stride > stride_max || offset + (JDIMENSION)w > stride) {
+                strcpy(err.message, "unexpected crop widening"); /* never with libjpeg(-turbo) as documented */
+                failure = 1;
+            } else if ((rows = (JSAMPROW *)malloc((size_t)h * sizeof(JSAMPROW))) == NULL) {
                 strcpy(err.message, "out of memory");
                 failure = 1;
             } else {
+                for (int r = 0; r < h; r++) {
+                    rows[r] = dst + (size_t)r * stride * 3;
+                }
                 if (y > 0 && jpeg_skip_scanlines(&cinfo, (JDIMENSION)y) != (JDIMENSION)y) {
                     strcpy(err.message, "could not skip to the crop window");
                     failure = 1;
                 }
-                for (int r = 0; r < h && !failure; r++) {
-                    JSAMPROW rows[1] = {row};
-                    if (jpeg_read_scanlines(&cinfo, rows, 1) != 1) {
+                for (JDIMENSION r = 0; r < (JDIMENSION)h && !failure;) {
+                    JDIMENSION got = jpeg_read_scanlines(&cinfo, rows + r, (JDIMENSION)h - r);
+                    if (got == 0) {
                         strcpy(err.message, "premature end of image data");
                         failure = 1;
                         break;
                     }
-                    memcpy(dst + (size_t)r * w * 3, row + (size_t)(x - (int)xoffset) * 3, (size_t)w * 3);
+                    r += got;
                 }
             }
         }
     }
     jpeg_destroy_decompress(&cinfo); /* also abandons the rows below the window */
-    free(row);
+    free(rows);
     Py_END_ALLOW_THREADS
 
     PyBuffer_Release(&data);
@@ -118,13 +135,13 @@ static PyObject *decode_crop(PyObject *self, PyObject *args) {
         Py_DECREF(out);
         return PyErr_Format(PyExc_ValueError, "libjpeg: %s", err.message);
     }
-    return out;
+    return Py_BuildValue("(Nkk)", out, (unsigned long)stride, (unsigned long)offset);
 }
 
 static PyMethodDef methods[] = {
     {"decode_crop", decode_crop, METH_VARARGS,
-     "decode_crop(data, y, x, h, w, fast) -> bytes: RGB pixels (h*w*3) of a window of a JPEG, "
-     "decoding only what the window needs. ValueError on any error."},
+     "decode_crop(data, y, x, h, w, fast) -> (pixels, stride, offset): the RGB rows (h x stride x 3) "
+     "holding a window of a JPEG at column offset, decoding only what the window needs. ValueError on any error."},
     {NULL, NULL, 0, NULL},
 };
 

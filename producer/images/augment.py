@@ -69,7 +69,10 @@ def decode_train_crop(data: bytes, rng: np.random.Generator, fast_dct: bool = Fa
     if crop_decoding and _decode_crop is not None and info.format == "jpeg":
         y, x, h, w = random_crop_window(info.height, info.width, rng, scale, ratio)
         try:
-            return np.frombuffer(_decode_crop(data, y, x, h, w, fast_dct), np.uint8).reshape(h, w, 3)
+            pixels, stride, offset = _decode_crop(data, y, x, h, w, fast_dct)
+            # Rows widened to iMCU boundaries, decoded in place: the window is a strided view, never copied.
+            rows = np.frombuffer(pixels, np.uint8, h * stride * 3).reshape(h, stride, 3)
+            return rows[:, offset : offset + w]
         except ValueError:  # CMYK, corrupt data: the full decoders' fallbacks and errors apply
             return decode_rgb(data, fast_dct, info)[y : y + h, x : x + w]
     rgb = decode_rgb(data, fast_dct, info)
