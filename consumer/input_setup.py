@@ -86,9 +86,6 @@ class InputOptions:
                              "producers with --exact)")
         if self.local_producer is not None:
             self.local_producer.check_mode(self.exact)
-            if self.receive == "direct":
-                raise ValueError("local_producer serves over ipc://, which receive='direct' does not speak (TCP only): "
-                                 "leave receive='auto' (it then receives through libzmq)")
         return ReceiveOptions(self._addresses(),
                               declared_spec(self.spec, self.batch_size, self.image_shape, self.exact),
                               receive=self.receive, recv_timeout=self.recv_timeout, rcvhwm=self.rcvhwm,

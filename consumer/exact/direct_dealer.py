@@ -31,7 +31,7 @@ from stoker.protocol import DecodeLimits, ProtocolError
 from stoker.protocol.batch_header import Batch
 from stoker.protocol.batch_spec import BatchSpec
 
-from stoker.consumer.receive.options import tcp_address
+from stoker.consumer.receive.stream_address import stream_address
 from stoker.consumer.transport.connection_loop import ConnectionLoop
 from stoker.consumer.transport.connections import ConnectionHealth
 from stoker.consumer.transport.direct_receive import EmptyArray, message_steps
@@ -57,7 +57,7 @@ class DirectDealer:
     def __init__(self, address: str, spec: Callable[[], Optional[BatchSpec]], limits: DecodeLimits,
                  empty: EmptyArray, batch_room: int, status_room: int, poll_s: float = 0.1,
                  loop: Optional[ConnectionLoop] = None, ready: Optional[ReadyQueue] = None) -> None:
-        tcp_address(address)
+        stream_address(address)
         self.address = self.endpoint = address
         self._spec, self._limits, self._empty = spec, limits, empty
         self._batch_room, self._status_room = batch_room, status_room

@@ -1,6 +1,6 @@
 """BatchStream: batches from Stoker producers as dicts of NumPy arrays, for JAX, PyTorch or any framework.
 
-The same receive core as ``ZMQInput`` (direct ZMTP by default, libzmq for CurveZMQ and ipc://,
+The same receive core as ``ZMQInput`` (direct ZMTP over tcp:// and ipc:// by default, libzmq for CurveZMQ,
 exact mode with its state), feeding a bounded queue instead of TensorFlow; TensorFlow is
 never imported. Iterate it::
 

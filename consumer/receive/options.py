@@ -6,8 +6,8 @@ discovery, share, stall bounds and the receive path. ``open_core`` and every rec
 facade keeps its keyword arguments for users and builds it (``input_setup.InputOptions``), adding
 only what is its framework's. The receive path (``receive=``):
 
-- ``"auto"`` (default): direct ZMTP receive wherever it applies, that is tcp:// without
-  CurveZMQ; libzmq otherwise (CurveZMQ, ipc://);
+- ``"auto"`` (default): direct ZMTP receive wherever it applies, that is tcp:// and ipc:// (a producer on this
+  host, a Unix socket) without CurveZMQ; libzmq otherwise (CurveZMQ);
 - ``"direct"`` or ``"libzmq"``: that path, or ValueError saying why it does not apply.
 
 Imports nothing of the consumer's wings: they import it.
@@ -22,6 +22,8 @@ from urllib.parse import urlsplit
 from stoker.protocol import DEFAULT_MAX_MESSAGE_BYTES, DecodeLimits
 from stoker.protocol.batch_spec import BatchSpec, bookkeeping_arrays
 from stoker.protocol.curve import CurveClientKeys
+
+from stoker.consumer.receive.stream_address import stream_address
 
 if TYPE_CHECKING:
     from stoker.consumer.exact.ledger import ConsumedLedger
@@ -63,14 +65,6 @@ def check_source(source: AddressSource) -> Union[list[str], Callable[[], Sequenc
             if not parts.hostname or port is None:
                 raise ValueError(f"producer address {address!r} needs a host and a port, e.g. tcp://datahost:5555")
     return addresses
-
-
-def tcp_address(endpoint: str) -> tuple[str, int]:
-    """``tcp://host:port`` -> (host, port); ValueError naming the problem for anything else."""
-    parts = urlsplit(endpoint)
-    if parts.scheme != "tcp" or not parts.hostname or parts.port is None:
-        raise ValueError(f"{endpoint!r}: direct receive speaks TCP only, e.g. tcp://datahost:5555")
-    return parts.hostname, parts.port
 
 
 @dataclass(frozen=True)
@@ -138,7 +132,7 @@ class ReceiveOptions:
             return "receive='direct' speaks ZMTP without CurveZMQ: leave receive='auto' (or 'libzmq') for curve keys"
         for address in self.addresses if not callable(self.addresses) else []:  # a callable's answers: as they come
             try:
-                tcp_address(address)
+                stream_address(address)
             except ValueError as exc:
                 return str(exc)
         return None

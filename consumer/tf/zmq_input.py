@@ -104,11 +104,11 @@ class ZMQInput(InputBase, tf.train.experimental.PythonState):
         resume_state, trainer_id: exact mode: start from a ``save_state()`` (its trainer id comes
             with it); ``trainer_id`` names this trainer to producers (default: random).
         receive: ``"auto"`` (default), ``"direct"`` or ``"libzmq"``. Direct receive reads each
-            producer's stream ourselves (ZMTP over TCP, one thread per producer) straight into
+            producer's stream ourselves (ZMTP over TCP or a Unix socket) straight into
             aligned memory TensorFlow then owns, saving the copy a libzmq frame needs, and bounds
             every message (memory: one batch per producer, whatever a peer sends; docs/security.md).
-            ``"auto"`` uses it for ``tcp://`` addresses without ``curve`` (plain and exact mode),
-            libzmq otherwise (CurveZMQ, ``ipc://``). Producers are the same either way.
+            ``"auto"`` uses it for ``tcp://`` and ``ipc://`` addresses without ``curve`` (plain and exact
+            mode), libzmq otherwise (CurveZMQ). Producers are the same either way.
 
     Three ways in (runnable versions in README.md)::
 

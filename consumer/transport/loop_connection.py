@@ -28,7 +28,7 @@ from typing import Any, Callable, Optional, Protocol
 from stoker.protocol.errors import ProtocolError
 
 from stoker.consumer.receive.contract import SinkClosed
-from stoker.consumer.receive.options import tcp_address
+from stoker.consumer.receive.stream_address import open_stream, stream_address, tune_stream
 from stoker.consumer.transport.direct_receive import MAX_BACKOFF_S
 from stoker.consumer.transport.zmtp import MAX_UNSENT, STALL_S
 from stoker.consumer.transport.zmtp_reader import FrameReader, Steps, handshake_steps
@@ -76,7 +76,7 @@ class LoopConnection:
 
     def __init__(self, peer: Peer, poll_s: float, connect_timeout: float = 2.0, stall_s: float = STALL_S) -> None:
         self.peer, self.endpoint = peer, peer.endpoint
-        self.address = tcp_address(peer.endpoint)  # ValueError for an address that is not tcp://host:port
+        self.address = stream_address(peer.endpoint)  # ValueError for one that is neither tcp://host:port nor ipc://
         self._poll_s, self._connect_timeout, self._stall_s = poll_s, connect_timeout, stall_s
         self.sock: Optional[socket.socket] = None
         self.state = "waiting"  # waiting (to connect), connecting, handshake, open
@@ -188,12 +188,10 @@ class LoopConnection:
 
     def _connect(self, now: float) -> None:
         try:
-            family, kind, proto, _, address = socket.getaddrinfo(*self.address, type=socket.SOCK_STREAM)[0]
-            sock = socket.socket(family, kind, proto)
+            sock, address = open_stream(self.address)
         except OSError as exc:
             self._fail(exc)
             return
-        sock.setblocking(False)
         self.sock, self.state, self._deadline = sock, "connecting", now + self._connect_timeout
         error = sock.connect_ex(address)
         if error not in (0, errno.EINPROGRESS, errno.EALREADY, errno.EWOULDBLOCK):
@@ -220,12 +218,7 @@ class LoopConnection:
     def _opened(self) -> None:
         sock = self.sock
         assert sock is not None
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        # What libzmq's heartbeats do on the other path: a dead host or a cut link drops the connection within ~8 s.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-        for option, value in (("TCP_KEEPIDLE", 5), ("TCP_KEEPINTVL", 1), ("TCP_KEEPCNT", 3)):
-            if hasattr(socket, option):
-                sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
+        tune_stream(sock)
         self.state, self._progress_at = "handshake", time.monotonic()
         self.reader = FrameReader(self._pong)
         self._start(handshake_steps(self.reader, self.endpoint, self.peer.socket_type, self._queue))

@@ -38,7 +38,7 @@ from typing import Callable, Optional, TypeVar
 
 from stoker.protocol.errors import ProtocolError
 
-from stoker.consumer.receive.options import tcp_address
+from stoker.consumer.receive.stream_address import StreamAddress, open_stream, stream_address, tune_stream
 from stoker.consumer.transport.zmtp_reader import FrameReader, Steps, handshake_steps
 from stoker.consumer.transport.zmtp_wire import PEER_TYPE, SocketTypeMismatch, encode_frame
 
@@ -76,15 +76,9 @@ class ZMTPConnection:
         self._stall_s = stall_s
         self.reader = FrameReader(self._pong)  # the parser: frames as steps this connection drives
         self._deadline: Optional[float] = time.monotonic() + connect_timeout  # until the handshake is done
-        self._sock = self._connect(*tcp_address(endpoint))
+        self._sock = self._connect(stream_address(endpoint))
         try:
-            self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            # What libzmq's heartbeats do on the other path: a dead host or a cut link drops the
-            # connection within ~8 s (then it is connected again), not a silent half-open socket.
-            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-            for option, value in (("TCP_KEEPIDLE", 5), ("TCP_KEEPINTVL", 1), ("TCP_KEEPCNT", 3)):
-                if hasattr(socket, option):
-                    self._sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
+            tune_stream(self._sock)
             self._sock.settimeout(poll_s)
             self._handshake()
             self._deadline = None
@@ -92,12 +86,10 @@ class ZMTPConnection:
             self._sock.close()
             raise
 
-    def _connect(self, host: str, port: int) -> socket.socket:
+    def _connect(self, where: StreamAddress) -> socket.socket:
         """A connected socket, waiting in ``poll_s`` steps (stop, deadline) instead of one blocking connect."""
-        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-        sock = socket.socket(family, kind, proto)
+        sock, address = open_stream(where)
         try:
-            sock.setblocking(False)
             error = sock.connect_ex(address)
             while error in (errno.EINPROGRESS, errno.EALREADY, errno.EWOULDBLOCK):
                 if self._should_stop():

@@ -32,7 +32,7 @@ from stoker.consumer.transport.direct_receive import EmptyArray, describe, messa
 from stoker.consumer.transport.loop_connection import LoopConnection
 from stoker.consumer.transport.zmtp import SocketTypeMismatch
 from stoker.consumer.transport.zmtp_reader import FrameReader, Steps
-from stoker.consumer.receive.options import tcp_address
+from stoker.consumer.receive.stream_address import stream_address
 from stoker.consumer.transport.discovery import ProducerPool
 
 if TYPE_CHECKING:
@@ -154,14 +154,14 @@ class _Deliveries(threading.Thread):
 
 
 class ZMTPReceiver:
-    """See the module doc. ValueError for an address that is not tcp://host:port."""
+    """See the module doc. ValueError for an address that is neither tcp://host:port nor ipc://PATH."""
 
     held_per_producer = 1  # the batch its connection reads into, or holds while waiting for room
 
     def __init__(self, pool: ProducerPool, options: "ReceiveOptions") -> None:
         self.pool = pool
         for address in pool.endpoints:
-            tcp_address(address)
+            stream_address(address)
         self.limits = options.limits
         self._spec: Optional[BatchSpec | LearnedSpec] = None
         self._loop: Optional[ConnectionLoop] = None
@@ -209,7 +209,7 @@ class ZMTPReceiver:
         """A receive thread for one producer, stopped when the input stops or the producer leaves the pool."""
         assert self._spec is not None
         try:
-            tcp_address(address)
+            stream_address(address)
         except ValueError as exc:  # a discovery function returned something direct receive cannot reach
             context.stats.connection_changed(address, False, str(exc), False)
             return

@@ -9,7 +9,8 @@ import functools
 import socket
 import threading
 import time
-from collections import defaultdict
+import itertools
+from collections import Counter, defaultdict
 
 import msgpack
 import numpy as np
@@ -20,7 +21,7 @@ import zmq
 from stoker.consumer import InputTimeoutError, ZMQInput
 from stoker.protocol import encode_batch
 
-from conftest import CHECKSUM_WEIGHTS as WEIGHTS, EVAL_SIZE as SIZE, stoker_batch, one_worker_producer
+from conftest import CHECKSUM_WEIGHTS as WEIGHTS, EVAL_SIZE as SIZE, SYNTH_COUNT, count_rows, stoker_batch, one_worker_producer
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -102,7 +103,32 @@ def test_direct_receive_is_the_default_for_tcp_and_learns_the_spec_from_the_firs
         assert images.shape == (BATCH, *SHAPE) and labels.shape == (BATCH,)
         assert inp.max_batches_held() == 50 + 3 + 2 + 1  # one batch per producer, not rcvhwm + 1
     with ZMQInput(["ipc:///tmp/stoker-not-there"], batch_size=BATCH, recv_timeout=5) as inp:
-        assert inp.receive == "libzmq"  # direct receive speaks TCP only
+        assert inp.receive == "direct"  # a Unix socket too: a producer on this host
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_direct_receive_reads_a_producer_on_this_host_over_its_unix_socket(synth_lmdb, tmp_path, exact):
+    """ipc:// (libzmq's Unix socket transport, what a local producer binds) is read by direct receive, plain and
+    exact: every record of an epoch arrives once."""
+    from stoker.consumer import BatchStream
+
+    endpoint = f"ipc://{tmp_path}/producer.sock"
+    flags = ("--mode", "eval", "--exact", "--epochs", "1") if exact else ("--mode", "eval")
+    with _producer(synth_lmdb, *flags, bind=endpoint) as producer, \
+            BatchStream([producer.endpoint], batch_size=BATCH, image_shape=(SIZE, SIZE, 3), exact=exact,
+                        recv_timeout=30) as stream:
+        assert stream.receive == "direct" and producer.endpoint == endpoint
+        seen: Counter = Counter()
+        for batch in itertools.islice(stream, 200):
+            rows = batch["mask"] if exact else slice(None)
+            count_rows({k: v[rows] for k, v in batch.items()}, seen)
+            if not exact and sum(seen.values()) >= 2 * SYNTH_COUNT:
+                break
+        assert stream.stats.protocol_errors == 0 and stream.stats.connected_producers == 1
+    if exact:
+        assert sorted(seen) == [(0, i) for i in range(SYNTH_COUNT)] and set(seen.values()) == {1}
+    else:
+        assert {i for _, i in seen} == set(range(SYNTH_COUNT))
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -122,8 +148,10 @@ def test_what_direct_receive_cannot_do_is_refused_with_the_fix(kwargs, message, 
         del args["batch_size"]
     with pytest.raises(ValueError, match=message):
         ZMQInput(["tcp://127.0.0.1:1"], **args)
-    with pytest.raises(ValueError, match="TCP only"):
-        ZMQInput(["ipc:///tmp/stoker-x"], batch_size=BATCH, receive="direct")
+    with pytest.raises(ValueError, match="TCP and ipc:// only"):
+        ZMQInput(["udp://127.0.0.1:5555"], batch_size=BATCH, receive="direct")
+    with pytest.raises(ValueError, match="socket path of 1-107 bytes"):
+        ZMQInput(["ipc://" + "x" * 200], batch_size=BATCH, receive="direct")
 
 
 def test_a_refused_or_foreign_peer_times_out_naming_what_went_wrong():
@@ -213,3 +241,25 @@ def test_stoker_train_receives_directly_and_refuses_direct_with_curve_keys(synth
                               "--receive", "direct", "--curve-secret-key", str(secret), "--curve-server-key",
                               str(server_public)], capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2 and "--receive direct works without CurveZMQ keys" in refused.stderr
+
+
+@pytest.mark.parametrize("endpoint, address", [
+    ("tcp://datahost:5555", ("datahost", 5555)),
+    ("tcp://[::1]:7", ("::1", 7)),
+    ("ipc:///tmp/stoker.sock", "/tmp/stoker.sock"),
+    ("ipc://relative.sock", "relative.sock"),
+    ("ipc://@stoker-abstract", "\0stoker-abstract"),
+])
+def test_direct_receive_addresses_are_tcp_or_a_unix_socket(endpoint, address):
+    from stoker.consumer.receive.stream_address import stream_address
+
+    assert stream_address(endpoint) == address
+
+
+@pytest.mark.parametrize("endpoint", ["ipc://", "ipc://@", "ipc://" + "p" * 108, "ipc://a\0b", "tcp://host",
+                                      "inproc://x", "datahost:5555"])
+def test_what_direct_receive_cannot_reach_is_refused_naming_the_form(endpoint):
+    from stoker.consumer.receive.stream_address import stream_address
+
+    with pytest.raises(ValueError, match="ipc://"):
+        stream_address(endpoint)

@@ -1,0 +1,61 @@
+"""Where direct receive connects, and the stream socket it connects with: TCP, or a Unix socket for ``ipc://``.
+
+A producer binds ``tcp://host:port`` (a data host) or ``ipc://PATH`` (this host: libzmq's ipc transport is a Unix
+stream socket carrying the same ZMTP). ``stream_address`` checks an endpoint and names the fix for one direct
+receive cannot reach; ``open_stream`` makes the non-blocking socket for it; ``tune_stream`` sets a connected one up.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any, Union
+from urllib.parse import urlsplit
+
+#: the longest path a Unix socket address holds (``sun_path``, Linux), the terminating NUL left out
+MAX_IPC_PATH = 107
+
+StreamAddress = Union[tuple[str, int], str]
+
+
+def stream_address(endpoint: str) -> StreamAddress:
+    """Where direct receive connects: ``tcp://host:port`` -> ``(host, port)``; ``ipc://PATH`` -> ``PATH`` (a Unix
+    stream socket, as libzmq's ipc transport binds it; ``ipc://@name``: the abstract name). ValueError naming the
+    problem for anything else."""
+    if endpoint.startswith("ipc://"):
+        path = endpoint[len("ipc://"):]
+        if path.startswith("@"):
+            path = "\0" + path[1:]
+        if path in ("", "\0") or len(path.encode()) > MAX_IPC_PATH or "\0" in path[1:]:
+            raise ValueError(f"{endpoint!r}: an ipc:// address needs a socket path of 1-{MAX_IPC_PATH} bytes, e.g. "
+                             "ipc:///tmp/stoker.sock")
+        return path
+    parts = urlsplit(endpoint)
+    if parts.scheme != "tcp" or not parts.hostname or parts.port is None:
+        raise ValueError(f"{endpoint!r}: direct receive speaks TCP and ipc:// only, e.g. tcp://datahost:5555")
+    return parts.hostname, parts.port
+
+
+def open_stream(address: StreamAddress) -> tuple[socket.socket, Any]:
+    """A fresh non-blocking stream socket for ``address`` (``stream_address``) and what to ``connect`` it to (a
+    TCP name is resolved here: OSError if it cannot be)."""
+    if isinstance(address, str):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        return sock, address
+    family, kind, proto, _, sockaddr = socket.getaddrinfo(*address, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setblocking(False)
+    return sock, sockaddr
+
+
+def tune_stream(sock: socket.socket) -> None:
+    """A connected socket set up as libzmq sets its own: TCP without Nagle, and keepalive probes so a dead host or a
+    cut link drops the connection within ~8 s (then it is connected again), not a silent half-open socket. A Unix
+    socket needs neither: its peer's death closes it."""
+    if sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for option, value in (("TCP_KEEPIDLE", 5), ("TCP_KEEPINTVL", 1), ("TCP_KEEPCNT", 3)):
+        if hasattr(socket, option):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
