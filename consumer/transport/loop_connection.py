@@ -9,6 +9,9 @@ dealer fills an inbox). What the per-thread design guaranteed holds per connecti
 
 - memory: one message being read (its arrays, from the peer's ``empty``) and its frame head;
 - fairness: a turn reads at most one whole message or ``TURN_BYTES`` from a connection, then serves the others;
+- syscalls: a view smaller than ``AHEAD_BYTES`` (a frame head, a header, a small array) is served from a read-ahead
+  buffer that one ``recv`` fills with whatever has arrived, so a batch's small frames cost one read, not two
+  each; a larger view (an image array) is read straight into its memory, the buffered bytes copied first;
 - backpressure: a connection reads only while ``peer.has_room()``; else TCP holds its producer back;
 - reconnects after ``poll_s``, doubling to ``MAX_BACKOFF_S`` while connections fail or end having delivered
   nothing; a peer silent for ``stall_s`` mid-message, or leaving our sends unread as long, is dropped;
@@ -36,6 +39,8 @@ from stoker.consumer.transport.zmtp_wire import encode_frame
 
 #: Bytes one connection may read in one turn of its loop before the others are served.
 TURN_BYTES = 4 << 20
+#: The read-ahead buffer of a connection: views smaller than this are filled from it (memory: this per producer).
+AHEAD_BYTES = 16 << 10
 
 class Peer(Protocol):
     """What one connection does with what it reads; called on its loop's thread, except ``leaving``."""
@@ -86,6 +91,8 @@ class LoopConnection:
         self.reader = FrameReader(self._pong)
         self._steps: Optional[Steps[Any]] = None
         self._view = memoryview(b"")
+        self._ahead = memoryview(bytearray(AHEAD_BYTES))
+        self._ahead_from = self._ahead_to = 0  # the bytes read ahead, not yet taken by the steps
         self._progress_at = 0.0
         self._delivered = False
         self._out = bytearray()
@@ -168,6 +175,11 @@ class LoopConnection:
             return
         if self.state == "open" and self._steps is None and self.peer.has_room():
             self._next_message()
+        if self._steps is not None and self._ahead_to > self._ahead_from:
+            try:
+                self._read()  # bytes read ahead wait for it: the socket may have no more to signal
+            except (OSError, ProtocolError) as exc:
+                self._fail(exc)
 
     def next_tick(self, now: float) -> float:
         """When ``tick`` next has work (the loop's heap of timers ticks it then, or earlier; inf: only an event, a
@@ -231,27 +243,40 @@ class LoopConnection:
         self._start(self.peer.message_steps(self.reader))
 
     def _read(self) -> None:
-        """Fill the steps' views from the socket until it has nothing more, a message ended, or the turn's bytes."""
+        """Fill the steps' views from the read-ahead bytes and the socket until it has nothing more, a message
+        ended, or the turn's bytes."""
         assert self.sock is not None
         budget = TURN_BYTES
         while self._steps is not None and budget > 0:
-            try:
-                got = self.sock.recv_into(self._view)
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:
-                self._resume(lambda: self._steps.throw(exc))  # type: ignore[union-attr]
-                return
-            if not got:
-                closed = ConnectionError(f"{self.endpoint} closed the connection")
-                self._resume(lambda: self._steps.throw(closed))  # type: ignore[union-attr]
-                return
-            self._progress_at = time.monotonic()
-            budget -= got
-            self._view = self._view[got:]
+            view = self._view
+            if self._ahead_to > self._ahead_from:
+                got = min(view.nbytes, self._ahead_to - self._ahead_from)
+                view[:got] = self._ahead[self._ahead_from:self._ahead_from + got]
+                self._ahead_from += got
+            else:
+                into = view if view.nbytes >= AHEAD_BYTES else self._ahead
+                try:
+                    got = self.sock.recv_into(into)
+                except (BlockingIOError, InterruptedError):
+                    return
+                except OSError as exc:
+                    self._resume(lambda: self._steps.throw(exc))  # type: ignore[union-attr]
+                    return
+                if not got:
+                    closed = ConnectionError(f"{self.endpoint} closed the connection")
+                    self._resume(lambda: self._steps.throw(closed))  # type: ignore[union-attr]
+                    return
+                self._progress_at = time.monotonic()
+                budget -= got
+                if into is self._ahead:
+                    self._ahead_from, self._ahead_to = 0, got
+                    continue
+            self._view = view[got:]
             if not self._view.nbytes:
                 steps = self._steps
                 if self._resume(lambda: steps.send(None)):
+                    if self._steps is not None and self._ahead_to > self._ahead_from:
+                        self.wake()  # the next message has begun in the read-ahead bytes: no event will say so
                     return  # one whole message a turn: the other connections' turn
 
     def _resume(self, step: Any) -> bool:
@@ -320,6 +345,7 @@ class LoopConnection:
                 self.forget(sock)
                 sock.close()
         self._steps, self._view = None, memoryview(b"")
+        self._ahead_from = self._ahead_to = 0  # the next connection's stream starts afresh
 
     def close(self) -> None:
         self._close_socket()

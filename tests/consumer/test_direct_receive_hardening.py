@@ -45,6 +45,19 @@ def test_heartbeats_from_an_idle_producer_are_legal_however_many(caplog):
         assert pongs.count(b"\x04PONGctx") == 500  # every PING answered, context echoed
 
 
+def test_messages_read_ahead_arrive_while_their_producer_is_silent():
+    """Five small batches in one write land in one read-ahead buffer: each is delivered though no more bytes come
+    (no socket event would say they are there; a lost one would hit the 60 s receive timeout)."""
+    with HostilePeer() as peer, _stream(peer) as stream:
+        conn = peer.accept()
+        conn.sendall(b"".join(message(batch_frames(seq=seq, value=seq)) for seq in range(5)))
+        for seq in range(5):
+            batch = next(stream)
+            assert (batch["images"] == seq).all() and batch["index"][0] == seq * 4
+        assert stream.stats.protocol_errors == 0 and peer.accepted == 1
+        conn.close()
+
+
 def test_a_message_that_never_ends_even_with_empty_frames_is_dropped_and_counted():
     """Item 4: an unterminated message of 0-byte frames used to keep a receive thread spinning forever."""
     with HostilePeer() as peer, _stream(peer) as stream:
