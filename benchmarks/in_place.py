@@ -10,7 +10,9 @@ fresh producer (``--workers``, ``--pipeline image_text``: random-resized-crop to
 caption as UTF-8 bytes padded to 77; exact mode off) delivering to a ``BatchStream`` in this process, images/s
 over ``--batches`` batches after ``--warmup``:
 
-- local: the LMDB folder, the tar index, the Parquet index on this disk;
+- local: the LMDB folder, the tar index, the Parquet index on this disk, over TCP (loopback), as from a data host;
+- tar local ipc: the tar index again, the producer bound to ``ipc://`` (a Unix socket: where a producer on the
+  trainer's own host is reached, ``--local-producer``), which is how a one-machine job like this one runs;
 - s3 warm: the same from ``s3://`` through a cache that already holds every shard (filled by the cold pass);
 - s3 cold (once per source, before the rounds; it fills the warm cache): an empty cache, the first epoch's
   images/s from the producer's launch to its last full batch, and the fetches' MB/s (``fetches.jsonl``);
@@ -25,7 +27,7 @@ over ``--batches`` batches after ``--warmup``:
   the same job with the same kernels. Without the option its row is "not measured: pass --litdata-python".
 
 Interleaved rounds, the order rotating each round; ratios are taken within a round (tar/LMDB, parquet/LMDB on
-the same medium; Stoker's tar-local / webdataset, / litdata, / the faster of the two) and reported as median
+the same medium; Stoker's tar over TCP and over ipc / webdataset, / litdata, / the faster of the two) and reported as median
 (min-max over rounds). Targets (issue 42): in place / LMDB >= 0.95 warm, local and s3; Stoker >= 1.3x the best
 of the peers. Everything shares this machine's cores.
 Prints a table and writes JSON (default benchmarks/results/in_place.json).
@@ -82,12 +84,14 @@ def _check(batch: dict, args) -> None:
     assert batch["texts"].shape == (args.batch_size, TEXT_LENGTH) and batch["texts_len"].min() > 0
 
 
-def stoker_rate(location: str, args, cache: Optional[Path] = None, s3: Any = None) -> float:
-    """Images/s a fresh producer serving ``location`` delivers to a BatchStream here, after the warm-up."""
+def stoker_rate(location: str, args, cache: Optional[Path] = None, s3: Any = None,
+                bind: str = "tcp://127.0.0.1:*") -> float:
+    """Images/s a fresh producer serving ``location`` from ``bind`` delivers to a BatchStream here, after the
+    warm-up."""
     from stoker.consumer import BatchStream
 
     env = s3.environment() if s3 is not None else None
-    with launch_producer(location, _flags(args, cache, s3), env=env) as producer, \
+    with launch_producer(location, _flags(args, cache, s3), env=env, bind=bind) as producer, \
             BatchStream([producer.endpoint], recv_timeout=120) as stream:
         batches = iter(stream)
         for _ in range(args.warmup):
@@ -178,6 +182,7 @@ def measure(args, tmp: Path, s3: Any) -> dict[str, Any]:
     local = {"lmdb": str(files.lmdb), **index_sources(str(files.tars), str(files.parquet), tmp / "local")}
     tars = [str(p) for p in sorted(files.tars.glob("*.tar"))]
     kinds: dict[str, Any] = {f"{s} local": (lambda s=s: stoker_rate(local[s], args)) for s in SOURCES}
+    kinds["tar local ipc"] = lambda: stoker_rate(local["tar"], args, bind=f"ipc://{tmp}/producer.sock")
     kinds["webdataset"] = lambda: webdataset_rate(tars, args)
     litdata: dict[str, Any] = {}
     if args.litdata_python:
@@ -218,11 +223,12 @@ def summarise(args, measured: dict[str, Any]) -> dict[str, Any]:
     media = ["local"] + (["s3 warm"] if measured["cold"] else [])
     ratios = {f"{s}/lmdb {m}": [a / b for a, b in zip(rates[f"{s} {m}"], rates[f"lmdb {m}"])]
               for m in media for s in ("tar", "parquet")}
-    ratios["stoker tar local/webdataset"] = [a / b for a, b in zip(rates["tar local"], rates["webdataset"])]
-    if "litdata" in rates:
-        ratios["stoker tar local/litdata"] = [a / b for a, b in zip(rates["tar local"], rates["litdata"])]
-        ratios["stoker tar local/best peer"] = [a / max(w, l) for a, w, l in
-                                                zip(rates["tar local"], rates["webdataset"], rates["litdata"])]
+    for stoker in ("tar local", "tar local ipc"):
+        ratios[f"stoker {stoker}/webdataset"] = [a / b for a, b in zip(rates[stoker], rates["webdataset"])]
+        if "litdata" in rates:
+            ratios[f"stoker {stoker}/litdata"] = [a / b for a, b in zip(rates[stoker], rates["litdata"])]
+            ratios[f"stoker {stoker}/best peer"] = [a / max(w, l) for a, w, l in
+                                                    zip(rates[stoker], rates["webdataset"], rates["litdata"])]
     rows = {k: _spread(v) for k, v in rates.items()}
     ratio_rows = {k: _spread(v) for k, v in ratios.items()}
     print(f"{args.records} records (~{args.side} px JPEGs + captions), {args.shards} shards each; one producer, "
@@ -235,9 +241,9 @@ def summarise(args, measured: dict[str, Any]) -> dict[str, Any]:
     litdata = measured["litdata"]
     if not litdata:
         print(f"{'litdata':<20}{'not measured: pass --litdata-python':>40}")
-    print(f"{'ratio':<30}{'median (min-max)':>22}")
+    print(f"{'ratio':<34}{'median (min-max)':>22}")
     for kind, row in ratio_rows.items():
-        print(f"{kind:<30}{_fmt(row, 3):>22}")
+        print(f"{kind:<34}{_fmt(row, 3):>22}")
     for s, c in measured["cold"].items():
         print(f"cold s3 first epoch, {s}: {c['images_per_s']:.0f} images/s over {c['seconds']:.1f} s from launch "
               f"(first batch {c['first_batch_s']:.1f} s); {c['fetches']} fetches, {c['fetched_mb']:.0f} MB at "
