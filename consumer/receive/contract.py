@@ -108,6 +108,10 @@ class ReceiveContext(Protocol):
     def deliver(self, batch: Batch, arrays: Sequence[np.ndarray], owned: bool) -> None:
         """A good batch into the sink (may block for room). SinkClosed once closing."""
 
+    def deliver_now(self, batch: Batch, arrays: Sequence[np.ndarray], owned: bool) -> bool:
+        """``deliver`` if the sink has room this moment, on the caller's thread; False (nothing done) if it would
+        wait, or the sink cannot tell. SinkClosed once closing."""
+
     def reject(self, exc: ProtocolError) -> None:
         """A bad message: counted and logged (rate-limited)."""
 

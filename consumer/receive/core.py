@@ -155,9 +155,7 @@ class ReceiveCore:
         assert self._sink is not None
         # Counted before the put: once in the sink the consumer may take it, and what the stats say (per producer,
         # coverage) must never lag a batch already taken (a test read them right after its last batch: 62 of 64).
-        conflict = self.stats.accepted(batch, arrays)
-        self.sizer.supply.batch(batch.header.producer, batch.header.worker, len(arrays[0]) if arrays else 0,
-                                batch.header.stages)
+        conflict = self._count(batch, arrays)
         with self._lock:
             self._delivering += 1
         try:
@@ -165,6 +163,29 @@ class ReceiveCore:
         finally:
             with self._lock:
                 self._delivering -= 1
+        self._delivered(conflict)
+
+    def deliver_now(self, batch: Batch, arrays: Sequence[np.ndarray], owned: bool) -> bool:
+        """``deliver`` on the caller's thread if the sink exists and has room now (a receive loop then hands its
+        batch over without a delivery thread's wake-ups); False, nothing done, otherwise. SinkClosed once closing."""
+        sink = self._sink
+        put_now = getattr(sink, "put_now", None)  # a framework's sink (TensorFlow's queue) may only block
+        if not owned or put_now is None or not self._sink_ready.is_set():
+            return False
+        conflicts: list[Optional[str]] = []
+        if not put_now(arrays, owned, lambda: conflicts.append(self._count(batch, arrays))):
+            return False
+        self._delivered(conflicts[0])
+        return True
+
+    def _count(self, batch: Batch, arrays: Sequence[np.ndarray]) -> Optional[str]:
+        """A batch about to enter the sink, in the stats and the sizing's supply; the shard conflict it reveals."""
+        conflict = self.stats.accepted(batch, arrays)
+        self.sizer.supply.batch(batch.header.producer, batch.header.worker, len(arrays[0]) if arrays else 0,
+                                batch.header.stages)
+        return conflict
+
+    def _delivered(self, conflict: Optional[str]) -> None:
         self._handshake_failures_at_batch = self.receiver.failures()[0]
         self._last_batch_at = self._delivered_at = time.monotonic()
         self._stall_reported = False

@@ -60,9 +60,9 @@ class PinnedSink(QueueSink):
     def empty(self, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
         return self.tensor(dtype, shape).numpy()
 
-    def put(self, arrays: Sequence[np.ndarray], owned: bool) -> None:
-        tensors = [tensor_of(array) if owned else self._copy(array) for array in arrays]
-        super().put(tensors, owned=True)  # type: ignore[arg-type]  # QueueSink keeps the items as they are
+    def owned(self, arrays: Sequence[np.ndarray], owned: bool) -> list[Any]:
+        """Tensors sharing the memory of arrays from ``empty``; views of libzmq's frames copied into ours."""
+        return [tensor_of(array) if owned else self._copy(array) for array in arrays]
 
     def _copy(self, array: np.ndarray) -> torch.Tensor:
         """One copy of a view of libzmq's frames (read-only, freed with the message) into a tensor of ours."""

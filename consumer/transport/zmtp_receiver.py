@@ -1,12 +1,13 @@
 """Plain mode over our own ZMTP: every producer's connection on a bounded loop of threads, read into the sink's memory.
 
-The default for tcp:// without CurveZMQ. A ``ConnectionLoop`` (at most ``MAX_THREADS`` threads, however
-many producers) drives one ``LoopConnection`` per producer, whose ``PlainPeer`` reads whole batches
+The default for tcp:// and ipc:// without CurveZMQ. A ``ConnectionLoop`` (at most ``MAX_THREADS`` threads,
+however many producers) drives one ``LoopConnection`` per producer, whose ``PlainPeer`` reads whole batches
 straight into aligned buffers (no copy beyond the kernel's) and bounds every message before reading it:
 memory is one batch per producer, whatever a peer sends (``direct_receive``, docs/security.md). A batch
-completed is handed to one delivery thread (``_Deliveries``), which waits while the sink is full; its
-connection reads nothing more until it is delivered, so a full sink holds producers back through TCP
-while the loop goes on answering handshakes and heartbeats. Receive threads: ``MAX_THREADS`` at most.
+completed goes into the sink on the loop's thread when the sink has room that moment (``deliver_now``: no
+other thread woken); else it is handed to a delivery thread (``_Deliveries``), which waits while the sink is
+full, and its connection reads nothing more until it is delivered, so a full sink holds producers back
+through TCP while the loop goes on answering handshakes and heartbeats. Receive threads: ``MAX_THREADS`` at most.
 Without a declared spec the first batch header that arrives defines it (``LearnedSpec``) and
 every producer is held to it, as on the libzmq path. The core's thread runs ``run``: it only
 watches for silence while the loop receives.
@@ -108,7 +109,10 @@ class PlainPeer:
         self._on_connection(self.endpoint, False, describe(exc), False)
 
     def message(self, message: tuple[Batch, list]) -> None:
-        self._delivering = self._connection
+        batch, arrays = message
+        if self._context.deliver_now(batch, arrays, owned=True):
+            return  # the sink had room: handed over on this thread, and the connection reads on
+        self._delivering = self._connection  # else a delivery thread waits for room, and this peer for it
         self._deliveries.put((self, message))
 
     def delivered(self) -> None:
