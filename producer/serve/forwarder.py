@@ -3,9 +3,10 @@
     worker --[ready, slot, header]--> ROUTER (ipc) --> SlotForwarder --[header, slot memory]--> PUSH (tcp)
     worker <--------[grant, slot]---- ROUTER <------- (when libzmq is done with the slot's memory)
 
-The slot's arrays go out with ``copy=False`` and a tracker per frame: the slot is
-granted back to its worker only once libzmq has released every frame, so memory
-a trainer may still be receiving is never overwritten. A slot is sent only while
+The slot's large arrays go out with ``copy=False`` and a tracker per frame (its small
+ones are copied as they are sent): the slot is granted back to its worker only once
+libzmq has released every tracked frame, so memory a trainer may still be receiving
+is never overwritten. A slot is sent only while
 the PUSH socket has room (its SNDHWM), so a slow or absent trainer leaves slots
 ready, workers run out of granted slots and wait: backpressure, bounded memory.
 
@@ -32,6 +33,8 @@ from stoker.producer.serve.batch_slots import (GRANT, HELLO, READY, Slot, SlotLa
 log = logging.getLogger("stoker.producer")
 
 _IDLE_POLL_MS = 100
+#: arrays at least this large are sent from their slot without a copy (pyzmq copies smaller frames anyway)
+ZERO_COPY_BYTES = zmq.COPY_THRESHOLD
 IN_FLIGHT_POLL_MS = 2  # how soon a sent slot is noticed free; a wake-up costs ~20 us
 
 
@@ -128,8 +131,13 @@ class SlotForwarder:
         """Send a ready slot; False if it cannot go now. Never blocks: a PUSH whose last trainer left between
         the poll and the send would block for ever, and the daemon's shutdown then closed the socket under
         this thread (a libzmq assertion, ``pfd.revents & POLLIN``, seen once in CI)."""
-        frames = [zmq.Frame(slot.views[name], copy=False, track=True) for name in self.names]
-        tracker = zmq.MessageTracker(*frames)
+        frames: list[Any] = []
+        for name in self.names:
+            view = slot.views[name]
+            # A large array goes from the slot itself, tracked; a small one (labels, index, a caption) is copied
+            # now, so it holds no tracker: each tracked frame costs pyzmq's garbage thread a wake-up when freed.
+            frames.append(zmq.Frame(view, copy=False, track=True) if view.nbytes >= ZERO_COPY_BYTES else view.tobytes())
+        tracker = zmq.MessageTracker(*[f for f in frames if isinstance(f, zmq.Frame)])
         try:
             self.out.send_multipart([header, *frames], copy=False, flags=zmq.NOBLOCK)
         except zmq.Again:
