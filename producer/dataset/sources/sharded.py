@@ -111,6 +111,9 @@ class ShardedDataset:
         self._checked: dict[int, float] = {}  # shard -> when its open file was last seen in place
         self._inode: dict[int, tuple[Path, int]] = {}  # shard -> (its file, the inode opened): a re-fetch is another
         self._refused: dict[int, tuple[float, str]] = {}  # shard -> when its format refused it, and why
+        # The shard the last read was in: its first record, the record after its last, its number. A worker reads
+        # shard by shard (shard-aware epochs), so most reads skip the manifest's search.
+        self._last_span = (0, 0, -1)
 
     @property
     def layout(self) -> Manifest:
@@ -210,12 +213,18 @@ class ShardedDataset:
 
     def read(self, index: int) -> dict[str, Any]:
         """Record ``index`` (global); RecordError if it is corrupt or its shard cannot be had."""
-        number = self.manifest.shard_of(index)
+        first, end, number = self._last_span
+        if not first <= index < end:
+            number = self.manifest.shard_of(index)  # IndexError outside the dataset
+            shards = self.manifest.shards
+            first = int(shards.first[number])  # the columns: no ShardInfo a read
+            end = first + int(shards.records[number])
+            self._last_span = (first, end, number)
         try:
             shard = self._shard(number)
         except RecordError as exc:  # the shard's failure, said of the record asked for (it names the shard)
             raise RecordError(record_key(index), exc.reason) from None
-        return shard.read(index - int(self.manifest.shards.first[number]))  # the column: no ShardInfo a read
+        return shard.read(index - first)
 
     def size_bytes(self) -> int:
         return int(self.manifest.shards.bytes.sum())

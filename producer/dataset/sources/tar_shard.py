@@ -125,10 +125,11 @@ class TarShard:
         if not 0 <= index < len(self.index):
             raise RecordError(self._key_bytes(index), f"is outside tar shard {self.name}'s {len(self.index)} samples")
         idx = self.index
-        lo, hi = int(idx.starts[index]), int(idx.starts[index + 1])
-        members = [(self._fields[k], int(o), int(s))
-                   for k, o, s in zip(idx.kinds[lo:hi], idx.offsets[lo:hi], idx.sizes[lo:hi])]
-        wanted = [(field, offset, size) for field, offset, size in members if field is not None]
+        lo, hi = idx.starts[index:index + 2].tolist()  # Python ints at once: a NumPy scalar each costs more
+        fields = self._fields
+        wanted = [(fields[k], o, s) for k, o, s in
+                  zip(idx.kinds[lo:hi].tolist(), idx.offsets[lo:hi].tolist(), idx.sizes[lo:hi].tolist())
+                  if fields[k] is not None]
         if sum(size for _, _, size in wanted) > MAX_RECORD_BYTES:
             raise RecordError(self._key_bytes(index), f"its members add up to more than {MAX_RECORD_BYTES} bytes")
         record: dict[str, Any] = {}
