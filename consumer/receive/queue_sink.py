@@ -12,8 +12,8 @@ Bound: at most ``capacity`` batches wait; ``put`` blocks (polling, so ``close`` 
 
 from __future__ import annotations
 
+import queue
 import threading
-from collections import deque
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -24,12 +24,18 @@ END = object()  # no batch follows: a finite exact run ended (``QueueSink.take``
 
 
 class QueueSink:
-    """A ``BatchSink`` holding at most ``capacity`` batches (lists of arrays); see the module doc."""
+    """A ``BatchSink`` holding at most ``capacity`` batches (lists of arrays); see the module doc.
+
+    The batches wait in a ``queue.SimpleQueue``, whose ``get`` waits in C: a consumer waiting for data is woken
+    without Python's ``Condition`` machinery, which cost a starved trainer more than the rest of a hand-over.
+    A count under one lock bounds them; only a ``put`` waiting for room waits on a condition."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self._items: deque[Any] = deque()
-        self._cond = threading.Condition()
+        self._items: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._room = threading.Condition(threading.Lock())
+        self._held = 0  # batches put and not yet taken (END not counted); written under ``_room``
+        self._waiting = 0  # puts waiting for room
         self._closed = False
 
     def empty(self, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
@@ -49,48 +55,51 @@ class QueueSink:
 
     def put(self, arrays: Sequence[np.ndarray], owned: bool) -> None:
         item = self.owned(arrays, owned)
-        with self._cond:
-            while len(self._items) >= self.capacity and not self._closed:
-                self._cond.wait(POLL_S)
+        with self._room:
+            while self._held >= self.capacity and not self._closed:
+                self._waiting += 1
+                try:
+                    self._room.wait(POLL_S)
+                finally:
+                    self._waiting -= 1
             if self._closed:
                 raise SinkClosed()
-            self._items.append(item)
-            self._cond.notify_all()
+            self._held += 1
+            self._items.put(item)
 
     def put_now(self, arrays: Sequence[np.ndarray], owned: bool, before: Callable[[], None]) -> bool:
         """``put`` if there is room now, else False (nothing done). ``before`` runs once room is certain, before the
         batch can be taken (what must count it first: the receive core's stats). SinkClosed once closed."""
-        with self._cond:
+        with self._room:
             if self._closed:
                 raise SinkClosed()
-            if len(self._items) >= self.capacity:
+            if self._held >= self.capacity:
                 return False
             before()
-            self._items.append(self.owned(arrays, owned))
-            self._cond.notify_all()
+            self._held += 1
+            self._items.put(self.owned(arrays, owned))
             return True
 
     def size(self) -> int:
-        with self._cond:
-            return sum(item is not END for item in self._items)
+        return self._held
 
     def end(self) -> None:
-        with self._cond:
-            self._items.append(END)  # past capacity: the marker takes no batch's room
-            self._cond.notify_all()
+        self._items.put(END)  # past capacity: the marker takes no batch's room; after every batch put before it
 
     def close(self, cancel: bool) -> None:
-        with self._cond:
+        with self._room:
             self._closed = True
-            self._cond.notify_all()
+            self._room.notify_all()
 
     def take(self, timeout: float) -> Any:
         """The next batch (a list of arrays), ``END``, or None if nothing came within ``timeout``."""
-        with self._cond:
-            if not self._items:
-                self._cond.wait(timeout)
-            if not self._items:
-                return None
-            item = self._items.popleft()
-            self._cond.notify_all()
-            return item
+        try:
+            item = self._items.get(timeout=max(0.0, timeout))
+        except queue.Empty:
+            return None
+        if item is not END:
+            with self._room:
+                self._held -= 1
+                if self._waiting:
+                    self._room.notify()
+        return item
