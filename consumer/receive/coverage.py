@@ -31,6 +31,7 @@ from stoker.protocol.input_state import StreamKey
 WHOLE_DATASET = "all"  #: the shard label of a stream that serves the whole dataset (an elastic pool, shard 0/1)
 COVERAGE_EPOCHS = 4  #: recent epochs kept per shard
 MAX_COVERAGE_SHARDS = 64  #: shards tracked at most; further shards' batches are not counted
+MAX_PARSED_STREAMS = 4096  #: stream keys kept parsed (one per producer's stream; more: parsed again)
 MAX_COVERAGE_RECORDS = 1 << 28  # records of all tracked shards: one byte each per epoch, 256 MiB per epoch at most
 
 #: (shard label, epoch) -> (distinct records received, records in that shard)
@@ -51,7 +52,11 @@ class _ShardEpochs:
         self.count: dict[int, int] = {}
 
     def add(self, epochs: np.ndarray, positions: np.ndarray) -> None:
-        for e in np.unique(epochs).tolist():
+        if not len(epochs):
+            return
+        first = int(epochs[0])
+        one_epoch = bool((epochs == first).all())  # the common case: a batch within one epoch, one search less
+        for e in [first] if one_epoch else np.unique(epochs).tolist():
             if e not in self.seen:
                 if len(self.seen) >= self.epochs and e < min(self.seen):
                     continue  # older than anything kept
@@ -60,7 +65,7 @@ class _ShardEpochs:
                     oldest = min(self.seen)
                     del self.seen[oldest], self.count[oldest]
             bitmap = self.seen[e]
-            fresh = np.unique(positions[epochs == e])
+            fresh = np.unique(positions if one_epoch else positions[epochs == e])
             self.count[e] += int((~bitmap[fresh]).sum())
             bitmap[fresh] = True
 
@@ -76,14 +81,20 @@ class Coverage:
         self.untracked_batches = 0  #: batches of shards past the bounds, not counted
         self._shards: dict[str, _ShardEpochs] = {}
         self._layouts: dict[str, int] = {}  # label -> the layout (``StreamKey.block``) its bitmaps are positions of
+        self._keys: dict[str, StreamKey | None] = {}  # stream -> its key, parsed once (None: not a stream key)
 
     def add(self, stream: str, epochs: np.ndarray, indices: np.ndarray,
             rows: Union[np.ndarray, slice] = slice(None)) -> None:
         """Count a batch's rows (``rows``: a mask or slice of the real ones) of the stream ``stream`` names."""
-        try:
-            key = StreamKey.parse(stream) if stream else None
-        except ValueError:
-            key = None
+        key = self._keys.get(stream, False) if stream else None
+        if key is False:
+            try:
+                key = StreamKey.parse(stream)
+            except ValueError:
+                key = None
+            if len(self._keys) >= MAX_PARSED_STREAMS:
+                self._keys.clear()  # bounded: streams of a pool that came and went
+            self._keys[stream] = key
         if key is None or not key.records or self.records not in (0, key.records):
             return
         shard = self._shard(key)
