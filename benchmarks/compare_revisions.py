@@ -24,6 +24,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import sysconfig
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
@@ -46,10 +47,26 @@ def prepare_old(revision: str, workdir: Path) -> tuple[Path, Path]:
     (package_root / "stoker" / "__init__.py").write_text("")  # a regular package: found ahead of the editable install
     for name in PACKAGES:
         (package_root / "stoker" / name).symlink_to(tree / name)
-    for built in ROOT.glob("producer/**/_jpeg_crop*.so"):  # the compiled decoder, wherever that tree keeps its source
-        for source in tree.glob("producer/**/_jpeg_crop.c"):
-            shutil.copy2(built, source.parent / built.name)
+    for source in tree.glob("producer/**/_jpeg_crop.c"):  # the compiled decoder, wherever that tree keeps its source
+        build_decoder(tree, source)
     return tree, package_root
+
+
+def build_decoder(tree: Path, source: Path) -> None:
+    """The old tree's crop decoder beside its ``source``: this tree's build where the source is the same, else
+    compiled from the old source (the extension's interface changed in 6899f6e: bytes, then rows and a view)."""
+    ours = ROOT / source.relative_to(tree)
+    built = next(ours.parent.glob("_jpeg_crop*.so"), None)
+    target = source.parent / f"_jpeg_crop{sysconfig.get_config_var('EXT_SUFFIX')}"
+    if built is not None and ours.exists() and ours.read_bytes() == source.read_bytes():
+        shutil.copy2(built, target)
+        return
+    compiler = (sysconfig.get_config_var("CC") or "cc").split()
+    done = subprocess.run([*compiler, "-shared", "-fPIC", "-O2", f"-I{sysconfig.get_paths()['include']}", str(source),
+                           "-ljpeg", "-o", str(target)], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"building the old revision's crop decoder failed (a C compiler and libjpeg's headers are "
+                         f"needed):\n{done.stderr[-2000:]}")
 
 
 def run_one(script: Path, pythonpath: str, out: Path, extra: list[str]) -> dict[str, Any]:
