@@ -20,7 +20,6 @@ dealer fills an inbox). What the per-thread design guaranteed holds per connecti
 
 from __future__ import annotations
 
-import errno
 import os
 import selectors
 import socket
@@ -31,7 +30,7 @@ from typing import Any, Callable, Optional, Protocol
 from stoker.protocol.errors import ProtocolError
 
 from stoker.consumer.receive.contract import SinkClosed
-from stoker.consumer.receive.stream_address import open_stream, stream_address, tune_stream
+from stoker.consumer.receive.stream_address import connect_failure, open_stream, stream_address, tune_stream
 from stoker.consumer.transport.direct_receive import MAX_BACKOFF_S
 from stoker.consumer.transport.zmtp import MAX_UNSENT, STALL_S
 from stoker.consumer.transport.zmtp_reader import FrameReader, Steps, handshake_steps
@@ -166,6 +165,9 @@ class LoopConnection:
             return
         if self.state == "connecting":
             return
+        self._read_ahead_bytes()  # before judging silence: bytes that sat here are no stall
+        if self.state not in ("handshake", "open"):
+            return
         # Only while reading: a message read whole leaves ``in_message`` set while its peer waits for room (any time).
         stalled = self._steps is not None and self.reader.in_message and now - self._progress_at > self._stall_s
         if stalled or (self._out and now - self._out_since > self._stall_s):
@@ -175,9 +177,13 @@ class LoopConnection:
             return
         if self.state == "open" and self._steps is None and self.peer.has_room():
             self._next_message()
+        self._read_ahead_bytes()
+
+    def _read_ahead_bytes(self) -> None:
+        """Serve the bytes read ahead, if steps wait for them: the socket may have no more to signal."""
         if self._steps is not None and self._ahead_to > self._ahead_from:
             try:
-                self._read()  # bytes read ahead wait for it: the socket may have no more to signal
+                self._read()
             except (OSError, ProtocolError) as exc:
                 self._fail(exc)
 
@@ -205,9 +211,9 @@ class LoopConnection:
             self._fail(exc)
             return
         self.sock, self.state, self._deadline = sock, "connecting", now + self._connect_timeout
-        error = sock.connect_ex(address)
-        if error not in (0, errno.EINPROGRESS, errno.EALREADY, errno.EWOULDBLOCK):
-            self._fail(OSError(error, f"connecting to {self.endpoint}: {errno.errorcode.get(error, error)}"))
+        failure = connect_failure(sock, sock.connect_ex(address), self.endpoint)
+        if failure is not None:
+            self._fail(failure)
 
     def ready(self, mask: int) -> None:
         """The selector says the socket is writable and/or readable."""
@@ -247,12 +253,15 @@ class LoopConnection:
         ended, or the turn's bytes."""
         assert self.sock is not None
         budget = TURN_BYTES
-        while self._steps is not None and budget > 0:
+        while self._steps is not None:
             view = self._view
-            if self._ahead_to > self._ahead_from:
+            if self._ahead_to > self._ahead_from:  # served whatever the turn's budget: no event would bring them
                 got = min(view.nbytes, self._ahead_to - self._ahead_from)
                 view[:got] = self._ahead[self._ahead_from:self._ahead_from + got]
                 self._ahead_from += got
+                self._progress_at = time.monotonic()  # what it has sat there is not the peer's silence
+            elif budget <= 0:
+                return  # the others' turn; the socket still holds bytes, so the selector brings this one back
             else:
                 into = view if view.nbytes >= AHEAD_BYTES else self._ahead
                 try:

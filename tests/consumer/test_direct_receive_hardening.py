@@ -58,6 +58,20 @@ def test_messages_read_ahead_arrive_while_their_producer_is_silent():
         conn.close()
 
 
+def test_bytes_read_ahead_past_a_turns_budget_are_served_while_the_peer_is_silent(monkeypatch):
+    """A turn ends at ``TURN_BYTES``; bytes already in the read-ahead buffer are served anyway (the socket holds no
+    more to signal them), and time they sat there is no stall."""
+    from stoker.consumer.transport import loop_connection
+
+    monkeypatch.setattr(loop_connection, "TURN_BYTES", 64)  # every read overruns a turn
+    with HostilePeer() as peer, _stream(peer) as stream:
+        conn = peer.accept()
+        conn.sendall(message(batch_frames(seq=0, value=9)))
+        assert (next(stream)["images"] == 9).all()
+        assert stream.stats.protocol_errors == 0 and peer.accepted == 1
+        conn.close()
+
+
 def test_a_message_that_never_ends_even_with_empty_frames_is_dropped_and_counted():
     """Item 4: an unterminated message of 0-byte frames used to keep a receive thread spinning forever."""
     with HostilePeer() as peer, _stream(peer) as stream:
