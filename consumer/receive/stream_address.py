@@ -7,8 +7,9 @@ receive cannot reach; ``open_stream`` makes the non-blocking socket for it; ``tu
 
 from __future__ import annotations
 
+import errno
 import socket
-from typing import Any, Union
+from typing import Any, Optional, Union
 from urllib.parse import urlsplit
 
 #: the longest path a Unix socket address holds (``sun_path``, Linux), the terminating NUL left out
@@ -46,6 +47,18 @@ def open_stream(address: StreamAddress) -> tuple[socket.socket, Any]:
     sock = socket.socket(family, kind, proto)
     sock.setblocking(False)
     return sock, sockaddr
+
+
+def connect_failure(sock: socket.socket, error: int, endpoint: str) -> Optional[OSError]:
+    """What a non-blocking ``connect_ex`` on ``sock`` returning ``error`` means: None if connected or under way,
+    else the failure to report. A Unix socket never connects in the background: EAGAIN there is the listener's
+    backlog full, not progress (the socket would poll writable and look connected)."""
+    unix = sock.family == socket.AF_UNIX
+    if error == 0 or (not unix and error in (errno.EINPROGRESS, errno.EALREADY, errno.EWOULDBLOCK)):
+        return None
+    why = ("its socket's listen backlog is full (it accepts no more connections for now)" if unix and error == errno.EAGAIN
+           else errno.errorcode.get(error, str(error)))
+    return OSError(error, f"connecting to {endpoint}: {why}")
 
 
 def tune_stream(sock: socket.socket) -> None:

@@ -38,7 +38,8 @@ from typing import Callable, Optional, TypeVar
 
 from stoker.protocol.errors import ProtocolError
 
-from stoker.consumer.receive.stream_address import StreamAddress, open_stream, stream_address, tune_stream
+from stoker.consumer.receive.stream_address import (StreamAddress, connect_failure, open_stream, stream_address,
+                                                    tune_stream)
 from stoker.consumer.transport.zmtp_reader import FrameReader, Steps, handshake_steps
 from stoker.consumer.transport.zmtp_wire import PEER_TYPE, SocketTypeMismatch, encode_frame
 
@@ -91,6 +92,9 @@ class ZMTPConnection:
         sock, address = open_stream(where)
         try:
             error = sock.connect_ex(address)
+            failure = connect_failure(sock, error, self.endpoint)
+            if failure is not None:
+                raise failure
             while error in (errno.EINPROGRESS, errno.EALREADY, errno.EWOULDBLOCK):
                 if self._should_stop():
                     raise Stopped()

@@ -263,3 +263,31 @@ def test_what_direct_receive_cannot_reach_is_refused_naming_the_form(endpoint):
 
     with pytest.raises(ValueError, match="ipc://"):
         stream_address(endpoint)
+
+
+def test_a_unix_socket_whose_backlog_is_full_is_a_refusal_not_a_connect_in_progress(tmp_path):
+    """EAGAIN from a non-blocking connect on a Unix socket means the listener takes no more for now; taken as a
+    connect under way, the socket would poll writable, look connected and fail later with a misleading error."""
+    import errno
+
+    from stoker.consumer.receive.stream_address import connect_failure, open_stream
+
+    path = str(tmp_path / "full.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(0)
+    first = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    first.connect(path)  # takes the one place a backlog of 0 leaves
+    sock, address = open_stream(path)
+    try:
+        error = sock.connect_ex(address)
+        assert error == errno.EAGAIN
+        failure = connect_failure(sock, error, f"ipc://{path}")
+        assert isinstance(failure, OSError) and "backlog is full" in str(failure)
+        assert connect_failure(sock, errno.EINPROGRESS, "tcp://h:1") is not None  # no background connect either
+        tcp = socket.socket()
+        assert connect_failure(tcp, errno.EINPROGRESS, "tcp://h:1") is None
+        tcp.close()
+    finally:
+        for s in (sock, first, server):
+            s.close()
