@@ -70,14 +70,15 @@ class QueueSink:
     def put_now(self, arrays: Sequence[np.ndarray], owned: bool, before: Callable[[], None]) -> bool:
         """``put`` if there is room now, else False (nothing done). ``before`` runs once room is certain, before the
         batch can be taken (what must count it first: the receive core's stats). SinkClosed once closed."""
+        item = self.owned(arrays, owned)  # first: nothing is counted for a batch that cannot be kept
         with self._room:
             if self._closed:
                 raise SinkClosed()
-            if self._held >= self.capacity:
+            if self._held >= self.capacity or self._waiting:  # never ahead of a put already waiting for room
                 return False
             before()
             self._held += 1
-            self._items.put(self.owned(arrays, owned))
+            self._items.put(item)
             return True
 
     def size(self) -> int:
