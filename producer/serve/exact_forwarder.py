@@ -34,7 +34,7 @@ from stoker.protocol.exact_messages import (STATUS_S, Credit, Describe, Goodbye,
                                             decode_trainer_message, encode_status)
 
 from stoker.producer.serve.batch_slots import GRANT, Slot, SlotLayout, SlotState, encode_work, slot_frame
-from stoker.producer.serve.forwarder import IN_FLIGHT_POLL_MS, SlotForwarder
+from stoker.producer.serve.forwarder import IN_FLIGHT_POLL_MS, SlotForwarder, slot_frames
 from stoker.producer.serve.policies.serving_policy import ExactPolicy
 
 log = logging.getLogger("stoker.producer")
@@ -269,8 +269,7 @@ class ExactForwarder(SlotForwarder):
             self._take_back(slot)
             return True
         header = with_session(header, stream=self._stream, session=self.policy.trainers.session_of(routing_id))
-        frames = [zmq.Frame(arrays[name], copy=False, track=True) for name in self.names]
-        tracker = zmq.MessageTracker(*frames)
+        frames, tracker = slot_frames(self.out, arrays, self.names)
         try:
             self.out.send_multipart([routing_id, header, *frames], copy=False, flags=zmq.NOBLOCK)
         except zmq.Again:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from typing import Any
+from typing import Any, Mapping
 
 import zmq
 
@@ -33,9 +33,18 @@ from stoker.producer.serve.batch_slots import (GRANT, HELLO, READY, Slot, SlotLa
 log = logging.getLogger("stoker.producer")
 
 _IDLE_POLL_MS = 100
-#: arrays at least this large are sent from their slot without a copy (pyzmq copies smaller frames anyway)
-ZERO_COPY_BYTES = zmq.COPY_THRESHOLD
 IN_FLIGHT_POLL_MS = 2  # how soon a sent slot is noticed free; a wake-up costs ~20 us
+
+
+def slot_frames(out: zmq.Socket, arrays: Mapping[str, Any], names: list[str]) -> tuple[list[Any], zmq.MessageTracker]:
+    """A slot's ``arrays`` as the frames to send on ``out``, and the tracker that says when libzmq is done with the
+    slot. An array of at least ``out.copy_threshold`` bytes goes from the slot itself, tracked; a smaller one
+    (labels, index, a caption) as it is, which pyzmq copies as it sends, so it holds no tracker: each tracked frame
+    costs pyzmq's garbage thread a wake-up when freed."""
+    threshold = out.copy_threshold
+    frames = [zmq.Frame(arrays[name], copy=False, track=True) if arrays[name].nbytes >= threshold else arrays[name]
+              for name in names]
+    return frames, zmq.MessageTracker(*[f for f in frames if isinstance(f, zmq.Frame)])
 
 
 class SlotForwarder:
@@ -131,13 +140,7 @@ class SlotForwarder:
         """Send a ready slot; False if it cannot go now. Never blocks: a PUSH whose last trainer left between
         the poll and the send would block for ever, and the daemon's shutdown then closed the socket under
         this thread (a libzmq assertion, ``pfd.revents & POLLIN``, seen once in CI)."""
-        frames: list[Any] = []
-        for name in self.names:
-            view = slot.views[name]
-            # A large array goes from the slot itself, tracked; a small one (labels, index, a caption) is copied
-            # now, so it holds no tracker: each tracked frame costs pyzmq's garbage thread a wake-up when freed.
-            frames.append(zmq.Frame(view, copy=False, track=True) if view.nbytes >= ZERO_COPY_BYTES else view.tobytes())
-        tracker = zmq.MessageTracker(*[f for f in frames if isinstance(f, zmq.Frame)])
+        frames, tracker = slot_frames(self.out, slot.views, self.names)
         try:
             self.out.send_multipart([header, *frames], copy=False, flags=zmq.NOBLOCK)
         except zmq.Again:

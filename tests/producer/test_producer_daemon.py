@@ -394,3 +394,25 @@ def test_pool_producers_on_one_host_and_port_number_get_their_own_ids_and_stats_
             p.stop()
     assert sorted(stats.per_producer) == sorted(ids)
     assert all(stats.samples_per_producer[i] > 0 for i in ids)
+
+
+def test_a_slot_is_held_by_its_large_arrays_alone_whatever_the_sockets_copy_threshold():
+    """Arrays from the socket's copy threshold up go from the slot, tracked; smaller ones are copied as they are sent
+    and hold no tracker. A threshold of 0 (pyzmq then sends every buffer without a copy) tracks them all."""
+    import zmq
+
+    from stoker.producer.serve.forwarder import slot_frames
+
+    arrays = {"images": np.zeros(1 << 17, np.uint8), "labels": np.zeros(32, np.int32)}
+    ctx = zmq.Context()
+    out = ctx.socket(zmq.PUSH)
+    try:
+        frames, tracker = slot_frames(out, arrays, ["images", "labels"])
+        assert isinstance(frames[0], zmq.Frame) and frames[0].tracker is not None
+        assert frames[1] is arrays["labels"] and len(tracker.peers) == 1
+        out.copy_threshold = 0
+        frames, tracker = slot_frames(out, arrays, ["images", "labels"])
+        assert all(isinstance(f, zmq.Frame) for f in frames) and len(tracker.peers) == 2
+    finally:
+        out.close(0)
+        ctx.term()
