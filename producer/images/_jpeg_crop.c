@@ -147,4 +147,14 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_jpeg_crop", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__jpeg_crop(void) { return PyModule_Create(&module); }
+/* What decode_crop returns: 2 = (pixels, stride, offset). augment.py refuses a build of another interface. */
+#define INTERFACE 2
+
+PyMODINIT_FUNC PyInit__jpeg_crop(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddIntConstant(m, "INTERFACE", INTERFACE) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

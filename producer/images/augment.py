@@ -23,6 +23,7 @@ Decoding errors raise DecodeError.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Union
 
 import cv2
@@ -31,9 +32,17 @@ import numpy as np
 from stoker.producer.images.decode import MAX_PIXELS, DecodeError, decode_rgb, read_image_info
 
 try:  # built from _jpeg_crop.c when libjpeg's headers were there at install time
-    from stoker.producer.images._jpeg_crop import decode_crop as _decode_crop
+    from stoker.producer.images import _jpeg_crop
 except ImportError:
-    _decode_crop = None
+    _jpeg_crop = None
+#: what decode_crop returns, which the code below reads: (pixels, stride, offset)
+CROP_INTERFACE = 2
+if _jpeg_crop is not None and getattr(_jpeg_crop, "INTERFACE", 1) != CROP_INTERFACE:  # a build of other sources
+    warnings.warn(f"{_jpeg_crop.__file__} is a build of another version of Stoker's crop decoder: it is not used, "
+                  "and producers decode whole images (about a quarter slower); reinstall stoker to rebuild it",
+                  RuntimeWarning, stacklevel=1)
+    _jpeg_crop = None
+_decode_crop = _jpeg_crop.decode_crop if _jpeg_crop is not None else None
 
 __all__ = ["CROP_DECODING", "MAX_PIXELS", "DecodeError", "decode_rgb", "decode_train_crop", "eval_transform",
            "output_hw", "random_crop_window", "resize_flip_into", "train_transform"]
@@ -70,11 +79,11 @@ def decode_train_crop(data: bytes, rng: np.random.Generator, fast_dct: bool = Fa
         y, x, h, w = random_crop_window(info.height, info.width, rng, scale, ratio)
         try:
             pixels, stride, offset = _decode_crop(data, y, x, h, w, fast_dct)
-            # Rows widened to iMCU boundaries, decoded in place: the window is a strided view, never copied.
-            rows = np.frombuffer(pixels, np.uint8, h * stride * 3).reshape(h, stride, 3)
-            return rows[:, offset : offset + w]
         except ValueError:  # CMYK, corrupt data: the full decoders' fallbacks and errors apply
             return decode_rgb(data, fast_dct, info)[y : y + h, x : x + w]
+        # Rows widened to iMCU boundaries, decoded in place: the window is a strided view, never copied.
+        rows = np.frombuffer(pixels, np.uint8, h * stride * 3).reshape(h, stride, 3)
+        return rows[:, offset : offset + w]
     rgb = decode_rgb(data, fast_dct, info)
     y, x, h, w = random_crop_window(rgb.shape[0], rgb.shape[1], rng, scale, ratio)
     return rgb[y : y + h, x : x + w]

@@ -156,13 +156,16 @@ def test_crop_decoding_gives_the_same_windows_and_nearly_the_same_pixels(jpegs):
 
 
 @needs_crop_decoder
+@pytest.mark.parametrize("fast", [False, True])
 @pytest.mark.parametrize("subsampling", [cv2.IMWRITE_JPEG_SAMPLING_FACTOR_420, cv2.IMWRITE_JPEG_SAMPLING_FACTOR_444,
                                          "gray"])
-def test_crop_decoder_writes_widened_rows_in_place_and_the_window_is_a_view(subsampling):
-    """The extension's contract: rows ``stride`` pixels wide (the window widened to iMCU boundaries, by less
-    than 32 pixels), the window ``offset`` pixels in; decode_train_crop hands out a view of them, not a copy."""
-    from stoker.producer.images._jpeg_crop import decode_crop
+def test_crop_decoder_writes_widened_rows_in_place_and_the_window_is_a_view(subsampling, fast):
+    """The extension's contract (interface 2): rows ``stride`` pixels wide (the window widened to iMCU boundaries,
+    by less than 32 pixels), the window ``offset`` pixels in; decode_train_crop hands out a view of those rows."""
+    from stoker.producer.images import _jpeg_crop
+    from stoker.producer.images.augment import CROP_INTERFACE, random_crop_window
 
+    assert _jpeg_crop.INTERFACE == CROP_INTERFACE
     rng = np.random.default_rng(7)
     image = rng.integers(0, 256, (96, 120, 3), np.uint8)
     if subsampling == "gray":
@@ -171,16 +174,18 @@ def test_crop_decoder_writes_widened_rows_in_place_and_the_window_is_a_view(subs
         ok, encoded = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_SAMPLING_FACTOR, subsampling])
     assert ok
     data = encoded.tobytes()
-    whole = decode_rgb(data)
+    whole = decode_rgb(data, fast)
     for y, x, h, w in [(0, 0, 96, 120), (5, 3, 40, 17), (17, 41, 60, 79), (95, 119, 1, 1), (0, 63, 96, 1)]:
-        pixels, stride, offset = decode_crop(data, y, x, h, w, False)
+        pixels, stride, offset = _jpeg_crop.decode_crop(data, y, x, h, w, fast)
         assert w <= stride - offset and stride < w + 32 and offset < 32, (y, x, h, w, stride, offset)
         assert len(pixels) >= h * stride * 3
         window = np.frombuffer(pixels, np.uint8, h * stride * 3).reshape(h, stride, 3)[:, offset : offset + w]
         diff = np.abs(window.astype(int) - whole[y : y + h, x : x + w].astype(int))
         assert (diff[:, 2:-2] == 0).all() and diff.mean() < 8, (y, x, h, w)
-    crop = decode_train_crop(data, np.random.default_rng(0), crop_decoding=True)
-    assert crop.base is not None and crop.shape[2] == 3  # a view of the decoded rows
+    y, x, h, w = random_crop_window(96, 120, np.random.default_rng(0))
+    _, stride, _ = _jpeg_crop.decode_crop(data, y, x, h, w, fast)
+    crop = decode_train_crop(data, np.random.default_rng(0), fast_dct=fast, crop_decoding=True)
+    assert crop.shape == (h, w, 3) and crop.strides == (stride * 3, 3, 1)  # a view of the decoded rows, no copy
 
 
 @needs_crop_decoder
