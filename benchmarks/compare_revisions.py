@@ -4,7 +4,7 @@ A redesign keeps behaviour and speed; this is how we check the speed. The old re
 out into a git worktree (``--workdir``) and imported from there through a package folder on
 ``PYTHONPATH`` that puts its ``producer/``, ``consumer/``, ``protocol/`` and ``cli/`` under
 ``stoker`` (ahead of the editable install, so producer daemons the benchmark starts run the old code
-too; the compiled JPEG crop decoder is copied over). Each revision runs its own copy of each
+too; the old tree's JPEG crop decoder is built from its own source). Each revision runs its own copy of each
 benchmark script. Rounds alternate which revision goes first. Every numeric result whose key ends in
 ``_per_s`` is compared as new / old: the median over rounds and the spread (min-max) are printed and
 written as JSON (default benchmarks/results/compare_revisions.json)::
@@ -24,7 +24,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import sysconfig
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
@@ -47,24 +46,17 @@ def prepare_old(revision: str, workdir: Path) -> tuple[Path, Path]:
     (package_root / "stoker" / "__init__.py").write_text("")  # a regular package: found ahead of the editable install
     for name in PACKAGES:
         (package_root / "stoker" / name).symlink_to(tree / name)
-    for source in tree.glob("producer/**/_jpeg_crop.c"):  # the compiled decoder, wherever that tree keeps its source
-        build_decoder(tree, source)
+    if any(tree.glob("producer/**/_jpeg_crop.c")):
+        build_decoder(tree)
     return tree, package_root
 
 
-def build_decoder(tree: Path, source: Path) -> None:
-    """The old tree's crop decoder beside its ``source``: this tree's build where the source is the same, else
-    compiled from the old source (the extension's interface changed in 6899f6e: bytes, then rows and a view)."""
-    ours = ROOT / source.relative_to(tree)
-    built = next(ours.parent.glob("_jpeg_crop*.so"), None)
-    target = source.parent / f"_jpeg_crop{sysconfig.get_config_var('EXT_SUFFIX')}"
-    if built is not None and ours.exists() and ours.read_bytes() == source.read_bytes():
-        shutil.copy2(built, target)
-        return
-    compiler = (sysconfig.get_config_var("CC") or "cc").split()
-    done = subprocess.run([*compiler, "-shared", "-fPIC", "-O2", f"-I{sysconfig.get_paths()['include']}", str(source),
-                           "-ljpeg", "-o", str(target)], capture_output=True, text=True)
-    if done.returncode != 0:
+def build_decoder(tree: Path) -> None:
+    """The old tree's crop decoder, built in place from its own source by its own setup (our build flags): the
+    extension's interface changed in 6899f6e (bytes, then rows and a view), so ours cannot stand in for it."""
+    done = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=tree, capture_output=True,
+                          text=True, timeout=600)
+    if done.returncode != 0 or not any(tree.glob("producer/**/_jpeg_crop*.so")):
         raise SystemExit(f"building the old revision's crop decoder failed (a C compiler and libjpeg's headers are "
                          f"needed):\n{done.stderr[-2000:]}")
 
