@@ -152,3 +152,15 @@ def test_two_plain_producers_on_shards_of_different_sizes_each_show_every_comple
         assert 0 < coverage[label, epochs[-1]][0] <= size and coverage[label, epochs[-1]][1] == size
     for line in coverage_lines(coverage):
         assert re.fullmatch(r"shard [01]/2, (epoch \d+: \d/\d \(\d+%\)(, )?){4}", line), line
+
+
+def test_a_batch_within_one_epoch_and_one_across_two_count_alike_and_a_record_twice_counts_once(monkeypatch):
+    from stoker.consumer.receive import coverage as coverage_module
+
+    monkeypatch.setattr(coverage_module, "MAX_PARSED_STREAMS", 2)  # the parsed-key cache cleared as it fills
+    within, across = Coverage(), Coverage()
+    for stream in ("0/1:10:1", "x-not-a-key", "0/1:10:2", "0/1:10:1"):
+        within.add(stream, np.zeros(3, np.int64), np.array([1, 2, 2]))  # record 2 twice in one batch
+    across.add("0/1:10:1", np.array([0, 0, 0, 1, 1]), np.array([1, 2, 2, 2, 3]))
+    assert within.snapshot() == {("all", 0): (2, 10)}
+    assert across.snapshot() == {("all", 0): (2, 10), ("all", 1): (2, 10)}

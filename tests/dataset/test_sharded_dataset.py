@@ -10,6 +10,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from stoker.consumer import BatchStream
@@ -51,6 +52,12 @@ def test_the_shards_hold_every_record_at_its_global_index_with_the_manifest_chec
         assert many.meta.classes == one.meta.classes and many.meta.class_counts == one.meta.class_counts
         for i in range(RECORDS):
             assert many.read(i) == one.read(i)
+        # Backwards and shuffled too: a read remembers the shard it was in, and must leave it at its edges.
+        for i in [*range(RECORDS - 1, -1, -1), *np.random.default_rng(3).permutation(RECORDS).tolist()]:
+            assert many.read(i) == one.read(i), i
+        for outside in (-1, RECORDS):
+            with pytest.raises(IndexError):
+                many.read(outside)
         assert (many.layout, many.holdings(), one.layout, one.holdings()) == (many.manifest, (None, []), None,
                                                                                (None, []))  # the RecordSource's
     shard = sharded / manifest["shards"][1]["name"]
