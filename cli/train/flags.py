@@ -78,8 +78,8 @@ def add_train_parser(sub: "Subcommands", common: argparse.ArgumentParser) -> Non
     t.add_argument("--receive", choices=("auto", "direct", "libzmq"), default="auto",
                    help="how batches are received (default auto: direct where it applies, else libzmq). direct: each "
                    "producer's stream read over ZMTP straight into memory TensorFlow owns, one copy less per byte "
-                   "and every message bounded (tcp:// addresses, plain or --exact; not with CurveZMQ keys); libzmq: "
-                   "through libzmq (CurveZMQ, ipc://)")
+                   "and every message bounded (tcp:// and ipc:// addresses, plain or --exact; not with CurveZMQ keys); "
+                   "libzmq: through libzmq (CurveZMQ)")
     t.add_argument("--log-consumed", default=None, metavar="FILE", type=output_file,
                    help="write each step's record indices and epochs as JSON lines, to verify coverage")
     t.add_argument("--checkpoint-dir", default=None, metavar="DIR",

@@ -3,8 +3,8 @@
 Direct receive reads each array into memory the sink's ``empty()`` gives. Here that memory is a fresh
 ``torch.empty(..., pin_memory=pin)`` tensor, handed to the receiver as a NumPy array over the same bytes
 (``tensor.numpy()``): the kernel's copy out of the socket is the only copy, and a pinned tensor travels to a
-GPU by DMA, asynchronously. Batches that arrive as libzmq frames (CurveZMQ, ipc://, exact mode's libzmq
-links) are copied once into such a tensor. Tensors are 64-byte aligned (torch's CPU allocator) or
+GPU by DMA, asynchronously. Batches that arrive as libzmq frames (CurveZMQ, exact mode's libzmq links,
+``receive="libzmq"``) are copied once into such a tensor. Tensors are 64-byte aligned (torch's CPU allocator) or
 page-aligned (pinned).
 
 Ownership, as ``torch.utils.data.DataLoader``: every batch is fresh tensors that belong to the consumer;

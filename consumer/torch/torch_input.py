@@ -3,8 +3,8 @@
     producers --> receive core --> PinnedSink --> DevicePrefetch --> your step
                   (as BatchStream)  (tensors, pinned)  (side CUDA stream, prefetch ahead)
 
-The receive core under ``ZMQInput`` and ``BatchStream`` (direct ZMTP by default, libzmq for CurveZMQ and
-ipc://, exact mode with its state, discovery and elastic pools, a declared or learned spec), delivering into
+The receive core under ``ZMQInput`` and ``BatchStream`` (direct ZMTP over tcp:// and ipc:// by default, libzmq
+for CurveZMQ, exact mode with its state, discovery and elastic pools, a declared or learned spec), delivering into
 torch tensors: each array is received straight into a tensor's memory, pinned when CUDA is available
 (``pinned_sink.py``), and ``device="cuda:N"`` copies batches to the GPU ``prefetch`` batches ahead on a side
 stream, the step's stream waiting on an event (``device_prefetch.py``). TensorFlow is never imported. ::

@@ -1,4 +1,4 @@
-"""Plain mode through libzmq: one PULL socket connected to every producer (the path for CurveZMQ and ipc://).
+"""Plain mode through libzmq: one PULL socket connected to every producer (the path for CurveZMQ).
 
 libzmq reconnects by itself, so producers may start before or after the trainer. Each
 message is decoded with ``stoker.protocol`` (zero-copy views of libzmq's frames; the sink
