@@ -153,8 +153,7 @@ class ReceiveCore:
             if self.stopped():
                 raise SinkClosed()
         assert self._sink is not None
-        # Counted before the put: once in the sink the consumer may take it, and what the stats say (per producer,
-        # coverage) must never lag a batch already taken (a test read them right after its last batch: 62 of 64).
+        # Counted before the put: what the stats say must never lag a batch the consumer took (a test saw 62 of 64).
         conflict = self._count(batch, arrays)
         with self._lock:
             self._delivering += 1
@@ -168,22 +167,18 @@ class ReceiveCore:
     def deliver_now(self, batch: Batch, arrays: Sequence[np.ndarray], owned: bool) -> bool:
         """``deliver`` on the caller's thread if the sink exists and has room now (a receive loop then hands its
         batch over without a delivery thread's wake-ups); False, nothing done, otherwise. SinkClosed once closing."""
-        sink = self._sink
-        put_now = getattr(sink, "put_now", None)  # a framework's sink (TensorFlow's queue) may only block
-        if not owned or put_now is None or not self._sink_ready.is_set():
-            return False
+        put_now = getattr(self._sink, "put_now", None)  # a framework's sink (TensorFlow's queue) may only block
         conflicts: list[Optional[str]] = []
-        if not put_now(arrays, owned, lambda: conflicts.append(self._count(batch, arrays))):
-            return False
-        self._delivered(conflicts[0])
-        return True
+        if owned and put_now is not None and self._sink_ready.is_set() and \
+                put_now(arrays, owned, lambda: conflicts.append(self._count(batch, arrays))):
+            self._delivered(conflicts[0])
+        return bool(conflicts)
 
     def _count(self, batch: Batch, arrays: Sequence[np.ndarray]) -> Optional[str]:
         """A batch about to enter the sink, in the stats and the sizing's supply; the shard conflict it reveals."""
-        conflict = self.stats.accepted(batch, arrays)
         self.sizer.supply.batch(batch.header.producer, batch.header.worker, len(arrays[0]) if arrays else 0,
                                 batch.header.stages)
-        return conflict
+        return self.stats.accepted(batch, arrays)
 
     def _delivered(self, conflict: Optional[str]) -> None:
         self._handshake_failures_at_batch = self.receiver.failures()[0]
