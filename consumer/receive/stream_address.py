@@ -16,6 +16,8 @@ from urllib.parse import urlsplit
 MAX_IPC_PATH = 107
 
 StreamAddress = Union[tuple[str, int], str]
+#: what a non-blocking TCP connect returns while it goes on in the background
+CONNECTING = (errno.EINPROGRESS, errno.EALREADY, errno.EWOULDBLOCK)
 
 
 def stream_address(endpoint: str) -> StreamAddress:
@@ -40,11 +42,10 @@ def open_stream(address: StreamAddress) -> tuple[socket.socket, Any]:
     """A fresh non-blocking stream socket for ``address`` (``stream_address``) and what to ``connect`` it to (a
     TCP name is resolved here: OSError if it cannot be)."""
     if isinstance(address, str):
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.setblocking(False)
-        return sock, address
-    family, kind, proto, _, sockaddr = socket.getaddrinfo(*address, type=socket.SOCK_STREAM)[0]
-    sock = socket.socket(family, kind, proto)
+        sock, sockaddr = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM), address
+    else:
+        family, kind, proto, _, sockaddr = socket.getaddrinfo(*address, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
     sock.setblocking(False)
     return sock, sockaddr
 
@@ -54,7 +55,7 @@ def connect_failure(sock: socket.socket, error: int, endpoint: str) -> Optional[
     else the failure to report. A Unix socket never connects in the background: EAGAIN there is the listener's
     backlog full, not progress (the socket would poll writable and look connected)."""
     unix = sock.family == socket.AF_UNIX
-    if error == 0 or (not unix and error in (errno.EINPROGRESS, errno.EALREADY, errno.EWOULDBLOCK)):
+    if error == 0 or (not unix and error in CONNECTING):
         return None
     why = ("its socket's listen backlog is full (it accepts no more connections for now)" if unix and error == errno.EAGAIN
            else errno.errorcode.get(error, str(error)))

@@ -28,7 +28,6 @@ legal for any length of time. ``skip`` bounds both the bytes and the frames it r
 
 from __future__ import annotations
 
-import errno
 import os
 import select
 import socket
@@ -38,8 +37,8 @@ from typing import Callable, Optional, TypeVar
 
 from stoker.protocol.errors import ProtocolError
 
-from stoker.consumer.receive.stream_address import (StreamAddress, connect_failure, open_stream, stream_address,
-                                                    tune_stream)
+from stoker.consumer.receive.stream_address import (CONNECTING, StreamAddress, connect_failure, open_stream,
+                                                    stream_address, tune_stream)
 from stoker.consumer.transport.zmtp_reader import FrameReader, Steps, handshake_steps
 from stoker.consumer.transport.zmtp_wire import PEER_TYPE, SocketTypeMismatch, encode_frame
 
@@ -95,7 +94,7 @@ class ZMTPConnection:
             failure = connect_failure(sock, error, self.endpoint)
             if failure is not None:
                 raise failure
-            while error in (errno.EINPROGRESS, errno.EALREADY, errno.EWOULDBLOCK):
+            while error in CONNECTING:
                 if self._should_stop():
                     raise Stopped()
                 assert self._deadline is not None
